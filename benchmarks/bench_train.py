@@ -1,0 +1,73 @@
+"""Training throughput: our loop with tracking vs without, vs Hugging Face `Trainer` with an equivalent callback.
+
+Same model (offline MiniLM), same data, batch size, learning rate and schedule. Prints wall times,
+throughput and the ratios. Data: ../shared/data/imdb_train.csv when present (real IMDb reviews, a
+development subset that is not part of the project), else the bundled mini-corpus; the output says which.
+
+    .venv/bin/python benchmarks/bench_train.py [--steps 30] [--track-every 10]
+"""
+import argparse, json, os, tempfile, time, warnings
+from pathlib import Path
+import numpy as np, torch
+
+warnings.filterwarnings("ignore")
+ap = argparse.ArgumentParser()
+ap.add_argument("--n-train", type=int, default=480)
+ap.add_argument("--track-every", type=int, default=10)
+ap.add_argument("--batch-size", type=int, default=16)
+ap.add_argument("--max-length", type=int, default=128)
+ap.add_argument("--model", default="minilm-offline")
+a = ap.parse_args()
+
+from embvar_study.train import TrainConfig, train_run, prepare_data
+from embvar_study.data import load_model_and_tokenizer
+from embvar_study.extract import embed_texts
+
+shared = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imdb_train.csv"
+dataset = str(shared) if shared.exists() else "bundled"
+print(f"data: {dataset} ({'real IMDb subset from ../shared/data' if shared.exists() else 'bundled mini-corpus'}); model: {a.model}; "
+      f"torch threads: {torch.get_num_threads()}")
+base = dict(model=a.model, dataset=dataset, n_train=a.n_train, n_eval=16, batch_size=a.batch_size, max_length=a.max_length,
+            probe_max_length=64, epochs=1, lr=5e-5, seed=0)
+steps = -(-a.n_train // a.batch_size)
+
+def ours(track_every, eval_every):
+    with tempfile.TemporaryDirectory() as d:
+        cfg = TrainConfig(**base, track_every=track_every, eval_every=eval_every)
+        t = time.perf_counter(); p = train_run(cfg, Path(d) / "run"); wall = time.perf_counter() - t
+        info = json.loads((p / "COMPLETE").read_text())
+        return wall, info.get("timing", {})
+
+def hf_trainer(track_every):
+    from transformers import Trainer, TrainingArguments, TrainerCallback
+    cfg = TrainConfig(**base)
+    tr, ev, probes = prepare_data(cfg)
+    model, tok = load_model_and_tokenizer(cfg.model, num_labels=2, init_seed=0)
+    enc = tok(list(tr.text), truncation=True, max_length=cfg.max_length)
+    ds = [{"input_ids": enc["input_ids"][i], "attention_mask": enc["attention_mask"][i], "labels": int(tr.label.iloc[i])} for i in range(len(tr))]
+    texts = probes.text.tolist(); store = []
+    class Track(TrainerCallback):
+        def _emb(self, model): store.append(embed_texts(model, tok, texts, pooling=("mean", "cls"), layers="all", max_length=64, return_dict=True))
+        def on_train_begin(self, args, state, control, model=None, **kw): self._emb(model)
+        def on_step_end(self, args, state, control, model=None, **kw):
+            if track_every and state.global_step % track_every == 0: self._emb(model)
+    from transformers import DataCollatorWithPadding
+    with tempfile.TemporaryDirectory() as d:
+        args = TrainingArguments(output_dir=d, per_device_train_batch_size=cfg.batch_size, learning_rate=cfg.lr, num_train_epochs=1,
+                                 warmup_ratio=cfg.warmup_ratio, weight_decay=cfg.weight_decay, max_grad_norm=1.0, logging_steps=1,
+                                 save_strategy="no", report_to=[], seed=0, use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
+                                 disable_tqdm=True)
+        trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=DataCollatorWithPadding(tok), callbacks=[Track()] if track_every else [])
+        t = time.perf_counter(); trainer.train(); return time.perf_counter() - t
+
+big = 10 ** 9
+rows = []
+w_track, tim = ours(a.track_every, big); rows.append(("ours, tracking every %d steps" % a.track_every, w_track))
+w_plain, tim0 = ours(big, big); rows.append(("ours, no tracking (step 0 and last only)", w_plain))
+w_hf = hf_trainer(a.track_every); rows.append(("HF Trainer + tracking callback", w_hf))
+print(f"\n{steps} optimizer steps, batch {a.batch_size}, max_length {a.max_length}")
+for name, w in rows: print(f"  {name:45s} {w:7.1f} s   {a.n_train / w:6.1f} examples/s")
+print(f"\ntracking time inside our run: {tim.get('track_s', float('nan')):.2f} s of {tim.get('train_s', float('nan')):.2f} s training "
+      f"-> overhead {100 * tim['track_s'] / tim['train_s']:.1f}% (goal <= 5%)")
+print(f"wall-time ratio tracking / no tracking: {w_track / w_plain:.3f}")
+print(f"wall-time ratio ours (tracking) / HF Trainer (tracking): {w_track / w_hf:.3f} (goal <= 1)")
