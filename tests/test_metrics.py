@@ -109,13 +109,18 @@ def test_drift_curve_of_torch_float32_trajectory():
     np.testing.assert_allclose(got, drift_curve(traj.numpy().astype(np.float64)), atol=0)
 
 
-def test_small_drift_keeps_relative_precision():
-    # 1 - cos(theta) for theta = 1e-6 is 5e-13; the naive 1 - dot/(|a||b|) would be off by ~1e-16 absolute.
-    theta = 1e-6
-    a = np.array([[1.0, 0.0]])
-    b = np.array([[np.cos(theta), np.sin(theta)]])
-    assert cosine_drift(a, b) == pytest.approx(1 - np.cos(theta), rel=1e-6)
-    assert cosine_drift(a, b) == pytest.approx(theta ** 2 / 2, rel=1e-6)
+@FAST
+@given(st.lists(st.floats(1e-7, 3.1), min_size=1, max_size=8), st.integers(0, 2**16))
+def test_drift_keeps_relative_precision_at_any_angle(thetas, seed):
+    # Row i of `cur` is row i of `ref` rotated by theta_i in a random plane of R^5: 1 - cos = 2 sin^2(theta / 2).
+    # Angles straddle the switch (_SMALL_DRIFT = 1e-6) between the dot-product and the difference formula;
+    # the naive 1 - cos would have an absolute error ~1e-16, i.e. ~2e-2 relative at theta = 1e-7.
+    th = np.array(thetas)
+    Q = orthogonal(5, seed)
+    scale = np.random.default_rng(seed).uniform(0.1, 10, size=(len(th), 1))
+    ref = np.broadcast_to(Q[0], (len(th), 5)) * scale
+    cur = np.cos(th)[:, None] * Q[0] + np.sin(th)[:, None] * Q[1]
+    np.testing.assert_allclose(cosine_drift(ref, cur, per_probe=True), 2 * np.sin(th / 2) ** 2, rtol=1e-7)
 
 
 @FAST
@@ -441,6 +446,8 @@ def test_chunked_results_equal_unchunked(monkeypatch):
         "disp": lambda: cross_run_dispersion(runs)["cosine_distance_var"],
         "knn": lambda: knn_overlap(traj[:, :1], traj, k=3, per_point=True), "rsa": lambda: rsa(traj[:, :1], traj),
         "cka": lambda: linear_cka(traj[:, :1], traj, debiased=True), "cv": lambda: class_variance(traj, labels)["per_class"],
+        "cka2": lambda: linear_cka(traj, traj[::-1, :, :, :4]),   # no broadcast: all HSIC terms in one pass
+        "cka3": lambda: linear_cka(traj[:, :, :4], np.tile(traj[:, :, :4], 4) + traj[:, :, 4:8].repeat(4, -1)),  # Gram
     }
     whole = {k: f() for k, f in calls.items()}
     for budget in (1, 200):    # one leading index per call (stack branch) and a few (concatenate branch)

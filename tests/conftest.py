@@ -1,0 +1,52 @@
+"Shared fixtures for the training / sweep / report tests: offline environment and a tiny, seconds-long run config."
+import hashlib
+import os
+from pathlib import Path
+
+# Set before transformers / huggingface_hub are imported by any test module: no network, headless plots.
+for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"): os.environ[_var] = "1"
+os.environ.setdefault("MPLBACKEND", "Agg")
+# One intra-op thread (inherited by subprocesses, papermill kernels and sweep workers): the tiny models are 10x faster
+# than with threads contending for a loaded machine's cores, and every process computes with the same thread count
+# (CPU results differ in the last bits between thread counts, see test_sweep.py).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest
+import torch
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+# A run of the tiny random DistilBERT on the bundled corpus: 4 optimizer steps, tracked at 0, 2, 4 (~1-3 s on CPU).
+TINY = dict(model="tiny-distilbert", dataset="bundled", n_train=32, n_eval=16, batch_size=8, max_length=32,
+            probe_max_length=32, n_probes=24, track_every=2)
+
+
+@pytest.fixture
+def tiny_config() -> dict:
+    "A fresh copy of the tiny run config (a dict of TrainConfig fields)."
+    return dict(TINY)
+
+
+def sha256(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def embedding_digests(run_dir) -> dict:
+    "{file name: sha256} of every embeddings/*.npy of a run folder."
+    return {p.name: sha256(p) for p in sorted((Path(run_dir) / "embeddings").glob("step_*.npy"))}
+
+
+def folder_state(folder) -> dict:
+    "{relative path: (bytes, mtime_ns)} of every file under `folder`: detects any rewrite, even with equal bytes."
+    folder = Path(folder)
+    return {p.relative_to(folder).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def cli_args(config: dict) -> list:
+    "`embvar train` flags for a dict of TrainConfig fields."
+    out = []
+    for k, v in config.items():
+        flag = "--" + k.replace("_", "-")
+        out += [flag, *map(str, v)] if isinstance(v, (list, tuple)) else [flag, str(v)]
+    return out

