@@ -1,0 +1,227 @@
+"""Tests for embvar_study.agreement: the invariance table against theory entry by entry, pairwise measures against
+direct calls, weighted Spearman against scipy on expanded samples, the run bootstrap weights, and the sweep tables."""
+import itertools
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.stats as sps
+from hypothesis import given, settings, strategies as st
+from hypothesis.extra.numpy import arrays
+
+try:
+    import embvar_study  # noqa: F401
+except ImportError:  # package not installed: run from the repository checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from embvar_study.agreement import (MEASURES, TRANSFORMS, agreement_matrix, agreement_tables, dissimilarities,
+                                    expected_invariances, invariance_table, measure_agreement, pair_measures,
+                                    pooling_sensitivity, weighted_spearman)
+from embvar_study.agreement import _boot_weights
+from embvar_study.align import aligned_distance
+from embvar_study.analysis import sweep_runs
+from embvar_study.metrics import cosine_drift, expected_squared_distance, knn_overlap, linear_cka, rsa
+from embvar_study.runs import RunWriter, atomic_write_text
+
+
+# --------------------------------------------------------------------------- invariances: one test per entry
+def _datasets():
+    rng = np.random.default_rng(0)
+    X1 = rng.normal(size=(40, 6)) + 1.5                        # N > d, off-centre
+    Y1 = X1 + 0.4 * rng.normal(size=X1.shape)
+    X2 = rng.standard_t(5, size=(25, 30))                      # N < d, heavy tails
+    Y2 = 0.5 * X2 + rng.normal(size=X2.shape)
+    X3 = np.abs(rng.normal(size=(60, 12))) + 0.2               # positive orthant, like post-activation embeddings
+    return [invariance_table(X1, Y1, seed=1, k=5), invariance_table(X2, Y2, seed=2, k=4),
+            invariance_table(X3, None, seed=3, k=8)]
+
+
+TABLES = _datasets()
+ENTRIES = [(m, t) for m in MEASURES for t in TRANSFORMS]
+
+
+@pytest.mark.parametrize("measure,transform", ENTRIES)
+def test_invariance_entry_matches_theory(measure, transform):
+    expected = bool(expected_invariances().loc[measure, transform])
+    for tab in TABLES:
+        row = tab[(tab.measure == measure) & (tab.transform == transform)].iloc[0]
+        assert row["invariant"] == expected, row.to_dict()
+        assert row["expected"] == expected and row["agrees"]
+        if not expected:                                   # a real change, far above the tolerance
+            assert row["rel_change"] > 1e-3, row.to_dict()
+
+
+def test_expected_invariances_is_consistent_theory():
+    e = expected_invariances()
+    assert list(e.index) == list(MEASURES) and list(e.columns) == list(TRANSFORMS)
+    assert (e["permutation"] == e["rotation"]).all()       # a permutation of coordinates is an orthogonal map
+    assert not e["linear"].any()                           # none is invariant to a general invertible map
+    assert e.loc["rsa"].equals(e.loc["knn_overlap"])       # both depend on Y only through its row cosines
+
+
+def test_invariance_table_validates():
+    with pytest.raises(ValueError, match="same shape"):
+        invariance_table(np.ones((5, 3)), np.ones((5, 4)))
+    with pytest.raises(ValueError, match="at least 4 probes"):
+        invariance_table(np.random.default_rng(0).normal(size=(3, 3)))
+
+
+# --------------------------------------------------------------------------- pairwise measures
+def test_pair_measures_match_direct_calls():
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(4, 15, 5)) + 1.0
+    p = pair_measures(X, labels=list("abcd"), k=4)
+    assert len(p) == 6 and list(p[["a", "b"]].iloc[0]) == ["a", "b"]
+    for _, r in p.iterrows():
+        A, B = X[r["i"]], X[r["j"]]
+        ref = {"raw_msd": expected_squared_distance(A, B), "aligned_msd": aligned_distance(A, B), "cka": linear_cka(A, B),
+               "rsa": rsa(A, B), "knn_overlap": knn_overlap(A, B, k=4), "cos_drift": cosine_drift(A, B)}
+        for m, v in ref.items():
+            assert r[m] == pytest.approx(float(v), rel=1e-9, abs=1e-12), m
+
+
+def test_dissimilarity_orientation():
+    p = pair_measures(np.random.default_rng(2).normal(size=(3, 10, 4)), k=3)
+    D = dissimilarities(p)
+    for m, o in MEASURES.items():
+        np.testing.assert_allclose(D[m], 1 - p[m] if o == "similarity" else p[m])
+    with pytest.raises(ValueError, match="missing"):
+        dissimilarities(p.drop(columns="cka"))
+
+
+def test_pair_measures_validates():
+    with pytest.raises(ValueError, match="at least 2 runs"):
+        pair_measures(np.ones((1, 5, 3)))
+    with pytest.raises(ValueError, match="labels"):
+        pair_measures(np.random.default_rng(0).normal(size=(3, 5, 3)), labels=["a"])
+
+
+# --------------------------------------------------------------------------- weighted Spearman and the bootstrap
+@settings(max_examples=30, deadline=None)
+@given(arrays(np.int64, st.integers(3, 12), elements=st.integers(0, 4)), st.data())
+def test_weighted_spearman_is_spearman_on_the_expanded_sample(x, data):
+    P = x.size
+    y = np.array(data.draw(st.lists(st.integers(0, 4), min_size=P, max_size=P)), float)
+    w = np.array(data.draw(st.lists(st.integers(0, 3), min_size=P, max_size=P)))
+    xe, ye = np.repeat(x.astype(float), w), np.repeat(y, w)
+    got = weighted_spearman(x.astype(float), y, w)[0]
+    if xe.size < 2 or np.ptp(xe) == 0 or np.ptp(ye) == 0:
+        assert np.isnan(got)
+    else:
+        assert got == pytest.approx(sps.spearmanr(xe, ye).statistic, abs=1e-10)
+
+
+def test_run_bootstrap_weights_count_the_pairs_of_each_resample():
+    K = 5
+    i, j = np.triu_indices(K, k=1)
+    W = _boot_weights(i, j, K, 50, np.random.default_rng(3), "runs")
+    c = np.random.default_rng(3).multinomial(K, np.full(K, 1 / K), size=50)
+    for b in range(50):
+        drawn = np.repeat(np.arange(K), c[b])              # the K runs of resample b
+        count = np.zeros(i.size)
+        for u, v in itertools.combinations(range(K), 2):  # every two positions of the resample
+            r, s = sorted((drawn[u], drawn[v]))
+            if r != s: count[np.flatnonzero((i == r) & (j == s))[0]] += 1
+        np.testing.assert_array_equal(W[b], count)
+    Wp = _boot_weights(i, j, K, 20, np.random.default_rng(0), "pairs")
+    assert (Wp.sum(axis=1) == i.size).all()
+
+
+def test_measure_agreement_estimates_and_perfect_agreement():
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(6, 30, 5))
+    X /= np.linalg.norm(X, axis=-1, keepdims=True)         # unit rows: raw MSD = 2 x cosine drift exactly
+    X[1:] = X[:1] + (np.arange(1, 6)[:, None, None] * 0.05) * rng.normal(size=(5, 30, 5))
+    X /= np.linalg.norm(X, axis=-1, keepdims=True)
+    p = pair_measures(X, k=5)
+    np.testing.assert_allclose(p["raw_msd"], 2 * p["cos_drift"], rtol=1e-9)
+    ag = measure_agreement(p, n_boot=300, seed=1)
+    D = dissimilarities(p)
+    for _, r in ag.iterrows():
+        assert r["spearman"] == pytest.approx(sps.spearmanr(D[r["measure_a"]], D[r["measure_b"]]).statistic, abs=1e-12)
+        assert -1 <= r["ci_low"] <= r["ci_high"] <= 1 and 0 < r["n_valid"] <= 300
+    perfect = ag[(ag.measure_a == "raw_msd") & (ag.measure_b == "cos_drift")].iloc[0]
+    assert perfect["spearman"] == pytest.approx(1.0) and perfect["ci_low"] == pytest.approx(1.0)
+    M = agreement_matrix(ag)
+    assert (np.diag(M) == 1).all() and np.allclose(M, M.T)
+
+
+def test_run_bootstrap_is_not_narrower_than_pair_bootstrap():
+    X = np.random.default_rng(5).normal(size=(7, 25, 4)) + np.linspace(0, 2, 7)[:, None, None]
+    p = pair_measures(X, k=5)
+    runs = measure_agreement(p, n_boot=800, seed=0)
+    pairs = measure_agreement(p, n_boot=800, seed=0, resample="pairs")
+    assert (runs["ci_high"] - runs["ci_low"]).mean() >= (pairs["ci_high"] - pairs["ci_low"]).mean()
+    with pytest.raises(ValueError, match="resample"):
+        measure_agreement(p, resample="probes")
+
+
+# --------------------------------------------------------------------------- from a seed sweep on disk
+def _seed_study(root, N=16, d=5, L=2, poolings=("mean", "cls")):
+    rng = np.random.default_rng(1)
+    base = rng.normal(size=(L + 1, N, d)) + 2.0
+    probes = pd.DataFrame({"text": [f"p{i}" for i in range(N)]})
+    rows = []
+    for factor, seed in [("init_seed", 0), ("init_seed", 1), ("data_seed", 0), ("data_seed", 2), ("replicate", 0)]:
+        cfg = {"lr": 5e-5, "seed": 0, "init_seed": seed if factor == "init_seed" else 0,
+               "data_seed": seed if factor == "data_seed" else 0, "dropout_seed": 0}
+        path = Path(root) / "runs" / f"i{cfg['init_seed']}-d{cfg['data_seed']}"
+        if not (path / "COMPLETE").exists():
+            r = np.random.default_rng(10 + seed + 5 * (factor == "data_seed"))
+            move = r.normal(size=(L + 1, N, d)) * np.arange(1, L + 2)[:, None, None] * 0.3
+            with RunWriter(path, cfg, probes) as w:
+                for s in (0, 3, 6):
+                    e = base + (s / 6) * move
+                    w.save_embeddings(s, {p: (e if p == "mean" else 2 * e) for p in poolings})
+        rows.append({"factor": factor, "lr": 5e-5, "seed": 0, "run_id": path.name, "path": f"runs/{path.name}",
+                     "status": "completed", "error": "", "seconds": 0.0})
+    (Path(root) / "sweeps").mkdir(parents=True, exist_ok=True)
+    atomic_write_text(Path(root) / "sweeps" / "seed_sweep.csv", pd.DataFrame(rows).to_csv(index=False))
+    return sweep_runs(root, "seed_sweep")
+
+
+@pytest.fixture(scope="module")
+def seed_runs():
+    return _seed_study(tempfile.mkdtemp())
+
+
+def test_agreement_tables_from_runs(seed_runs):
+    pairs, agree, inv = agreement_tables(seed_runs, k=5, n_boot=200)
+    assert len(pairs) == 3                                  # 3 distinct runs (seed 0 shared by three grid points)
+    rs = list(dict.fromkeys(seed_runs["run"]))
+    X = np.stack([r.embeddings(steps=[6])[0] for r in rs]).astype(float)
+    np.testing.assert_allclose(pairs["cka"], [linear_cka(X[a], X[b]) for a, b in [(0, 1), (0, 2), (1, 2)]])
+    assert len(agree) == 15 and inv["agrees"].all()
+    with pytest.raises(ValueError, match="step"):
+        agreement_tables(seed_runs, step=4)
+
+
+def test_pooling_sensitivity_matches_direct_computation(seed_runs):
+    s = pooling_sensitivity(seed_runs, n_boot=100)
+    assert sorted(s.pooling.unique()) == ["cls", "mean"] and len(s) == 6 and (s.n_runs == 3).all()
+    rs = list(dict.fromkeys(seed_runs["run"]))
+    E = np.stack([r.embeddings_all_layers("mean", steps=[0, 6]) for r in rs]).astype(float)   # (K, 2, L+1, N, d)
+    for layer in range(3):
+        row = s[(s.pooling == "mean") & (s.layer == layer)].iloc[0]
+        assert row["drift"] == pytest.approx(cosine_drift(E[:, 0, layer], E[:, 1, layer]).mean())
+        F = E[:, 1, layer]                                                  # (K, N, d)
+        between = F.var(axis=0, ddof=1).sum(-1).mean()
+        within = F.var(axis=1, ddof=1).sum(-1).mean()
+        assert row["seed_share"] == pytest.approx(between / within)
+        assert row["drift_low"] <= row["drift"] <= row["drift_high"]
+    # cls = 2 x mean here: every scale-free quantity is identical under the two poolings
+    m, c = s[s.pooling == "mean"].reset_index(), s[s.pooling == "cls"].reset_index()
+    for col in ("drift", "seed_cos", "seed_share"):
+        np.testing.assert_allclose(m[col], c[col], rtol=1e-9)
+
+
+def test_pooling_sensitivity_errors(seed_runs):
+    with pytest.raises(ValueError, match=r"\['max'\] not stored"):
+        pooling_sensitivity(seed_runs, poolings=["max"])
+    with pytest.raises(ValueError, match="step"):
+        pooling_sensitivity(seed_runs, step=0)
+    with pytest.raises(ValueError, match="sweep_runs"):
+        pooling_sensitivity(pd.DataFrame({"a": [1]}))
