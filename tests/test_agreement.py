@@ -47,7 +47,7 @@ ENTRIES = [(m, t) for m in MEASURES for t in TRANSFORMS]
 def test_invariance_entry_matches_theory(measure, transform):
     expected = bool(expected_invariances().loc[measure, transform])
     for tab in TABLES:
-        row = tab[(tab.measure == measure) & (tab.transform == transform)].iloc[0]
+        row = tab[(tab["measure"] == measure) & (tab["transform"] == transform)].iloc[0]
         assert row["invariant"] == expected, row.to_dict()
         assert row["expected"] == expected and row["agrees"]
         if not expected:                                   # a real change, far above the tolerance

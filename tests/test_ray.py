@@ -1,0 +1,296 @@
+"""The Ray executor end to end, on a local Ray cluster started inside the test (`ray.init(num_cpus=2)`, this machine
+only): the smoke learning-rate grid through Ray gives complete run folders whose embeddings are byte-identical to
+the local executor's; a worker killed in the middle of a run is retried and the sweep completes with no corrupt
+run folder; a second driver connects by address and leaves the cluster up; and bad input (no Ray, an unreachable
+address, an output folder a node cannot see, more GPUs / CPUs per run than any node has) fails before any run
+starts. One cluster serves the whole module (Ray takes 10-30 s to start on a loaded machine)."""
+import contextlib
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from conftest import embedding_digests, folder_state
+from embvar_study import analysis, ray_executor
+from embvar_study.metrics import drift_curve
+from embvar_study.ray_executor import ClusterError, RayUnavailableError, cluster_nodes
+from embvar_study.runs import is_complete, load_run
+from embvar_study.sweep import experiment_grid, get_profile, load_manifest, run_sweep
+
+pytestmark = [pytest.mark.filterwarnings("ignore:.*truncated to max_length"),
+              pytest.mark.filterwarnings("ignore:.*NumPy array is not writable")]
+
+# the smoke profile's lr_sweep grid (2 learning rates x 2 seeds), with smaller data and probes for speed
+SHRINK = {"n_train": 32, "n_eval": 16, "max_length": 32, "probe_max_length": 32, "n_probes": 24}
+PROFILE = get_profile("smoke", SHRINK)
+BASE, POINTS = PROFILE["base"], experiment_grid(PROFILE, "lr_sweep")
+# longer runs (about a second or more each) for the kill test
+KILL_BASE = {**BASE, "max_steps": 30, "track_every": 1}
+KILL_POINTS = [{"lr": 5e-5, "seed": 0}, {"lr": 5e-4, "seed": 0}]
+
+
+def env() -> dict:
+    "The environment for a subprocess, taken now: ray.init sets RAY_AUTH_MODE=token for the local cluster it starts."
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    "A local 2-CPU Ray cluster for the module; run_sweep finds Ray initialised and uses it (and leaves it up)."
+    if ray.is_initialized(): ray.shutdown()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local_sweep(tmp_path_factory):
+    "The reference: the same grid with the local executor, in this process (one torch thread, see conftest)."
+    out = tmp_path_factory.mktemp("local")
+    return {"out": out, "manifest": run_sweep("lr_sweep", BASE, POINTS, out, progress=False)}
+
+
+@pytest.fixture(scope="module")
+def ray_sweep(cluster, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ray")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        m = run_sweep("lr_sweep", BASE, POINTS, out, executor="ray", num_cpus_per_run=1)
+    return {"out": out, "manifest": m, "stdout": buf.getvalue()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Same runs, same numbers
+
+def test_ray_sweep_completes_every_run(ray_sweep):
+    out, m = ray_sweep["out"], ray_sweep["manifest"]
+    assert list(m["status"]) == ["completed"] * len(POINTS) and (m["error"] == "").all()
+    assert (m["node"] == socket.gethostname()).all()
+    for p in m["path"]:
+        run = load_run(out / p, verify=True)                      # every file present and matching its checksum
+        assert run.status == "completed" and not list((out / p).rglob(".*.tmp"))
+    assert sorted(q.name for q in (out / "runs").iterdir()) == sorted(m["run_id"])
+    assert not list(out.glob(".embvar-shared-check-*"))            # the shared-folder probe cleaned up
+    on_disk = load_manifest(out, "lr_sweep")
+    assert list(on_disk["run_id"]) == list(m["run_id"]) and list(on_disk["status"]) == list(m["status"])
+
+
+def test_ray_sweep_prints_progress_as_runs_complete(ray_sweep):
+    text = ray_sweep["stdout"]
+    assert "[ray] using the Ray cluster this process is already connected to" in text
+    assert "[ray] cluster: 1 node(s), 2 CPUs, 0 GPUs; each run: 1 CPU(s), 0 GPU(s)" in text
+    assert f"[lr_sweep] {len(POINTS)} runs: 0 already complete, {len(POINTS)} to run (executor=ray" in text
+    for k in range(1, len(POINTS) + 1): assert f"[{k}/{len(POINTS)}] " in text
+    for rid in ray_sweep["manifest"]["run_id"]: assert f"{rid} lr=" in text and f"on {socket.gethostname()}" in text
+
+
+def test_ray_runs_equal_local_runs(local_sweep, ray_sweep):
+    ml, mr = local_sweep["manifest"], ray_sweep["manifest"]
+    assert list(ml["status"]) == ["completed"] * len(POINTS)
+    assert list(mr["run_id"]) == list(ml["run_id"]) and list(mr["path"]) == list(ml["path"])
+    for p in ml["path"]:
+        rl, rr = load_run(local_sweep["out"] / p), load_run(ray_sweep["out"] / p)
+        np.testing.assert_array_equal(drift_curve(rr.embeddings()), drift_curve(rl.embeddings()))
+        assert embedding_digests(rr.path) == embedding_digests(rl.path)      # byte-identical .npy files
+        pd.testing.assert_frame_equal(rr.history, rl.history)
+
+
+def test_the_report_tables_do_not_depend_on_the_executor(local_sweep, ray_sweep):
+    "What the report computes from the runs on disk (drift curves through the manifest) is the same."
+    tl = analysis.drift_curves(analysis.sweep_runs(local_sweep["out"], "lr_sweep"))
+    tr = analysis.drift_curves(analysis.sweep_runs(ray_sweep["out"], "lr_sweep"))
+    assert len(tl) > len(POINTS)
+    pd.testing.assert_frame_equal(tr, tl)
+
+
+def test_finished_runs_are_never_recomputed(ray_sweep):
+    out, m = ray_sweep["out"], ray_sweep["manifest"]
+    before = {p: folder_state(out / p) for p in m["path"]}
+    again = run_sweep("lr_sweep", BASE, POINTS, out, executor="ray", progress=False)
+    assert list(again["status"]) == ["skipped"] * len(POINTS)
+    assert {p: folder_state(out / p) for p in m["path"]} == before
+    # a new grid sharing a point with the old one runs the new point only
+    more = run_sweep("more", BASE, POINTS[:1] + [{"lr": 5e-4, "seed": 2}], out, executor="ray", progress=False)
+    assert list(more["status"]) == ["skipped", "completed"]
+    assert folder_state(out / m["path"][0]) == before[m["path"][0]]
+
+
+def test_a_run_that_fails_for_its_own_reasons_is_recorded_not_retried(cluster, tmp_path):
+    missing = tmp_path / "no_such_data.csv"
+    t = time.perf_counter()
+    m = run_sweep("fail", BASE, [{"lr": 5e-5, "seed": 0, "dataset": str(missing)}], tmp_path, executor="ray",
+                  max_retries=3, progress=False)
+    assert list(m["status"]) == ["failed"]
+    assert m["error"][0].startswith("FileNotFoundError") and str(missing) in m["error"][0]
+    assert not is_complete(tmp_path / m["path"][0])
+    assert list(load_manifest(tmp_path, "fail")["status"]) == ["failed"]
+    assert time.perf_counter() - t < 60
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fault tolerance: kill the worker process in the middle of a run
+
+def _raylet_pid():
+    try: return ray._private.worker._global_node.all_processes["raylet"][0].process.pid
+    except Exception: return None
+
+
+def _worker_pid(run_id: str):
+    "The pid of this cluster's worker whose process title says it runs `run_id` (`ray::embvar:<run_id>`)."
+    raylet = _raylet_pid()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit(): continue
+        try:
+            title = (d / "cmdline").read_bytes().split(b"\0")[0].strip()
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError): continue
+        if title == f"ray::embvar:{run_id}".encode() and (raylet is None or ppid == raylet):
+            return int(d.name)
+    return None
+
+
+def _saved_steps(run_dir: Path) -> set:
+    d = run_dir / "embeddings"
+    return {f.name.split(".")[0] for f in d.glob("step_*.npy")} if d.is_dir() else set()
+
+
+def _pid_alive(pid: int) -> bool:
+    try: return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError): return False
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the worker process through /proc")
+def test_a_killed_worker_is_retried_and_leaves_no_corrupt_run(cluster, tmp_path):
+    ref = run_sweep("kill", KILL_BASE, KILL_POINTS, tmp_path / "local", progress=False)   # the local reference
+    out = tmp_path / "ray"; runs = out / "runs"
+    result = {}
+    def sweep():
+        try: result["manifest"] = run_sweep("kill", KILL_BASE, KILL_POINTS, out, executor="ray", max_retries=2, progress=False)
+        except BaseException as e: result["error"] = e
+    th = threading.Thread(target=sweep, daemon=True); th.start()
+    killed, deadline = None, time.monotonic() + 150
+    while killed is None and th.is_alive():
+        assert time.monotonic() < deadline, "no run was caught in the middle of training"
+        for p in (runs.iterdir() if runs.exists() else []):
+            if is_complete(p) or len(_saved_steps(p)) < 2: continue
+            pid = _worker_pid(p.name)
+            if pid is None: continue
+            os.kill(pid, signal.SIGKILL)
+            while _pid_alive(pid): time.sleep(0.005)
+            if not is_complete(p):  # it died in the middle of the run (not just after finishing it)
+                killed = (p.name, pid, len(_saved_steps(p)))
+            break
+        time.sleep(0.005)
+    th.join(timeout=300)
+    assert not th.is_alive(), "the sweep did not finish after the kill"
+    assert "error" not in result, result.get("error")
+    assert killed is not None, "both runs finished before a worker could be killed mid-run"
+    rid, pid, n_saved = killed
+    assert 2 <= n_saved < 31                                   # killed after some tracked steps, before the last one
+    m = result["manifest"]
+    assert list(m["status"]) == ["completed", "completed"] and (m["error"] == "").all()   # retried by Ray, not failed
+    for p in m["path"]:
+        run = load_run(out / p, verify=True)                   # complete, every checksum matches
+        assert not list((out / p).rglob(".*.tmp"))             # no half-written file of the killed attempt left
+        np.testing.assert_array_equal(run.steps, np.arange(31))
+        assert embedding_digests(out / p) == embedding_digests(tmp_path / "local" / p)
+    assert rid in set(m["run_id"]) and list(m["run_id"]) == list(ref["run_id"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Connecting by address
+
+DRIVER = ("import json, sys; from embvar_study.sweep import run_sweep; "
+          "m = run_sweep('second', json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], executor='ray', ray_address=sys.argv[4]); "
+          "print('STATUS', list(m['status']))")
+
+
+def test_a_second_driver_connects_by_address_and_leaves_the_cluster_up(cluster, local_sweep, tmp_path):
+    point = POINTS[-1]
+    r = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(BASE), json.dumps([point]), str(tmp_path), cluster],
+                       env=env(), capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"[ray] connected to the Ray cluster at {cluster} (ray_address)" in r.stdout
+    assert "STATUS ['completed']" in r.stdout
+    p = local_sweep["manifest"]["path"].iloc[-1]
+    load_run(tmp_path / p, verify=True)
+    assert embedding_digests(tmp_path / p) == embedding_digests(local_sweep["out"] / p)
+    # the driver disconnected; the cluster it did not start is still up and usable
+    assert ray.is_initialized() and len(cluster_nodes()) == 1
+    assert ray.get(ray.remote(lambda: 7).remote(), timeout=60) == 7
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bad input: a clear error before any run starts
+
+def _nothing_ran(out: Path, name: str):
+    assert not (out / "sweeps" / f"{name}.csv").exists()
+    assert not (out / "runs").exists() or not list((out / "runs").iterdir())
+
+
+def test_more_gpus_or_cpus_per_run_than_any_node_has(cluster, tmp_path):
+    with pytest.raises(ValueError, match=r"num_gpus_per_run: each run asks for 1 GPU\(s\) but no node of the cluster has more than 0") as e:
+        run_sweep("gpu", BASE, POINTS, tmp_path, executor="ray", num_gpus_per_run=1)
+    assert socket.gethostname() in str(e.value)
+    with pytest.raises(ValueError, match=r"num_gpus_per_run: each run asks for 0.5 GPU"):
+        run_sweep("gpu", BASE, POINTS, tmp_path, executor="ray", num_gpus_per_run=0.5)
+    with pytest.raises(ValueError, match=r"num_cpus_per_run: each run asks for 3 CPUs but no node of the cluster has more than 2"):
+        run_sweep("gpu", BASE, POINTS, tmp_path, executor="ray", num_cpus_per_run=3)
+    _nothing_ran(tmp_path, "gpu")
+
+
+def test_an_output_folder_a_node_cannot_see(cluster, tmp_path, monkeypatch):
+    # the driver "forgets" to write the token, as if out_dir were a local disk of the driver's machine: the probe task
+    # pinned to the node does not find it there
+    monkeypatch.setattr(ray_executor, "_write_probe_token", lambda path, token: None)
+    with pytest.raises(ClusterError, match=r"out_dir: .* must be on storage that every node of the Ray cluster sees") as e:
+        run_sweep("unshared", BASE, POINTS, tmp_path, executor="ray")
+    assert f"{socket.gethostname()} (" in str(e.value) and f"does not see {tmp_path}" in str(e.value)
+    _nothing_ran(tmp_path, "unshared")
+
+
+def test_ray_not_installed(tmp_path, monkeypatch):
+    from embvar_study.cli import run_report
+    monkeypatch.setitem(sys.modules, "ray", None)              # `import ray` now raises ImportError
+    with pytest.raises(RayUnavailableError, match=r'pip install "embvar-study\[ray\]"'):
+        run_sweep("x", BASE, POINTS, tmp_path / "sweep", executor="ray")
+    with pytest.raises(ImportError, match=r'pip install "embvar-study\[ray\]"'):
+        run_report("smoke", tmp_path / "report", executor="ray", progress=False)
+    assert not (tmp_path / "sweep").exists() and not (tmp_path / "report").exists()
+
+
+def test_unreachable_address_fails_fast_from_the_cli(tmp_path):
+    out = tmp_path / "report"
+    t = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", "from embvar_study.cli import main; main()", "report", "--profile", "smoke",
+                        "--executor", "ray", "--ray-address", "127.0.0.1:1", "--out", str(out)],
+                       env=env(), capture_output=True, text=True, timeout=120)
+    took = time.perf_counter() - t
+    assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-2000:])
+    assert "embvar report: error: ray_address: cannot reach a Ray cluster at '127.0.0.1:1'" in r.stderr
+    assert "ray start --head --port=1" in r.stderr
+    assert not out.exists()                                      # no notebook ran, nothing written
+    assert took < 60, f"took {took:.0f}s"
+
+
+def test_every_experiment_template_takes_the_executor_parameters():
+    import papermill as pm
+    from embvar_study.cli import EXPERIMENTS, template_dir
+    for name in EXPERIMENTS:
+        params = pm.inspect_notebook(str(template_dir() / f"{name}.ipynb"))
+        assert {"executor", "ray_address", "gpus_per_run", "cpus_per_run", "jobs"} <= set(params), name
+        assert params["executor"]["default"] == '"local"' and params["ray_address"]["default"] == "None", name
+        src = "\n".join(c.source for c in __import__("nbformat").read(template_dir() / f"{name}.ipynb", as_version=4).cells)
+        assert "executor=executor, ray_address=ray_address" in src and "num_gpus_per_run=gpus_per_run, num_cpus_per_run=cpus_per_run" in src
