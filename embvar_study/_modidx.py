@@ -532,6 +532,7 @@ d = { 'settings': { 'branch': 'main',
                                     'embvar_study.train._probe_table': ('train.html#_probe_table', 'embvar_study/train.py'),
                                     'embvar_study.train._train_loop': ('train.html#_train_loop', 'embvar_study/train.py'),
                                     'embvar_study.train.evaluate': ('train.html#evaluate', 'embvar_study/train.py'),
+                                    'embvar_study.train.make_optimizer': ('train.html#make_optimizer', 'embvar_study/train.py'),
                                     'embvar_study.train.prepare_data': ('train.html#prepare_data', 'embvar_study/train.py'),
                                     'embvar_study.train.resolve_device': ('train.html#resolve_device', 'embvar_study/train.py'),
                                     'embvar_study.train.train_run': ('train.html#train_run', 'embvar_study/train.py')}}}

@@ -50,3 +50,22 @@ def cli_args(config: dict) -> list:
         flag = "--" + k.replace("_", "-")
         out += [flag, *map(str, v)] if isinstance(v, (list, tuple)) else [flag, str(v)]
     return out
+
+
+def kill_when_ready(proc, ready, what: str, timeout: float = 180, poll: float = 0.02):
+    "Wait until `ready()` is true, then SIGKILL `proc` (a Popen with stderr=PIPE); fail if it exits first or stalls."
+    import os, signal, time
+    import pytest
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if proc.poll() is not None:
+                pytest.fail(f"{what} exited ({proc.returncode}) before it was killed: {proc.stderr.read().decode()[-2000:]}")
+            assert time.monotonic() < deadline, f"{what} made no progress in time"
+            time.sleep(poll)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None: proc.kill(); proc.wait()
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import TINY, embedding_digests, folder_state
+from conftest import TINY, embedding_digests, folder_state, kill_when_ready
 from embvar_study.metrics import drift_curve
 from embvar_study.runs import IncompleteRunError, is_complete, load_run
 from embvar_study.sweep import PROFILE_KEYS, PROFILES, expand_grid, experiment_grid, get_profile, load_manifest, run_sweep
@@ -193,23 +193,10 @@ def test_killed_sweep_resumes_without_recomputing_finished_runs(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
     proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, json.dumps(KILL_BASE), json.dumps(points), str(tmp_path)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            folders = [p for p in runs_dir.iterdir() if (p / "config.json").is_file()] if runs_dir.exists() else []
-            done = [p for p in folders if is_complete(p)]
-            started = [p for p in folders if not is_complete(p)]
-            if done and started: break
-            if proc.poll() is not None:
-                pytest.fail(f"the sweep exited ({proc.returncode}) before it was killed: {proc.stderr.read().decode()[-2000:]}")
-            assert time.monotonic() < deadline, "the sweep made no progress in time"
-            time.sleep(0.01)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None: proc.kill(); proc.wait()
-        proc.stderr.close()
-    assert proc.returncode == -signal.SIGKILL
+    def one_done_one_started():
+        folders = [p for p in runs_dir.iterdir() if (p / "config.json").is_file()] if runs_dir.exists() else []
+        return any(is_complete(p) for p in folders) and any(not is_complete(p) for p in folders)
+    kill_when_ready(proc, one_done_one_started, "the sweep", poll=0.01)
     done = sorted(p for p in runs_dir.iterdir() if is_complete(p))
     killed = sorted(p for p in runs_dir.iterdir() if not is_complete(p))
     assert 1 <= len(done) < 4 and killed

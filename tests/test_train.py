@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import embvar_study.train as train_mod
-from conftest import TINY, cli_args, embedding_digests, folder_state, sha256
+from conftest import TINY, cli_args, embedding_digests, folder_state, kill_when_ready, sha256
 from embvar_study.cli import main
 from embvar_study.data import HubUnavailableError, head_parameter_names, load_model_and_tokenizer
 from embvar_study.extract import embed_texts
@@ -165,21 +165,9 @@ def test_killed_run_is_incomplete_and_rerun_matches_uninterrupted(tmp_path):
     out = tmp_path / "killed"
     proc = subprocess.Popen(_cli_cmd(CRASH, out), cwd=tmp_path, env=_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            steps = {p.name.split(".")[0] for p in (out / "embeddings").glob("step_*.npy")} if out.exists() else set()
-            if len(steps) >= 2: break
-            if proc.poll() is not None:
-                pytest.fail(f"embvar train exited ({proc.returncode}) before it was killed: {proc.stderr.read().decode()[-2000:]}")
-            assert time.monotonic() < deadline, "embvar train wrote no embeddings in time"
-            time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None: proc.kill(); proc.wait()
-        proc.stderr.close()
-    assert proc.returncode == -signal.SIGKILL
+    def two_steps_saved():
+        return out.exists() and len({p.name.split(".")[0] for p in (out / "embeddings").glob("step_*.npy")}) >= 2
+    kill_when_ready(proc, two_steps_saved, "embvar train")
     assert not is_complete(out)
     with pytest.raises(IncompleteRunError, match=str(out)):
         load_run(out)
