@@ -22,9 +22,9 @@ from embvar_study.agreement import (MEASURES, TRANSFORMS, agreement_matrix, agre
                                     pooling_sensitivity, weighted_spearman)
 from embvar_study.agreement import _boot_weights
 from embvar_study.align import aligned_distance
-from embvar_study.analysis import sweep_runs
 from embvar_study.metrics import cosine_drift, expected_squared_distance, knn_overlap, linear_cka, rsa
-from embvar_study.runs import RunWriter, atomic_write_text
+from embvar_study.runs import RunWriter
+from conftest import write_manifest
 
 
 # --------------------------------------------------------------------------- invariances: one test per entry
@@ -178,9 +178,7 @@ def _seed_study(root, N=16, d=5, L=2, poolings=("mean", "cls")):
                     w.save_embeddings(s, {p: (e if p == "mean" else 2 * e) for p in poolings})
         rows.append({"factor": factor, "lr": 5e-5, "seed": 0, "run_id": path.name, "path": f"runs/{path.name}",
                      "status": "completed", "error": "", "seconds": 0.0})
-    (Path(root) / "sweeps").mkdir(parents=True, exist_ok=True)
-    atomic_write_text(Path(root) / "sweeps" / "seed_sweep.csv", pd.DataFrame(rows).to_csv(index=False))
-    return sweep_runs(root, "seed_sweep")
+    return write_manifest(root, "seed_sweep", rows)
 
 
 @pytest.fixture(scope="module")

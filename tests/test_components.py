@@ -18,8 +18,8 @@ except ImportError:  # package not installed: run from the repository checkout
 from embvar_study.components import (VarianceComponents, components_table, crossed_values, embedding_variance_components,
                                      variance_components, variance_components_3way)
 from embvar_study.components import _design_three_way, _design_two_way, _ms_three_way, _ms_two_way
-from embvar_study.analysis import sweep_runs
-from embvar_study.runs import RunWriter, atomic_write_text
+from embvar_study.runs import RunWriter
+from conftest import write_manifest
 
 TRUTH2 = np.array([1.0, 0.5, 0.25, 1.0])                        # A, B, A:B, error
 TRUTH3 = np.array([1.0, 0.5, 2.0, 0.25, 0.3, 0.2, 0.5])         # A, B, P, A:B, A:P, B:P, residual
@@ -256,9 +256,7 @@ def _crossed_study(root, seeds=(0, 1, 2), N=12, d=5, init_scale=1.5, data_scale=
                 w.log(step=s, train_loss=1.0, eval_loss=1.0, eval_acc=0.5)
         rows.append({"factor": "crossed", "lr": 5e-5, "seed": 0, "init_seed": h, "data_seed": ds, "run_id": path.name,
                      "path": f"runs/{path.name}", "status": "completed", "error": "", "seconds": 0.0})
-    (Path(root) / "sweeps").mkdir(parents=True, exist_ok=True)
-    atomic_write_text(Path(root) / "sweeps" / "crossed.csv", pd.DataFrame(rows).to_csv(index=False))
-    return sweep_runs(root, "crossed")
+    return write_manifest(root, "crossed", rows)
 
 
 @pytest.fixture(scope="module")
