@@ -29,7 +29,7 @@ from .checks import as_float_array
 # %% auto #0
 __all__ = ['NON_IDENTITY_KEYS', 'RESERVED_KEYS', 'RunAlreadyComplete', 'IncompleteRunError', 'CorruptRunError', 'config_hash',
            'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json', 'atomic_save_npy', 'environment_info',
-           'RunWriter', 'Run', 'is_complete', 'load_run', 'find_runs', 'load_runs']
+           'run_folder_state', 'RunWriter', 'Run', 'is_complete', 'load_run', 'find_runs', 'load_runs']
 
 # %% ../nbs/06_runs.ipynb #b220818e
 NON_IDENTITY_KEYS = ("out_dir", "run_dir", "device", "num_workers", "progress", "verbose")  # do not change results
@@ -210,6 +210,24 @@ def _wipe(d: Path):
         if p.is_dir() and not p.is_symlink(): shutil.rmtree(p)
         else: p.unlink()
 
+def run_folder_state(run_dir,            # a run folder (need not exist)
+                     config_hash: str,   # the hash of the config that wants to write there
+                    ) -> str:            # "empty", "incomplete" or "complete"
+    "What `run_dir` holds for this config; `ValueError` (nothing touched) when it holds anything else."
+    p = Path(run_dir)
+    if p.exists() and not p.is_dir(): raise ValueError(f"run_dir: {p} exists and is not a folder")
+    if not p.exists() or not _entries(p): return "empty"
+    cfg_file = p / "config.json"
+    if not cfg_file.is_file():
+        raise ValueError(f"run_dir: {p} is not empty and holds no config.json (not a run folder); refusing to write there")
+    try: old = json.loads(cfg_file.read_text()).get("config_hash")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        raise ValueError(f"run_dir: {cfg_file} is unreadable ({e}); refusing to overwrite") from None
+    if old != config_hash:
+        raise ValueError(f"run_dir: {p} holds a run with config_hash {old}, but this config hashes to "
+                         f"{config_hash}; refusing to overwrite (use another folder)")
+    return "complete" if (p / "COMPLETE").exists() else "incomplete"
+
 class RunWriter:
     "Writes one run folder: config and probes at start, embeddings and history during training, COMPLETE last."
     def __init__(self,
@@ -231,22 +249,12 @@ class RunWriter:
         atomic_write_text(self.path / "probes.jsonl", _jsonl(self.probes))
 
     def _prepare_folder(self, overwrite_incomplete: bool):
-        p = self.path
-        if p.exists() and not p.is_dir(): raise ValueError(f"run_dir: {p} exists and is not a folder")
-        if not p.exists() or not _entries(p):
+        p, state = self.path, run_folder_state(self.path, self.config_hash)
+        if state == "empty":
             p.mkdir(parents=True, exist_ok=True)
             _wipe(p)                                   # stray temp files only
             return
-        cfg_file = p / "config.json"
-        if not cfg_file.is_file():
-            raise ValueError(f"run_dir: {p} is not empty and holds no config.json (not a run folder); refusing to write there")
-        try: old = json.loads(cfg_file.read_text()).get("config_hash")
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
-            raise ValueError(f"run_dir: {cfg_file} is unreadable ({e}); refusing to overwrite") from None
-        if old != self.config_hash:
-            raise ValueError(f"run_dir: {p} holds a run with config_hash {old}, but this config hashes to "
-                             f"{self.config_hash}; refusing to overwrite (use another folder)")
-        if (p / "COMPLETE").exists(): raise RunAlreadyComplete(p, self.config_hash)
+        if state == "complete": raise RunAlreadyComplete(p, self.config_hash)
         if not overwrite_incomplete:
             raise IncompleteRunError(f"run_dir: {p} holds an incomplete run of this config; "
                                      "pass overwrite_incomplete=True to restart it")

@@ -22,7 +22,8 @@ __all__ = ['PROFILES', 'PROFILE_KEYS', 'EXPERIMENT_NAMES', 'EXECUTORS', 'get_pro
 PROFILES: dict[str, dict] = {
     "paper": {
         "base": dict(model="distilbert-base-uncased", dataset="imdb", n_train=4000, n_eval=1000, epochs=1,
-                     batch_size=32, max_length=256, probe_max_length=128, track_every=10, warmup_ratio=0.06),
+                     batch_size=32, max_length=256, probe_max_length=128, track_every=10, warmup_ratio=0.06,
+                     embed_batch_size=128),
         "lrs": [5e-5, 5e-4], "seeds": [0, 1, 2, 3, 4], "ref_lr": 5e-5,
         "head_seeds": [0, 1, 2, 3, 4], "data_seeds": [0, 1, 2, 3, 4],
         "perturb": dict(perturb_kinds=["token_dropout", "typo", "mc_dropout"], perturb_k=16),

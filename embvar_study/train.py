@@ -14,7 +14,7 @@ import torch
 
 from .data import load_texts, train_eval_split, load_probes, load_model_and_tokenizer, model_summary
 from .extract import embed_texts, embed_perturbed, count_truncated
-from .runs import RunWriter, RunAlreadyComplete, config_hash, is_complete
+from .runs import RunWriter, RunAlreadyComplete, config_hash, run_folder_state
 
 # %% auto #0
 __all__ = ['POOLINGS', 'PERTURB_KINDS', 'TrainConfig', 'prepare_data', 'resolve_device', 'evaluate', 'make_optimizer',
@@ -49,7 +49,7 @@ class TrainConfig:
     eval_every: int | None = None  # eval loss/accuracy every this many steps (None: with tracking)
     poolings: list = field(default_factory=lambda: ["mean", "cls", "max"])  # poolings stored at every tracked step
     probe_max_length: int = 128  # tokens per probe when embedding
-    embed_batch_size: int = 64  # batch size when embedding probes
+    embed_batch_size: int = 16  # texts per forward pass when embedding probes and evaluating (raise it on a GPU)
     embed_dtype: str = "float32"  # dtype of stored embeddings: float32 or float16
     seed: int = 0  # sets init_seed, data_seed and dropout_seed unless they are given
     init_seed: int | None = None  # classification-head initialisation
@@ -186,11 +186,7 @@ def train_run(config: TrainConfig | dict,  # the run's parameters
     "Fine-tune `config.model` with tracking; write a complete run folder to `out_dir`."
     cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(config)
     out_dir, seeds, device = Path(out_dir), cfg.seeds(), resolve_device(cfg.device)
-    if is_complete(out_dir):
-        try:
-            with open(out_dir / "config.json") as f: done = json.load(f).get("config_hash")
-        except (OSError, ValueError): done = None
-        if done == cfg.run_id(): return out_dir
+    if run_folder_state(out_dir, cfg.run_id()) == "complete": return out_dir   # refuses another run's folder now, before loading
     train_df, eval_df, probes = prepare_data(cfg)
     n_labels = int(train_df["label"].nunique())
     model, tok = load_model_and_tokenizer(cfg.model, num_labels=n_labels, init_seed=seeds["init_seed"])

@@ -298,8 +298,11 @@ def test_more_examples_than_data(tmp_path):
     prepare_data(TrainConfig(**{**TINY, "n_train": n - 10, "n_eval": 10}))   # exactly all rows is fine
 
 
-def test_output_folder_holding_another_run_is_not_touched(tmp_path, seed_runs):
+def test_output_folder_holding_another_run_is_not_touched(tmp_path, seed_runs, monkeypatch):
     other = TrainConfig(**{**TINY, "lr": 1e-4})
+    def must_not_load(*a, **k): raise AssertionError("data or model loaded before the output folder was checked")
+    monkeypatch.setattr(train_mod, "prepare_data", must_not_load)          # refused before any loading
+    monkeypatch.setattr(train_mod, "load_model_and_tokenizer", must_not_load)
     # a complete run of another config
     done = tmp_path / "done"; shutil.copytree(seed_runs["base"]["dir"], done)
     # an incomplete (killed) run of another config
