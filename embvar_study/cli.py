@@ -9,7 +9,8 @@ from pathlib import Path
 
 from fastcore.docments import docments
 from .train import TrainConfig, train_run
-from .sweep import get_profile, PROFILES, EXPERIMENT_NAMES, EXECUTORS, _check_executor_args
+from .sweep import get_profile, PROFILES, PROFILE_KEYS, EXPERIMENT_NAMES, EXECUTORS, _check_executor_args
+from .data import HubUnavailableError
 from .ray_executor import RayUnavailableError, ClusterError
 from .runs import atomic_write_text
 
@@ -139,7 +140,7 @@ def _report_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default="quick", help=f"one of {sorted(PROFILES)}")
     p.add_argument("--out", default=None, help="output folder (default reports/PROFILE); with --executor ray on several machines, a folder every node sees")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a grid key (lrs, seeds, ref_lr, head_seeds, data_seeds, perturb) or any run field; repeatable; values are JSON")
+                   help=f"override a grid key ({', '.join(PROFILE_KEYS)}) or any run field; repeatable; values are JSON")
     p.add_argument("--jobs", type=int, default=1, help="worker processes for the sweeps (with --executor ray and no address: runs at once on the local Ray instance)")
     p.add_argument("--executor", choices=EXECUTORS, default="local", help="where runs execute: this machine, or Ray tasks (pip install \"embvar-study[ray]\")")
     p.add_argument("--ray-address", default=None, metavar="HOST:PORT", help="address of a running Ray cluster (ray start --head prints it); default: start a local Ray instance")
@@ -164,5 +165,5 @@ def main(argv=None):
         if argv and argv[0] not in ("-h", "--help"): print(f"embvar: unknown command {argv[0]!r}; valid: train, report", file=sys.stderr); sys.exit(2)
         return
     try: cmds[argv[0]](argv[1:])
-    except (ValueError, FileNotFoundError, RayUnavailableError, ClusterError) as e:
+    except (ValueError, FileNotFoundError, HubUnavailableError, RayUnavailableError, ClusterError) as e:
         print(f"embvar {argv[0]}: error: {e}", file=sys.stderr); sys.exit(2)

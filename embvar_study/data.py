@@ -533,7 +533,8 @@ def load_model_and_tokenizer(name: str | os.PathLike = "distilbert-base-uncased"
         raise ValueError(f"num_labels: expected an int >= 2, got {num_labels!r}")
     init_seed = _check_seed(init_seed, "init_seed")
     resolved = resolve_model(name)
-    with torch.random.fork_rng(devices=[]), _quiet_transformers():
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []   # manual_seed reseeds them all
+    with torch.random.fork_rng(devices=cuda), _quiet_transformers():
         torch.manual_seed(TINY_BODY_SEED)
         if resolved in _TINY_MODELS: model, tokenizer = _build_tiny(resolved, int(num_labels))
         else: model, tokenizer = _from_pretrained(os.fspath(name), resolved, int(num_labels), local_files_only)

@@ -261,8 +261,7 @@ def embed_perturbed(model,                # HF encoder or `...ForSequenceClassif
             raise ValueError(f"seed: expected a non-negative int, got {seed!r}")
         if not _has_dropout(model):
             warnings.warn("mc_dropout: the model has no dropout with p > 0; all k copies will be identical", stacklevel=2)
-        dev = torch.device(device) if device is not None else _model_device(model)
-        cuda = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []
+        cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []   # manual_seed reseeds them all
         copies = []
         with torch.random.fork_rng(devices=cuda):
             for j in range(k):

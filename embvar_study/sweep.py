@@ -4,8 +4,9 @@
 
 # %% ../nbs/08_sweep.ipynb #526e1b7f
 from __future__ import annotations
-import contextlib, copy, itertools, json, os, socket, time, traceback
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import contextlib, copy, itertools, json, math, os, socket, time, traceback
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 import multiprocessing as mp
 
@@ -62,7 +63,23 @@ def get_profile(name: str,  # one of PROFILES
         elif k in fields: prof["base"][k] = v
         else: raise ValueError(f"unknown key {k!r}; valid keys: {sorted(PROFILE_KEYS)} and the run fields {sorted(fields)}")
     TrainConfig.from_dict(prof["base"])  # validate early
+    _check_grid_keys(prof)
     return prof
+
+def _check_grid_keys(prof: dict):
+    "Each grid key of a profile: a non-empty list of learning rates or seeds, a positive ref_lr, a dict of run fields."
+    lr_ok = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    seed_ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    for key, ok, what in (("lrs", lr_ok, "positive learning rates"), ("extended_lrs", lr_ok, "positive learning rates"),
+                          ("seeds", seed_ok, "seeds (integers >= 0)"), ("head_seeds", seed_ok, "seeds (integers >= 0)"),
+                          ("data_seeds", seed_ok, "seeds (integers >= 0)"), ("crossed_seeds", seed_ok, "seeds (integers >= 0)"),
+                          ("extended_seeds", seed_ok, "seeds (integers >= 0)")):
+        v = prof[key]
+        if not isinstance(v, list) or not v or not all(ok(x) for x in v):
+            raise ValueError(f"{key}: expected a non-empty list of {what}, got {v!r}")
+    if not lr_ok(prof["ref_lr"]): raise ValueError(f"ref_lr: expected a positive learning rate, got {prof['ref_lr']!r}")
+    if not isinstance(prof["perturb"], dict): raise ValueError(f"perturb: expected a dict of run fields, got {prof['perturb']!r}")
+    TrainConfig.from_dict({**prof["base"], **prof["perturb"]})
 
 # %% ../nbs/08_sweep.ipynb #1ece24f6
 def expand_grid(base: dict,  # fields shared by every run
@@ -77,7 +94,7 @@ def expand_grid(base: dict,  # fields shared by every run
     return points
 
 def experiment_grid(profile: dict,  # from get_profile
-                    experiment: str,  # lr_sweep | seed_sweep | perturbation
+                    experiment: str,  # one of EXPERIMENT_NAMES: lr_sweep | seed_sweep | perturbation | crossed | lr_extended
                     ) -> list[dict]:  # grid points, each with a "factor" label and the config fields
     "The grid points of one experiment of a profile."
     p = profile
@@ -114,6 +131,13 @@ def _run_one(config: dict, run_dir: str, threads: int | None, progress: bool) ->
     except Exception as e:  # recorded, not raised: one failed run does not stop the sweep
         return {"status": "failed", "error": f"{type(e).__name__}: {e}", "seconds": time.perf_counter() - t,
                 "node": socket.gethostname(), "traceback": traceback.format_exc()}
+
+def _run_isolated(config: dict, run_dir: str, threads: int | None) -> dict:
+    "One run in a fresh process of its own, so that a crash (even a segfault) is this run's alone."
+    with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as ex:
+        try: return ex.submit(_run_one, config, run_dir, threads, False).result()
+        except BrokenProcessPool as e:
+            return {"status": "failed", "error": f"worker died: the process running this run exited abruptly ({e})", "seconds": 0.0}
 
 def _check_executor_args(executor, jobs, ray_address, num_cpus_per_run, num_gpus_per_run, max_retries):
     if executor not in EXECUTORS: raise ValueError(f"executor: expected one of {list(EXECUTORS)}, got {executor!r}")
@@ -156,11 +180,14 @@ def run_sweep(name: str,  # sweep name: the manifest is <out_dir>/sweeps/<name>.
     for i, c, path in todo:
         if path in seen_paths: continue
         seen_paths.add(path); unique.append((i, c, path))
-    manifest_path = out_dir / "sweeps" / f"{name}.csv"
+    manifest_path, errors_path = out_dir / "sweeps" / f"{name}.csv", out_dir / "sweeps" / f"{name}.errors.txt"
     def save(): atomic_write_text(manifest_path, pd.DataFrame(rows).to_csv(index=False))
-    n_done = [0]
+    n_done, tracebacks = [0], []
     def done(i, res):
         rows[i].update({k: v for k, v in res.items() if k in _MANIFEST_COLS}); save(); n_done[0] += 1
+        if res.get("traceback"):   # the manifest keeps the one-line error; the full traceback goes next to it
+            tracebacks.append(f"== {rows[i]['run_id']} ({rows[i]['path']})\n{res['traceback']}")
+            atomic_write_text(errors_path, "\n".join(tracebacks))
         if progress:
             r = rows[i]; msg = f"  [{n_done[0]}/{len(unique)}] {r['run_id']} lr={r.get('lr', '')} seed={r.get('seed', '')} -> {r['status']} ({r['seconds']:.1f}s"
             msg += f" on {r['node']})" if executor == "ray" and r.get("node") else ")"
@@ -184,14 +211,24 @@ def run_sweep(name: str,  # sweep name: the manifest is <out_dir>/sweeps/<name>.
             for i, c, path in unique: done(i, _run_one(c, path, None, False))
         else:
             threads = max(1, (os.cpu_count() or 1) // jobs)
+            orphans = []  # runs queued or in flight when a worker died: the pool cannot tell which run crashed it
             with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as ex:
-                futs = {ex.submit(_run_one, c, path, threads, False): i for i, c, path in unique}
+                futs = {ex.submit(_run_one, c, path, threads, False): (i, c, path) for i, c, path in unique}
                 for f in as_completed(futs):
                     try: res = f.result()
+                    except BrokenProcessPool: orphans.append(futs[f]); continue
                     except Exception as e: res = {"status": "failed", "error": f"worker died: {type(e).__name__}: {e}", "seconds": 0.0}
-                    done(futs[f], res)
-    for r in rows:  # duplicates of a run that just ran
-        if r["status"] == "pending" and is_complete(out_dir / r["path"]): r["status"] = "skipped"
+                    done(futs[f][0], res)
+            if orphans:  # each again in a process of its own, `jobs` at a time: only the run that crashes fails
+                if progress: print(f"[{name}] a worker process died; running the {len(orphans)} unfinished run(s) one process each", flush=True)
+                with ThreadPoolExecutor(max_workers=jobs) as tex:
+                    futs = {tex.submit(_run_isolated, c, path, threads): i for i, c, path in orphans}
+                    for f in as_completed(futs): done(futs[f], f.result())
+    ran = {rows[i]["path"]: rows[i] for i, _, _ in unique}
+    for r in rows:  # repeats of a grid point share the outcome of the one run made for them
+        if r["status"] != "pending": continue
+        if is_complete(out_dir / r["path"]): r["status"] = "skipped"
+        elif r["path"] in ran: r.update({k: ran[r["path"]][k] for k in ("status", "error", "seconds", "node")})
     save()
     return pd.DataFrame(rows)
 

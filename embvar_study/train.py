@@ -74,8 +74,20 @@ class TrainConfig:
                 raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
         for name in ("max_steps", "eval_every", "n_probes"):
             v = getattr(self, name)
-            if v is not None and (not isinstance(v, (int, np.integer)) or v < 1):
+            if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1):
                 raise ValueError(f"{name}: expected None or an integer >= 1, got {v!r}")
+        for name in ("seed", "probe_seed", "replicate", "init_seed", "data_seed", "dropout_seed"):
+            v = getattr(self, name)
+            if (v is not None or name in ("seed", "probe_seed", "replicate")) and (
+                    not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0):
+                raise ValueError(f"{name}: expected an integer >= 0{'' if name in ('seed', 'probe_seed', 'replicate') else ' or None'}, got {v!r}")
+        def real(v): return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
+        if not (real(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay: expected a finite number >= 0, got {self.weight_decay!r}")
+        if self.max_grad_norm is not None and not (real(self.max_grad_norm) and self.max_grad_norm > 0):
+            raise ValueError(f"max_grad_norm: expected None or a finite number > 0, got {self.max_grad_norm!r}")
+        if not (real(self.perturb_rate) and 0 <= self.perturb_rate <= 1):
+            raise ValueError(f"perturb_rate: expected a number in [0, 1], got {self.perturb_rate!r}")
         if not 0 <= self.warmup_ratio < 1: raise ValueError(f"warmup_ratio: expected a value in [0, 1), got {self.warmup_ratio!r}")
         bad = [p for p in self.poolings if p not in POOLINGS]
         if bad or not self.poolings: raise ValueError(f"poolings: expected a non-empty subset of {POOLINGS}, got {self.poolings!r}")
@@ -122,6 +134,7 @@ def prepare_data(cfg: TrainConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataF
     if cfg.n_train + cfg.n_eval > len(df):
         raise ValueError(f"n_train + n_eval: expected at most {len(df)} (rows in {cfg.dataset!r}), got {cfg.n_train} + {cfg.n_eval}")
     train_df, eval_df = train_eval_split(df, cfg.n_train, cfg.n_eval, seed=cfg.seeds()["data_seed"])
+    train_df.attrs["n_labels"] = int(df["label"].nunique())   # classes of the dataset, even one the subset misses
     probes = _probe_table(cfg, set(train_df["text"]))
     return train_df, eval_df, probes
 
@@ -142,7 +155,7 @@ class _Batches:
         keys = [k for k in enc.keys() if accepted is None or k in accepted]  # e.g. no token_type_ids for DistilBERT
         self.features = [{k: enc[k][i] for k in keys} for i in range(len(texts))]
         self.labels, self.tok, self.bs = torch.tensor(np.asarray(labels, dtype=np.int64)), tokenizer, batch_size
-        self.n_truncated = sum(len(f["input_ids"]) >= max_length for f in self.features)
+        self.n_truncated = count_truncated(tokenizer, list(texts), max_length)   # longer than max_length, not equal
     def __len__(self): return math.ceil(len(self.features) / self.bs)
     def batch(self, idx):
         b = self.tok.pad([self.features[i] for i in idx], return_tensors="pt")
@@ -152,9 +165,12 @@ class _Batches:
         order = torch.arange(len(self.features)) if seed is None else torch.randperm(len(self.features), generator=torch.Generator().manual_seed(seed))
         for s in range(0, len(order), self.bs): yield self.batch(order[s:s + self.bs].tolist())
 
+def _use_bf16(device, precision) -> bool:
+    "bf16 autocast for `precision` on `device`: 'bf16' always, 'auto' on CUDA only, 'fp32' never."
+    return precision == "bf16" or (precision == "auto" and device.type == "cuda")
+
 def _autocast(device, precision):
-    use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16)
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=_use_bf16(device, precision))
 
 @torch.no_grad()
 def evaluate(model, batches: _Batches, device, precision="auto") -> dict:
@@ -188,7 +204,7 @@ def train_run(config: TrainConfig | dict,  # the run's parameters
     out_dir, seeds, device = Path(out_dir), cfg.seeds(), resolve_device(cfg.device)
     if run_folder_state(out_dir, cfg.run_id()) == "complete": return out_dir   # refuses another run's folder now, before loading
     train_df, eval_df, probes = prepare_data(cfg)
-    n_labels = int(train_df["label"].nunique())
+    n_labels = train_df.attrs["n_labels"]
     model, tok = load_model_and_tokenizer(cfg.model, num_labels=n_labels, init_seed=seeds["init_seed"])
     model.to(device)
     probe_texts = probes["text"].tolist()
@@ -218,6 +234,7 @@ def _train_loop(cfg, model, tok, train_df, eval_df, probe_texts, writer, device,
     from transformers import get_linear_schedule_with_warmup
     sched = get_linear_schedule_with_warmup(opt, int(round(cfg.warmup_ratio * total)), total)
     eval_every = cfg.eval_every or cfg.track_every
+    bf16 = _use_bf16(device, cfg.precision)   # the probes are embedded at the training precision
     timing = {"train_s": 0.0, "track_s": 0.0, "eval_s": 0.0, "perturb_s": 0.0}
     tracked = []
 
@@ -227,14 +244,15 @@ def _train_loop(cfg, model, tok, train_df, eval_df, probe_texts, writer, device,
         if step % cfg.track_every == 0 or last:
             t = time.perf_counter()
             emb = embed_texts(model, tok, probe_texts, pooling=tuple(cfg.poolings), layers="all",
-                              batch_size=cfg.embed_batch_size, max_length=cfg.probe_max_length, return_dict=True)
+                              batch_size=cfg.embed_batch_size, max_length=cfg.probe_max_length, return_dict=True,
+                              autocast=bf16)
             writer.save_embeddings(step, emb, dtype=cfg.embed_dtype)
             timing["track_s"] += time.perf_counter() - t; tracked.append(step)
             if cfg.perturb_kinds and (cfg.perturb_at == "all" or step == 0 or last):
                 t = time.perf_counter()
                 for kind in cfg.perturb_kinds:
                     arr = embed_perturbed(model, tok, probe_texts, kind=kind, k=cfg.perturb_k, rate=cfg.perturb_rate,
-                                          seed=cfg.probe_seed, pooling="mean", layers="all",
+                                          seed=cfg.probe_seed, pooling="mean", layers="all", autocast=bf16,
                                           batch_size=cfg.embed_batch_size, max_length=cfg.probe_max_length)
                     writer.save_array(f"perturb/step_{step:06d}.{kind}.npy", arr.astype(cfg.embed_dtype))
                 timing["perturb_s"] += time.perf_counter() - t

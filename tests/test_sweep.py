@@ -102,6 +102,16 @@ def test_unknown_profile_and_keys_list_the_valid_ones():
         experiment_grid(get_profile("smoke"), "lr-sweep")
 
 
+@pytest.mark.parametrize("key, value, expected", [
+    ("seeds", [], "a non-empty list of seeds"), ("head_seeds", [0, -1], "a non-empty list of seeds"),
+    ("crossed_seeds", [1.5], "a non-empty list of seeds"), ("extended_seeds", 3, "a non-empty list of seeds"),
+    ("lrs", [5e-5, 0], "a non-empty list of positive learning rates"), ("extended_lrs", [], "a non-empty list of positive"),
+    ("ref_lr", -1, "a positive learning rate"), ("perturb", ["typo"], "a dict of run fields")])
+def test_bad_grid_keys_name_the_key(key, value, expected):
+    with pytest.raises(ValueError, match=rf"^{key}: expected {expected}"):
+        get_profile("smoke", {key: value})
+
+
 def test_expand_grid():
     pts = expand_grid(TINY, {"lr": [1e-5, 1e-4, 1e-3], "seed": [0, 1]})
     assert pts == [{"lr": a, "seed": s} for a in (1e-5, 1e-4, 1e-3) for s in (0, 1)]
@@ -174,9 +184,45 @@ def test_failing_run_is_recorded_and_the_others_complete(tmp_path):
     assert not is_complete(tmp_path / m["path"][1])
     on_disk = load_manifest(tmp_path, "fail")
     assert list(on_disk["status"]) == ["completed", "failed", "completed"] and str(missing) in on_disk["error"][1]
+    # the full traceback is kept next to the manifest
+    errors = (tmp_path / "sweeps" / "fail.errors.txt").read_text()
+    assert m["run_id"][1] in errors and "Traceback (most recent call last)" in errors and "FileNotFoundError" in errors
     # a rerun retries the failed run only
     again = run_sweep("fail", TINY, points, tmp_path, progress=False)
     assert list(again["status"]) == ["skipped", "failed", "skipped"]
+
+
+def test_repeats_of_a_failed_grid_point_share_its_failure(tmp_path):
+    bad = {"dataset": str(tmp_path / "no_such_data.csv")}
+    m = run_sweep("dupfail", TINY, [{**bad, "factor": "a"}, {**bad, "factor": "b"}], tmp_path, progress=False)
+    assert list(m["status"]) == ["failed", "failed"] and m["error"][0] == m["error"][1] != ""
+
+
+# A worker process that dies without a Python exception (segfault, OOM killer): os._exit in the run of one lr,
+# injected into the spawned workers through a sitecustomize module on PYTHONPATH.
+CRASH_SITE = """
+import os
+if os.environ.get("EMBVAR_TEST_CRASH_LR"):
+    import embvar_study.sweep as _sweep
+    _original = _sweep._run_one
+    def _run_one(config, run_dir, threads, progress):
+        if repr(config["lr"]) == os.environ["EMBVAR_TEST_CRASH_LR"]: os._exit(1)
+        return _original(config, run_dir, threads, progress)
+    _sweep._run_one = _run_one
+"""
+
+
+def test_a_worker_crash_fails_only_the_run_that_crashes(tmp_path, monkeypatch):
+    site = tmp_path / "site"; site.mkdir(); (site / "sitecustomize.py").write_text(CRASH_SITE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("EMBVAR_TEST_CRASH_LR", repr(1e-3))
+    lrs = [1e-4, 1e-3, 2e-4, 3e-4]
+    m = run_sweep("crash", {**TINY, "max_steps": 2}, [{"lr": lr} for lr in lrs], tmp_path / "study", jobs=2, progress=False)
+    status, error = dict(zip(m["lr"], m["status"])), dict(zip(m["lr"], m["error"]))
+    assert status[1e-3] == "failed" and "worker died" in error[1e-3]
+    assert [status[lr] for lr in lrs if lr != 1e-3] == ["completed"] * 3
+    for lr, path in zip(m["lr"], m["path"]):
+        if lr != 1e-3: load_run(tmp_path / "study" / path)          # complete and verified
 
 
 # ---------------------------------------------------------------------------------------------------------------

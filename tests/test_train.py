@@ -238,13 +238,49 @@ def test_sweep_continues_past_a_diverged_run(tmp_path, monkeypatch):
 # Bad input: ValueError (or the documented error type) naming the argument; nothing written.
 
 @pytest.mark.parametrize("field, value", [("lr", 0), ("lr", 0.0), ("lr", -1e-4), ("lr", float("nan")), ("lr", float("inf")),
-                                          ("track_every", 0), ("track_every", -2), ("track_every", 1.5)])
+                                          ("track_every", 0), ("track_every", -2), ("track_every", 1.5),
+                                          ("seed", -1), ("init_seed", 1.5), ("data_seed", True), ("max_steps", True),
+                                          ("perturb_rate", 1.5), ("weight_decay", -0.1), ("max_grad_norm", 0)])
 def test_bad_numbers_name_the_argument(tmp_path, field, value):
     with pytest.raises(ValueError, match=rf"^{field}: "):
         TrainConfig(**{**TINY, field: value})
     with pytest.raises(ValueError, match=rf"^{field}: "):
         train_run({**TINY, field: value}, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_rare_class_missing_from_the_subset_still_gets_a_head_unit(tmp_path):
+    # 3 classes, one with 2 rows of 122: the stratified subset of 20 gets none of it, the head must still have 3 outputs
+    df = pd.DataFrame({"text": [f"review number {i} of the film" for i in range(122)], "label": [0] * 60 + [1] * 60 + [2] * 2})
+    src = tmp_path / "rare.csv"; df.to_csv(src, index=False)
+    cfg = {**TINY, "dataset": str(src), "n_train": 20, "n_eval": 10}
+    tr, ev, _ = prepare_data(TrainConfig(**cfg))
+    assert 2 not in set(tr.label) | set(ev.label)               # the premise: the subset misses class 2
+    run = load_run(train_run(cfg, tmp_path / "run"))
+    assert run.marker["derived"]["n_labels"] == 3 and run.marker["derived"]["model_summary"]["num_labels"] == 3
+
+
+def test_truncated_training_texts_are_counted_exactly(tmp_path):
+    # texts of exactly max_length tokens are not truncated; only longer ones are (independent count: untruncated lengths)
+    cfg = TrainConfig(**{**TINY, "max_length": 16})
+    tr, _, _ = prepare_data(cfg)
+    _, tok = load_model_and_tokenizer(cfg.model, num_labels=2, init_seed=0)
+    lengths = np.array([len(ids) for ids in tok(list(tr.text))["input_ids"]])
+    assert (lengths == 16).any() or (lengths > 16).any()
+    run = load_run(train_run(cfg, tmp_path / "run"))
+    assert run.marker["derived"]["train_truncated"] == int((lengths > 16).sum())
+
+
+def test_probes_are_embedded_at_the_training_precision(tmp_path):
+    # bf16 autocast on CPU (precision="bf16"): the step-0 probe embeddings are those of a bf16 forward of the initial model
+    cfg = TrainConfig(**{**TINY, "precision": "bf16", "max_steps": 1})
+    run = load_run(train_run(cfg, tmp_path / "bf16"))
+    model, tok = load_model_and_tokenizer(cfg.model, num_labels=2, init_seed=0)
+    texts = run.probes["text"].tolist()
+    kw = dict(pooling="mean", layers=-1, batch_size=cfg.embed_batch_size, max_length=cfg.probe_max_length)
+    bf16, fp32 = embed_texts(model, tok, texts, autocast=True, **kw), embed_texts(model, tok, texts, autocast=False, **kw)
+    assert np.abs(bf16 - fp32).max() > 1e-5                      # the two precisions are distinguishable
+    np.testing.assert_allclose(run.embeddings(layer=-1, pooling="mean")[0], bf16, rtol=0, atol=1e-7)
 
 
 def test_unknown_config_key_lists_valid_keys(tmp_path):
@@ -354,6 +390,15 @@ def test_cli_train_bad_input_exits_2_naming_the_argument(tmp_path, capsys):
         main(["train", *cli_args({**TINY, "lr": -1}), "--out", str(tmp_path / "run"), "--no-progress"])
     assert ex.value.code == 2
     assert "lr: expected a positive" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_cli_train_unreachable_model_exits_2_with_the_alternatives(tmp_path, capsys):
+    with pytest.raises(SystemExit) as ex:
+        main(["train", *cli_args({**TINY, "model": "no-such-org/no-such-model"}), "--out", str(tmp_path / "run"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert ex.value.code == 2 and "Traceback" not in err
+    assert "no-such-org/no-such-model" in err and "minilm-offline" in err
     assert not (tmp_path / "run").exists()
 
 
