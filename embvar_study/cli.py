@@ -11,6 +11,7 @@ from fastcore.docments import docments
 from .train import TrainConfig, train_run
 from .sweep import get_profile, PROFILES, PROFILE_KEYS, EXPERIMENT_NAMES, EXECUTORS, _check_executor_args
 from .data import HubUnavailableError
+from .runs import run_folder_state
 from .ray_executor import RayUnavailableError, ClusterError
 from .runs import atomic_write_text
 
@@ -53,9 +54,13 @@ def train_main(argv=None) -> Path:
     args = vars(_train_parser().parse_args(argv))
     out, progress = args.pop("out"), not args.pop("no_progress")
     cfg = TrainConfig.from_dict(args)
-    t = time.perf_counter()
+    t, done = time.perf_counter(), run_folder_state(out, cfg.run_id()) == "complete"
     path = train_run(cfg, out, progress=progress)
-    print(f"run {cfg.run_id()} -> {path} ({time.perf_counter() - t:.1f}s)")
+    if done: print(f"run {cfg.run_id()} in {path} was already complete (checksums verified): nothing to do")
+    else:
+        marker = json.loads((Path(path) / "COMPLETE").read_text())
+        why = f" ({marker['diverged_because']})" if marker.get("diverged_because") else ""
+        print(f"run {cfg.run_id()} -> {path}: {marker['status']}{why} ({time.perf_counter() - t:.1f}s)")
     return path
 
 # %% ../nbs/11_cli.ipynb #d64c2b15
@@ -165,5 +170,5 @@ def main(argv=None):
         if argv and argv[0] not in ("-h", "--help"): print(f"embvar: unknown command {argv[0]!r}; valid: train, report", file=sys.stderr); sys.exit(2)
         return
     try: cmds[argv[0]](argv[1:])
-    except (ValueError, FileNotFoundError, HubUnavailableError, RayUnavailableError, ClusterError) as e:
+    except (ValueError, FileNotFoundError, ImportError, HubUnavailableError, RayUnavailableError, ClusterError) as e:
         print(f"embvar {argv[0]}: error: {e}", file=sys.stderr); sys.exit(2)

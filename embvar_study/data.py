@@ -102,9 +102,10 @@ def _encode_labels(labels: pd.Series, what: str, hint: str = "") -> tuple[np.nda
     else:
         values = labels.astype(str).to_numpy(dtype=object)
     classes, codes = np.unique(values, return_inverse=True)
+    _plain = lambda c: c.item() if hasattr(c, "item") else c   # numpy scalar -> int/str (for messages and JSON)
     if len(classes) < 2:
-        raise ValueError(f"{what}: expected at least 2 classes, got 1 ({classes[0]!r} in all {len(values)} rows){hint}")
-    return codes.astype(np.int64).reshape(-1), [c.item() if hasattr(c, "item") else c for c in classes]
+        raise ValueError(f"{what}: expected at least 2 classes, got 1 ({_plain(classes[0])!r} in all {len(values)} rows){hint}")
+    return codes.astype(np.int64).reshape(-1), [_plain(c) for c in classes]
 
 def _check_texts(texts: pd.Series, what: str) -> pd.Series:
     "Cleaned texts as str; raise naming how many are missing or empty."

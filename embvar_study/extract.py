@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['POOLINGS', 'PERTURBATIONS', 'count_truncated', 'embed_texts', 'perturb_texts', 'embed_perturbed']
+__all__ = ['POOLINGS', 'PERTURBATIONS', 'count_truncated', 'position_limit', 'embed_texts', 'perturb_texts', 'embed_perturbed']
 
 # %% ../nbs/05_extract.ipynb #7f4078f1
 POOLINGS = ("mean", "cls", "max")          # supported pooling names
@@ -108,6 +108,16 @@ def _n_hidden_states(model) -> int | None:
     n = getattr(getattr(model, "config", None), "num_hidden_layers", None)
     return int(n) + 1 if isinstance(n, int) else None
 
+def position_limit(model,  # HF model (its `config` is read)
+                  ) -> int | None:  # longest input in tokens, special tokens included; None when the config does not say
+    "The most tokens the model's position embeddings allow (RoBERTa-style models lose the positions up to the padding index)."
+    cfg = getattr(model, "config", None)
+    n = getattr(cfg, "max_position_embeddings", None)
+    if not isinstance(n, int) or isinstance(n, bool): return None
+    if getattr(cfg, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
+        n -= int(getattr(cfg, "pad_token_id", 1) or 0) + 1   # positions are numbered from pad_token_id + 1
+    return n
+
 def _embed(model, tokenizer, texts: list[str], poolings: tuple[str, ...], layers, batch_size: int, max_length: int,
            device, autocast, dropout: bool, what: str = "texts") -> tuple[dict[str, np.ndarray], bool]:
     "Core of `embed_texts`: dict pooling -> (L', N, d) float32 in input order, and the single-layer flag."
@@ -116,6 +126,10 @@ def _embed(model, tokenizer, texts: list[str], poolings: tuple[str, ...], layers
     if (lengths == 0).any():
         i = int(np.flatnonzero(lengths == 0)[0])
         raise ValueError(f"{what}: text at index {i} has no tokens ({texts[i]!r}); pooling needs at least one")
+    limit = position_limit(model)
+    if limit is not None and max_length > limit and (lengths > limit).any():
+        raise ValueError(f"max_length: {max_length} is above the model's limit of {limit} positions and "
+                         f"{int((lengths > limit).sum())} of the {what} are longer than {limit} tokens; pass max_length <= {limit}")
     n_trunc = int((lengths > max_length).sum())
     if n_trunc:
         warnings.warn(f"{n_trunc} of {n} {what} were truncated to max_length={max_length} tokens", stacklevel=3)

@@ -468,6 +468,7 @@ def load_run(path,                 # run folder
     try:
         marker = json.loads(marker_file.read_text(encoding="utf-8"))
         files, _ = marker["files"], marker["status"]
+        if not isinstance(files, dict): raise TypeError(f"'files' is a {type(files).__name__}, expected a dict")
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
         raise CorruptRunError(f"{marker_file}: unreadable completion marker ({e})") from None
     for rel in ("config.json", "history.csv", "probes.jsonl"):

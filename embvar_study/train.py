@@ -13,15 +13,19 @@ import pandas as pd
 import torch
 
 from .data import load_texts, train_eval_split, load_probes, load_model_and_tokenizer, model_summary
-from .extract import embed_texts, embed_perturbed, count_truncated
-from .runs import RunWriter, RunAlreadyComplete, config_hash, run_folder_state
+from .extract import embed_texts, embed_perturbed, count_truncated, position_limit
+from .runs import RunWriter, RunAlreadyComplete, CorruptRunError, config_hash, run_folder_state, load_run
 
 # %% auto #0
-__all__ = ['POOLINGS', 'PERTURB_KINDS', 'TrainConfig', 'prepare_data', 'resolve_device', 'evaluate', 'make_optimizer',
-           'train_run']
+__all__ = ['POOLINGS', 'DIVERGENCE_LOSS', 'PERTURB_KINDS', 'TrainConfig', 'prepare_data', 'resolve_device', 'evaluate',
+           'make_optimizer', 'train_run']
 
 # %% ../nbs/07_train.ipynb #3f757897
 POOLINGS = ("mean", "cls", "max")
+DIVERGENCE_LOSS = 1e3  # a training loss above this counts as divergence (cross-entropy; chance level is ln C)
+
+class _Diverged(ValueError):
+    "The model's outputs are no longer finite: the run ends with status 'diverged'."
 PERTURB_KINDS = ("token_dropout", "typo", "mc_dropout")
 
 @dataclass
@@ -202,13 +206,23 @@ def train_run(config: TrainConfig | dict,  # the run's parameters
     "Fine-tune `config.model` with tracking; write a complete run folder to `out_dir`."
     cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(config)
     out_dir, seeds, device = Path(out_dir), cfg.seeds(), resolve_device(cfg.device)
-    if run_folder_state(out_dir, cfg.run_id()) == "complete": return out_dir   # refuses another run's folder now, before loading
+    if run_folder_state(out_dir, cfg.run_id()) == "complete":   # (another run's folder is refused here, before loading)
+        try: load_run(out_dir)                                    # every checksum: a damaged run is reported, not kept
+        except CorruptRunError as e: raise CorruptRunError(f"{e}; delete {out_dir} to compute this run again") from None
+        return out_dir
     train_df, eval_df, probes = prepare_data(cfg)
     n_labels = train_df.attrs["n_labels"]
     model, tok = load_model_and_tokenizer(cfg.model, num_labels=n_labels, init_seed=seeds["init_seed"])
     model.to(device)
+    limit = position_limit(model)
+    for name in ("max_length", "probe_max_length"):
+        if limit is not None and getattr(cfg, name) > limit:
+            raise ValueError(f"{name}: expected at most {limit} (the position limit of {cfg.model!r}), got {getattr(cfg, name)}")
     probe_texts = probes["text"].tolist()
     n_trunc = count_truncated(tok, probe_texts, cfg.probe_max_length)
+    if n_trunc:   # said once here; the tracked steps embed the same truncated probes silently
+        warnings.warn(f"{n_trunc} of {len(probe_texts)} probes are longer than probe_max_length={cfg.probe_max_length} "
+                      f"tokens and are truncated at every checkpoint (recorded in COMPLETE: derived.probes_truncated)", stacklevel=2)
     derived = {"n_labels": n_labels, "n_probes": len(probes), "probes_truncated": int(n_trunc),
                "model_summary": model_summary(model), "device_used": str(device),
                "torch_threads": torch.get_num_threads()}  # CPU results are bitwise reproducible for a fixed thread count
@@ -243,25 +257,33 @@ def _train_loop(cfg, model, tok, train_df, eval_df, probe_texts, writer, device,
         out = {}
         if step % cfg.track_every == 0 or last:
             t = time.perf_counter()
-            emb = embed_texts(model, tok, probe_texts, pooling=tuple(cfg.poolings), layers="all",
-                              batch_size=cfg.embed_batch_size, max_length=cfg.probe_max_length, return_dict=True,
-                              autocast=bf16)
+            with warnings.catch_warnings():   # truncated probes were reported once, before training
+                warnings.filterwarnings("ignore", message=".*truncated to max_length")
+                emb = embed_texts(model, tok, probe_texts, pooling=tuple(cfg.poolings), layers="all",
+                                  batch_size=cfg.embed_batch_size, max_length=cfg.probe_max_length, return_dict=True,
+                                  autocast=bf16)
+            bad = [p for p, a in emb.items() if not np.isfinite(a).all()]
+            if bad: raise _Diverged(f"non-finite probe embeddings ({'/'.join(bad)} pooling) at step {step}")
             writer.save_embeddings(step, emb, dtype=cfg.embed_dtype)
             timing["track_s"] += time.perf_counter() - t; tracked.append(step)
             if cfg.perturb_kinds and (cfg.perturb_at == "all" or step == 0 or last):
                 t = time.perf_counter()
                 for kind in cfg.perturb_kinds:
-                    arr = embed_perturbed(model, tok, probe_texts, kind=kind, k=cfg.perturb_k, rate=cfg.perturb_rate,
-                                          seed=cfg.probe_seed, pooling="mean", layers="all", autocast=bf16,
-                                          batch_size=cfg.embed_batch_size, max_length=cfg.probe_max_length)
+                    with warnings.catch_warnings():
+                        warnings.filterwarnings("ignore", message=".*truncated to max_length")
+                        arr = embed_perturbed(model, tok, probe_texts, kind=kind, k=cfg.perturb_k, rate=cfg.perturb_rate,
+                                              seed=cfg.probe_seed, pooling="mean", layers="all", autocast=bf16,
+                                              batch_size=cfg.embed_batch_size, max_length=cfg.probe_max_length)
+                    if not np.isfinite(arr).all(): raise _Diverged(f"non-finite {kind} embeddings at step {step}")
                     writer.save_array(f"perturb/step_{step:06d}.{kind}.npy", arr.astype(cfg.embed_dtype))
                 timing["perturb_s"] += time.perf_counter() - t
         if step % eval_every == 0 or last:
             t = time.perf_counter(); out.update(evaluate(model, held, device, cfg.precision)); timing["eval_s"] += time.perf_counter() - t
+            if not math.isfinite(out["eval_loss"]): raise _Diverged(f"non-finite eval loss at step {step}")
         return out
 
     torch.manual_seed(seeds["dropout_seed"])  # from here on, the global RNG only draws dropout masks
-    step, status, bar = 0, "completed", None
+    step, status, reason, bar = 0, "completed", "", None
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=total, desc=f"lr={cfg.lr:g} seed={cfg.seed}", leave=False)
@@ -273,24 +295,30 @@ def _train_loop(cfg, model, tok, train_df, eval_df, probe_texts, writer, device,
             batch = {k: v.to(device) for k, v in batch.items()}
             with _autocast(device, cfg.precision): loss = model(**batch).loss.float()
             lr_now = sched.get_last_lr()[0]
-            if not torch.isfinite(loss):
-                status = "diverged"; writer.log(step=step + 1, epoch=(step + 1) / len(train), lr=lr_now, train_loss=float(loss.item()), status=status)
+            if not torch.isfinite(loss) or loss.item() > DIVERGENCE_LOSS:
+                status, reason = "diverged", f"training loss {loss.item():.3g} at step {step + 1} (non-finite or above {DIVERGENCE_LOSS:g})"
+                writer.log(step=step + 1, epoch=(step + 1) / len(train), lr=lr_now, train_loss=float(loss.item()), status=status)
                 break
             loss.backward()
             gn = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm else float("inf"))
             if not torch.isfinite(gn):
-                status = "diverged"; writer.log(step=step + 1, epoch=(step + 1) / len(train), lr=lr_now, train_loss=float(loss.item()), grad_norm=float(gn), status=status)
+                status, reason = "diverged", f"non-finite gradient norm at step {step + 1}"
+                writer.log(step=step + 1, epoch=(step + 1) / len(train), lr=lr_now, train_loss=float(loss.item()), grad_norm=float(gn), status=status)
                 break
             opt.step(); sched.step(); opt.zero_grad(set_to_none=True); step += 1
             timing["train_s"] += time.perf_counter() - t0
             row = {"step": step, "epoch": step / len(train), "lr": lr_now, "train_loss": float(loss.item()), "grad_norm": float(gn), "status": "train"}
             last = step == total
             due = step % cfg.track_every == 0 or step % eval_every == 0 or last
-            if due: row.update(track(step, last))
+            if due:
+                try: row.update(track(step, last))
+                except _Diverged as e: status, reason, row["status"] = "diverged", str(e), "diverged"
             writer.log(flush=due, **row)
             if bar is not None: bar.update(1); bar.set_postfix(loss=f"{row['train_loss']:.3f}")
             t0 = time.perf_counter()
-            if last: break
+            if last or status != "completed": break
         if status != "completed" or step >= total: break
     if bar is not None: bar.close()
-    writer.finish(status=status, steps_done=step, total_steps=total, timing=timing, derived={**derived, "train_truncated": int(train.n_truncated)})
+    extra = {"diverged_because": reason} if reason else {}
+    writer.finish(status=status, steps_done=step, total_steps=total, timing=timing, **extra,
+                  derived={**derived, "train_truncated": int(train.n_truncated)})

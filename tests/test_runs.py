@@ -261,6 +261,14 @@ def test_corrupt_file_named(tmp_path):
         load_run(tmp_path / "r", verify=False)
 
 
+def test_malformed_completion_marker_is_corrupt(tmp_path):
+    write_run(tmp_path / "r")
+    marker = tmp_path / "r" / "COMPLETE"
+    m = json.loads(marker.read_text()); m["files"] = sorted(m["files"]); marker.write_text(json.dumps(m))
+    with pytest.raises(CorruptRunError, match=r"COMPLETE: unreadable completion marker \('files' is a list"):
+        load_run(tmp_path / "r")
+
+
 def test_different_config_refused_untouched(tmp_path):
     write_run(tmp_path / "done")
     w = RunWriter(tmp_path / "partial", CFG, PROBES)

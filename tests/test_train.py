@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ from embvar_study.cli import main
 from embvar_study.data import HubUnavailableError, head_parameter_names, load_model_and_tokenizer
 from embvar_study.extract import embed_texts
 from embvar_study.metrics import drift_curve
-from embvar_study.runs import IncompleteRunError, is_complete, load_run
+from embvar_study.runs import CorruptRunError, IncompleteRunError, is_complete, load_run
 from embvar_study.sweep import run_sweep
 from embvar_study.train import TrainConfig, prepare_data, train_run
 
@@ -224,6 +225,56 @@ def test_nan_loss_ends_run_as_diverged(tmp_path, monkeypatch):
     assert folder_state(path) == before
 
 
+@pytest.mark.parametrize("lr", [1e3, 1e8])
+def test_exploding_learning_rate_diverges_cleanly(tmp_path, lr):
+    # no mock: a real explosion (loss far above chance, then inf/NaN) ends the run as "diverged", with the reason
+    run = load_run(train_run({**TINY, "lr": lr, "track_every": 1, "epochs": 3}, tmp_path / "run"))
+    assert run.status == "diverged" and "at step" in run.marker["diverged_because"]
+    h = run.history
+    assert h["status"].iloc[-1] == "diverged" and (h["status"] == "diverged").sum() == 1
+    assert run.marker["steps_done"] < run.marker["total_steps"]
+    assert np.isfinite(run.embeddings_all_layers("mean")).all()   # the checkpoints before the divergence stay valid
+
+
+def test_non_finite_embeddings_end_the_run_as_diverged(tmp_path, monkeypatch):
+    real, calls = train_mod.embed_texts, []
+    def nan_from_second_call(*a, **k):
+        out = real(*a, **k); calls.append(1)
+        return {p: np.full_like(v, np.nan) for p, v in out.items()} if len(calls) > 1 else out
+    monkeypatch.setattr(train_mod, "embed_texts", nan_from_second_call)
+    run = load_run(train_run({**TINY, "track_every": 2}, tmp_path / "run"))   # no exception
+    assert run.status == "diverged" and "non-finite probe embeddings" in run.marker["diverged_because"]
+    np.testing.assert_array_equal(run.steps, [0])
+    assert run.history["status"].iloc[-1] == "diverged" and run.history["step"].iloc[-1] == 2
+
+
+def test_rerun_of_a_damaged_complete_run_names_the_file(tmp_path, seed_runs):
+    folder = tmp_path / "done"; shutil.copytree(seed_runs["base"]["dir"], folder)
+    victim = sorted((folder / "embeddings").iterdir())[1]; victim.unlink()
+    before = folder_state(folder)
+    with pytest.raises(CorruptRunError, match=rf"{victim.name}.*delete {folder}"):
+        train_run(seed_runs["base"]["cfg"], folder)
+    assert folder_state(folder) == before
+
+
+def test_lengths_above_the_model_position_limit_are_refused(tmp_path):
+    limit = load_model_and_tokenizer("tiny-distilbert", num_labels=2, init_seed=0)[0].config.max_position_embeddings
+    for field in ("max_length", "probe_max_length"):
+        with pytest.raises(ValueError, match=rf"^{field}: expected at most {limit} \(the position limit"):
+            train_run({**TINY, field: limit + 1}, tmp_path / "run")
+        assert not (tmp_path / "run").exists()
+
+
+def test_truncated_probes_are_reported_once(tmp_path):
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        train_run({**TINY, "probe_max_length": 8, "track_every": 1}, tmp_path / "run")
+    msgs = [str(x.message) for x in w]
+    assert sum("probes are longer than probe_max_length=8" in m for m in msgs) == 1
+    assert not any("truncated to max_length" in m for m in msgs)
+    assert load_run(tmp_path / "run").marker["derived"]["probes_truncated"] > 0
+
+
 def test_sweep_continues_past_a_diverged_run(tmp_path, monkeypatch):
     monkeypatch.setattr(train_mod, "load_model_and_tokenizer", nan_after(1, only_init_seed=1))
     points = [{"seed": 1}, {"seed": 0}]                      # the diverging run first
@@ -391,6 +442,15 @@ def test_cli_train_bad_input_exits_2_naming_the_argument(tmp_path, capsys):
     assert ex.value.code == 2
     assert "lr: expected a positive" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_cli_train_says_when_a_run_was_already_complete_or_diverged(tmp_path, capsys):
+    args = [*cli_args(TINY), "--out", str(tmp_path / "run"), "--no-progress"]
+    main(["train", *args]); first = capsys.readouterr().out
+    main(["train", *args]); second = capsys.readouterr().out
+    assert ": completed (" in first and "already complete (checksums verified): nothing to do" in second
+    main(["train", *cli_args({**TINY, "lr": 1e3, "track_every": 1}), "--out", str(tmp_path / "div"), "--no-progress"])
+    assert ": diverged (training loss" in capsys.readouterr().out
 
 
 def test_cli_train_unreachable_model_exits_2_with_the_alternatives(tmp_path, capsys):
