@@ -139,6 +139,7 @@ def prepare_data(cfg: TrainConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataF
         raise ValueError(f"n_train + n_eval: expected at most {len(df)} (rows in {cfg.dataset!r}), got {cfg.n_train} + {cfg.n_eval}")
     train_df, eval_df = train_eval_split(df, cfg.n_train, cfg.n_eval, seed=cfg.seeds()["data_seed"])
     train_df.attrs["n_labels"] = int(df["label"].nunique())   # classes of the dataset, even one the subset misses
+    train_df.attrs["label_names"] = list(df.attrs.get("label_names", []))   # class code i <-> label_names[i]
     probes = _probe_table(cfg, set(train_df["text"]))
     return train_df, eval_df, probes
 
@@ -177,7 +178,11 @@ def _autocast(device, precision):
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=_use_bf16(device, precision))
 
 @torch.no_grad()
-def evaluate(model, batches: _Batches, device, precision="auto") -> dict:
+def evaluate(model,              # sequence classifier
+             batches: _Batches,  # the held-out examples, tokenized
+             device,             # torch.device the model is on
+             precision="auto",   # "auto", "fp32" or "bf16" (as in TrainConfig)
+            ) -> dict:           # {"eval_loss": mean cross-entropy, "eval_acc": accuracy}
     "Mean loss and accuracy over `batches` (model put in eval mode, previous mode restored)."
     was_training = model.training; model.eval()
     try:
@@ -192,7 +197,9 @@ def evaluate(model, batches: _Batches, device, precision="auto") -> dict:
     finally: model.train(was_training)
 
 # %% ../nbs/07_train.ipynb #ce197ec1
-def make_optimizer(groups, lr: float) -> torch.optim.Optimizer:
+def make_optimizer(groups,     # parameter groups (each with its own weight_decay)
+                   lr: float,  # peak learning rate
+                  ) -> torch.optim.Optimizer:
     "AdamW over `groups`, fused when every parameter supports it, else the foreach implementation."
     try: return torch.optim.AdamW(groups, lr=lr, fused=True)
     except (RuntimeError, TypeError, ValueError): return torch.optim.AdamW(groups, lr=lr, foreach=True)
@@ -223,7 +230,7 @@ def train_run(config: TrainConfig | dict,  # the run's parameters
     if n_trunc:   # said once here; the tracked steps embed the same truncated probes silently
         warnings.warn(f"{n_trunc} of {len(probe_texts)} probes are longer than probe_max_length={cfg.probe_max_length} "
                       f"tokens and are truncated at every checkpoint (recorded in COMPLETE: derived.probes_truncated)", stacklevel=2)
-    derived = {"n_labels": n_labels, "n_probes": len(probes), "probes_truncated": int(n_trunc),
+    derived = {"n_labels": n_labels, "label_names": train_df.attrs.get("label_names", []), "n_probes": len(probes), "probes_truncated": int(n_trunc),
                "model_summary": model_summary(model), "device_used": str(device),
                "torch_threads": torch.get_num_threads()}  # CPU results are bitwise reproducible for a fixed thread count
     try:

@@ -302,13 +302,16 @@ def test_bad_numbers_name_the_argument(tmp_path, field, value):
 
 def test_rare_class_missing_from_the_subset_still_gets_a_head_unit(tmp_path):
     # 3 classes, one with 2 rows of 122: the stratified subset of 20 gets none of it, the head must still have 3 outputs
-    df = pd.DataFrame({"text": [f"review number {i} of the film" for i in range(122)], "label": [0] * 60 + [1] * 60 + [2] * 2})
+    df = pd.DataFrame({"text": [f"review number {i} of the film" for i in range(122)],
+                       "label": ["neg"] * 60 + ["pos"] * 60 + ["mixed"] * 2})
     src = tmp_path / "rare.csv"; df.to_csv(src, index=False)
     cfg = {**TINY, "dataset": str(src), "n_train": 20, "n_eval": 10}
     tr, ev, _ = prepare_data(TrainConfig(**cfg))
-    assert 2 not in set(tr.label) | set(ev.label)               # the premise: the subset misses class 2
+    assert tr.attrs["label_names"] == ["mixed", "neg", "pos"]   # codes follow the sorted names
+    assert 0 not in set(tr.label) | set(ev.label)               # the premise: the subset misses "mixed"
     run = load_run(train_run(cfg, tmp_path / "run"))
     assert run.marker["derived"]["n_labels"] == 3 and run.marker["derived"]["model_summary"]["num_labels"] == 3
+    assert run.marker["derived"]["label_names"] == ["mixed", "neg", "pos"]   # the codes can be mapped back
 
 
 def test_truncated_training_texts_are_counted_exactly(tmp_path):
