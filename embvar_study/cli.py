@@ -171,4 +171,16 @@ def main(argv=None):
         return
     try: cmds[argv[0]](argv[1:])
     except (ValueError, FileNotFoundError, ImportError, HubUnavailableError, RayUnavailableError, ClusterError) as e:
-        print(f"embvar {argv[0]}: error: {e}", file=sys.stderr); sys.exit(2)
+        print(f"embvar {argv[0]}: error: {_with_option(str(e), argv[0])}", file=sys.stderr); sys.exit(2)
+
+# library argument names that are not spelled like their `embvar train` option
+_TRAIN_OPTION_OF = {"run_dir": "--out", "name": "--model", "source": "--dataset", "n": "--n-probes"}
+
+def _with_option(msg: str,  # an error message, "argument: what was expected ..."
+                 command: str,  # "train" or "report"
+                ) -> str:  # the message, plus the command-line option that sets that argument
+    "Library errors name Python arguments (`run_dir: ...`); on the command line, also say which option that is."
+    key = msg.split(":", 1)[0].strip()
+    if command != "train" or not key.isidentifier(): return msg
+    option = _TRAIN_OPTION_OF.get(key) or ("--" + key.replace("_", "-") if key in TrainConfig.__dataclass_fields__ else None)
+    return f"{msg} (option {option})" if option else msg

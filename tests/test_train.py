@@ -443,8 +443,15 @@ def test_cli_train_bad_input_exits_2_naming_the_argument(tmp_path, capsys):
     with pytest.raises(SystemExit) as ex:
         main(["train", *cli_args({**TINY, "lr": -1}), "--out", str(tmp_path / "run"), "--no-progress"])
     assert ex.value.code == 2
-    assert "lr: expected a positive" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "lr: expected a positive" in err and err.rstrip().endswith("(option --lr)")
     assert not (tmp_path / "run").exists()
+    # a library argument spelled differently from its option: the message says which option sets it
+    notes = tmp_path / "notes"; notes.mkdir(); (notes / "todo.txt").write_text("keep me")
+    with pytest.raises(SystemExit):
+        main(["train", *cli_args(TINY), "--out", str(notes), "--no-progress"])
+    err = capsys.readouterr().err
+    assert "run_dir: " in err and "not a run folder" in err and err.rstrip().endswith("(option --out)")
 
 
 def test_cli_train_says_when_a_run_was_already_complete_or_diverged(tmp_path, capsys):
