@@ -11,9 +11,8 @@ from fastcore.docments import docments
 from .train import TrainConfig, train_run
 from .sweep import get_profile, PROFILES, PROFILE_KEYS, EXPERIMENT_NAMES, EXECUTORS, _check_executor_args
 from .data import HubUnavailableError
-from .runs import run_folder_state
 from .ray_executor import RayUnavailableError, ClusterError
-from .runs import atomic_write_text
+from .runs import atomic_write_text, run_folder_state
 
 # %% auto #0
 __all__ = ['EXPERIMENTS', 'parse_sets', 'train_main', 'template_dir', 'notebook_params', 'run_report', 'report_main', 'main']

@@ -70,13 +70,13 @@ def _check_grid_keys(prof: dict):
     "Each grid key of a profile: a non-empty list of learning rates or seeds, a positive ref_lr, a dict of run fields."
     lr_ok = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
     seed_ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0
-    for key, ok, what in (("lrs", lr_ok, "positive learning rates"), ("extended_lrs", lr_ok, "positive learning rates"),
-                          ("seeds", seed_ok, "seeds (integers >= 0)"), ("head_seeds", seed_ok, "seeds (integers >= 0)"),
-                          ("data_seeds", seed_ok, "seeds (integers >= 0)"), ("crossed_seeds", seed_ok, "seeds (integers >= 0)"),
-                          ("extended_seeds", seed_ok, "seeds (integers >= 0)")):
-        v = prof[key]
-        if not isinstance(v, list) or not v or not all(ok(x) for x in v):
-            raise ValueError(f"{key}: expected a non-empty list of {what}, got {v!r}")
+    kinds = ((("lrs", "extended_lrs"), lr_ok, "positive learning rates"),
+             (("seeds", "head_seeds", "data_seeds", "crossed_seeds", "extended_seeds"), seed_ok, "seeds (integers >= 0)"))
+    for keys, ok, what in kinds:
+        for key in keys:
+            v = prof[key]
+            if not isinstance(v, list) or not v or not all(ok(x) for x in v):
+                raise ValueError(f"{key}: expected a non-empty list of {what}, got {v!r}")
     if not lr_ok(prof["ref_lr"]): raise ValueError(f"ref_lr: expected a positive learning rate, got {prof['ref_lr']!r}")
     if not isinstance(prof["perturb"], dict): raise ValueError(f"perturb: expected a dict of run fields, got {prof['perturb']!r}")
     TrainConfig.from_dict({**prof["base"], **prof["perturb"]})

@@ -80,11 +80,12 @@ class TrainConfig:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1):
                 raise ValueError(f"{name}: expected None or an integer >= 1, got {v!r}")
-        for name in ("seed", "probe_seed", "replicate", "init_seed", "data_seed", "dropout_seed"):
+        def count(v): return isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 0
+        for name in ("seed", "probe_seed", "replicate"):
+            if not count(getattr(self, name)): raise ValueError(f"{name}: expected an integer >= 0, got {getattr(self, name)!r}")
+        for name in ("init_seed", "data_seed", "dropout_seed"):
             v = getattr(self, name)
-            if (v is not None or name in ("seed", "probe_seed", "replicate")) and (
-                    not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0):
-                raise ValueError(f"{name}: expected an integer >= 0{'' if name in ('seed', 'probe_seed', 'replicate') else ' or None'}, got {v!r}")
+            if v is not None and not count(v): raise ValueError(f"{name}: expected an integer >= 0 or None, got {v!r}")
         def real(v): return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
         if not (real(self.weight_decay) and self.weight_decay >= 0):
             raise ValueError(f"weight_decay: expected a finite number >= 0, got {self.weight_decay!r}")
@@ -237,7 +238,8 @@ def train_run(config: TrainConfig | dict,  # the run's parameters
         writer = RunWriter(out_dir, cfg.to_dict(), probes)
     except RunAlreadyComplete:
         return out_dir
-    with writer:
+    with writer, warnings.catch_warnings():   # truncated probes were reported once, above: not at every checkpoint
+        warnings.filterwarnings("ignore", message=".*truncated to max_length")
         _train_loop(cfg, model, tok, train_df, eval_df, probe_texts, writer, device, progress, derived)
     return out_dir
 
@@ -264,11 +266,9 @@ def _train_loop(cfg, model, tok, train_df, eval_df, probe_texts, writer, device,
         out = {}
         if step % cfg.track_every == 0 or last:
             t = time.perf_counter()
-            with warnings.catch_warnings():   # truncated probes were reported once, before training
-                warnings.filterwarnings("ignore", message=".*truncated to max_length")
-                emb = embed_texts(model, tok, probe_texts, pooling=tuple(cfg.poolings), layers="all",
-                                  batch_size=cfg.embed_batch_size, max_length=cfg.probe_max_length, return_dict=True,
-                                  autocast=bf16)
+            emb = embed_texts(model, tok, probe_texts, pooling=tuple(cfg.poolings), layers="all",
+                              batch_size=cfg.embed_batch_size, max_length=cfg.probe_max_length, return_dict=True,
+                              autocast=bf16)
             bad = [p for p, a in emb.items() if not np.isfinite(a).all()]
             if bad: raise _Diverged(f"non-finite probe embeddings ({'/'.join(bad)} pooling) at step {step}")
             writer.save_embeddings(step, emb, dtype=cfg.embed_dtype)
@@ -276,11 +276,9 @@ def _train_loop(cfg, model, tok, train_df, eval_df, probe_texts, writer, device,
             if cfg.perturb_kinds and (cfg.perturb_at == "all" or step == 0 or last):
                 t = time.perf_counter()
                 for kind in cfg.perturb_kinds:
-                    with warnings.catch_warnings():
-                        warnings.filterwarnings("ignore", message=".*truncated to max_length")
-                        arr = embed_perturbed(model, tok, probe_texts, kind=kind, k=cfg.perturb_k, rate=cfg.perturb_rate,
-                                              seed=cfg.probe_seed, pooling="mean", layers="all", autocast=bf16,
-                                              batch_size=cfg.embed_batch_size, max_length=cfg.probe_max_length)
+                    arr = embed_perturbed(model, tok, probe_texts, kind=kind, k=cfg.perturb_k, rate=cfg.perturb_rate,
+                                          seed=cfg.probe_seed, pooling="mean", layers="all", autocast=bf16,
+                                          batch_size=cfg.embed_batch_size, max_length=cfg.probe_max_length)
                     if not np.isfinite(arr).all(): raise _Diverged(f"non-finite {kind} embeddings at step {step}")
                     writer.save_array(f"perturb/step_{step:06d}.{kind}.npy", arr.astype(cfg.embed_dtype))
                 timing["perturb_s"] += time.perf_counter() - t
