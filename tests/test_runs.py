@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 
 import embvar_study
 import embvar_study.runs as runs
-from embvar_study.runs import (NON_IDENTITY_KEYS, CorruptRunError, IncompleteRunError, Run, RunAlreadyComplete,
+from embvar_study.runs import (NON_IDENTITY_KEYS, CorruptRunError, FolderLockedError, IncompleteRunError, Run, RunAlreadyComplete,
                                RunWriter, atomic_save_npy, atomic_write_bytes, atomic_write_json, atomic_write_text,
                                config_hash, environment_info, find_runs, is_complete, load_run, load_runs)
 
@@ -25,7 +25,9 @@ PROBES = pd.DataFrame({"text": ["the cat sat", "stocks fell", "rain again", "hé
 
 
 def snapshot(folder: Path) -> dict:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    "Every file of a run folder except the hidden bookkeeping (lock, holder, verification cache)."
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.name.startswith(".")}
 
 
 def write_run(path, cfg=CFG, steps=(0, 5, 10), seed=0, dtype="float32"):
@@ -265,7 +267,7 @@ def test_malformed_completion_marker_is_corrupt(tmp_path):
     write_run(tmp_path / "r")
     marker = tmp_path / "r" / "COMPLETE"
     m = json.loads(marker.read_text()); m["files"] = sorted(m["files"]); marker.write_text(json.dumps(m))
-    with pytest.raises(CorruptRunError, match=r"COMPLETE: unreadable completion marker \('files' is a list"):
+    with pytest.raises(CorruptRunError, match=r"COMPLETE: field 'files': expected a dict path -> sha256"):
         load_run(tmp_path / "r")
 
 
@@ -274,6 +276,9 @@ def test_different_config_refused_untouched(tmp_path):
     w = RunWriter(tmp_path / "partial", CFG, PROBES)
     w.log(step=0, train_loss=1.0)
     other = {**CFG, "lr": 5e-4}
+    with pytest.raises(FolderLockedError):          # while its writer lives, the folder is refused outright
+        RunWriter(tmp_path / "partial", other, PROBES)
+    w.abandon()                                     # a crashed run of CFG: refused for `other`, naming both hashes
     for name in ("done", "partial"):
         before = snapshot(tmp_path / name)
         with pytest.raises(ValueError) as ei:
@@ -305,8 +310,10 @@ def test_incomplete_same_hash_restarts(tmp_path):
         w.save_embeddings(s, {"mean": np.ones((3, 4, 6)), "cls": np.ones((3, 4, 6))})
         w.log(step=s, train_loss=9.0)
     (tmp_path / "r" / ".history.csv.abc.tmp").write_text("half")          # debris of a killed write
-    with pytest.raises(IncompleteRunError, match="overwrite_incomplete"):
-        RunWriter(tmp_path / "r", CFG, PROBES, overwrite_incomplete=False)
+    with pytest.raises(FolderLockedError, match="is being written by pid"):   # the first writer is alive
+        RunWriter(tmp_path / "r", CFG, PROBES)
+    assert len(list((tmp_path / "r" / "embeddings").iterdir())) == 6       # and its files untouched
+    w.abandon()                                                             # it dies: the next writer restarts
     emb = write_run(tmp_path / "r", steps=(0, 7))
     run = load_run(tmp_path / "r")
     assert run.steps.tolist() == [0, 7] and run.poolings == ["max", "mean"]
@@ -368,8 +375,7 @@ def test_find_and_load_runs(tmp_path):
 
 def test_environment_info_keys():
     env = environment_info()
-    for k in ("python", "platform", "packages", "torch_cuda", "cudnn", "cuda_devices", "git_commit", "git_dirty",
-              "hostname", "timestamp"):
+    for k in ("python", "platform", "packages", "torch_cuda", "cudnn", "cuda_devices", "git_commit", "git_dirty"):
         assert k in env
     assert set(env["packages"]) == {"numpy", "scipy", "torch", "transformers", "datasets", "pandas", "embvar_study"}
     assert env["packages"]["pandas"] == pd.__version__ and env["packages"]["embvar_study"] == embvar_study.__version__

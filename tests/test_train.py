@@ -237,11 +237,13 @@ def test_exploding_learning_rate_diverges_cleanly(tmp_path, lr):
 
 
 def test_non_finite_embeddings_end_the_run_as_diverged(tmp_path, monkeypatch):
-    real, calls = train_mod.embed_texts, []
+    import embvar_study.tracking as tracking_mod
+    real, calls = tracking_mod.embed_texts, []
     def nan_from_second_call(*a, **k):
         out = real(*a, **k); calls.append(1)
         return {p: np.full_like(v, np.nan) for p, v in out.items()} if len(calls) > 1 else out
-    monkeypatch.setattr(train_mod, "embed_texts", nan_from_second_call)
+    monkeypatch.setattr(tracking_mod, "embed_texts", nan_from_second_call)
+    monkeypatch.setattr(train_mod, "STEP0_CACHE", {})     # step 0 computed here, not taken from an earlier test
     run = load_run(train_run({**TINY, "track_every": 2}, tmp_path / "run"))   # no exception
     assert run.status == "diverged" and "non-finite probe embeddings" in run.marker["diverged_because"]
     np.testing.assert_array_equal(run.steps, [0])
@@ -435,7 +437,7 @@ def test_cli_train_writes_a_complete_run(tmp_path, capsys):
     assert TrainConfig(**TINY).run_id() in capsys.readouterr().out
     run = load_run(out)
     assert run.status == "completed" and run.config_hash == TrainConfig(**TINY).run_id()
-    assert run.config == TrainConfig(**TINY).to_dict()
+    assert run.config == {**TrainConfig(**TINY).to_dict(), "tracker": TrainConfig(**TINY).tracker()}
     np.testing.assert_array_equal(run.steps, [0, 2, 4])
 
 
