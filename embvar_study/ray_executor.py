@@ -298,44 +298,49 @@ def check_cluster(out_dir: str | Path,  # the sweep's output folder
 # %% ../nbs/12_ray.ipynb #62d6c69e
 def _ray_task(config: dict, run_dir: str, threads: int, use_gpu: bool, cwd: str) -> dict:
     "Runs on a Ray worker: train one run into `run_dir`; return a small summary."
-    from embvar_study.sweep import _run_one
+    from embvar_study.executors import run_one
     if cwd and os.path.isdir(cwd): os.chdir(cwd)
     if not use_gpu and config.get("device", "auto") == "auto":
         import torch
         if torch.cuda.is_available(): config = {**config, "device": "cpu"}
-    res = _run_one(config, run_dir, threads, False)
+    res = run_one(config, run_dir, threads=threads)
     res.pop("traceback", None)
     return {**res, "node": socket.gethostname()}
 
-def run_ray_tasks(todo: list[tuple],  # (index, config dict, absolute run folder) per run
-                  on_done,  # called as on_done(index, summary dict) when a run finishes
+def run_ray_tasks(tasks: list[tuple],  # (key, config dict, absolute run folder) per run
+                  on_done,  # called as on_done(key, summary dict) when a run finishes
                   *,
+                  study_dir: str | Path,  # the study folder (must be shared by every node)
+                  address: str | None = None,  # HOST:PORT of a running cluster (None: RAY_ADDRESS, else a local instance)
+                  jobs: int = 1,  # without an address: CPUs of the local instance (runs at once), 1 = all cores
                   num_cpus_per_run: int = 1,  # CPUs and torch threads per run
-                  num_gpus_per_run: float = 0.0,  # GPUs per run (resolved: not None)
+                  num_gpus_per_run: float | None = None,  # GPUs per run (None: 1 if the cluster has GPUs, else 0)
                   max_retries: int = 3,  # restarts of a run whose worker died
+                  progress: bool = True,  # print what was started and the cluster's size
                   ) -> None:
-    "Submit one Ray task per run and report each summary as it arrives."
+    "Connect to (or start) Ray, check the cluster, submit one task per run and report each summary as it arrives."
+    check_run_resources(num_cpus_per_run, num_gpus_per_run, max_retries)
     ray = import_ray()
-    task = ray.remote(_ray_task)
-    cwd = os.getcwd()
-    refs = {}
-    for i, config, path in todo:
-        ref = task.options(num_cpus=num_cpus_per_run, num_gpus=num_gpus_per_run, max_retries=max_retries,
-                           retry_exceptions=False, name=f"embvar:{Path(path).name}"
-                           ).remote(config, str(path), num_cpus_per_run, num_gpus_per_run > 0, cwd)
-        refs[ref] = i
-    pending = list(refs)
-    try:
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
-            for ref in ready:
-                try: res = ray.get(ref)
-                except Exception as e:  # the worker died more than max_retries times, or the node was lost
-                    msg = str(e).strip().splitlines()
-                    res = {"status": "failed", "seconds": 0.0, "node": "",
-                           "error": f"worker died (after max_retries={max_retries} retries): {type(e).__name__}: {msg[0] if msg else ''}"}
-                on_done(refs[ref], res)
-    except BaseException:
-        for ref in pending:
-            with contextlib.suppress(Exception): ray.cancel(ref, force=True)
-        raise
+    with ray_session(address, num_cpus=jobs * num_cpus_per_run if jobs > 1 else None, progress=progress):
+        gpus = check_cluster(study_dir, num_cpus_per_run, num_gpus_per_run, progress=progress)["num_gpus_per_run"]
+        task, cwd, refs = ray.remote(_ray_task), os.getcwd(), {}
+        for key, config, path in tasks:
+            ref = task.options(num_cpus=num_cpus_per_run, num_gpus=gpus, max_retries=max_retries,
+                               retry_exceptions=False, name=f"embvar:{Path(path).name}"
+                               ).remote(config, str(path), num_cpus_per_run, gpus > 0, cwd)
+            refs[ref] = key
+        pending = list(refs)
+        try:
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
+                for ref in ready:
+                    try: res = ray.get(ref)
+                    except Exception as e:  # the worker died more than max_retries times, or the node was lost
+                        msg = str(e).strip().splitlines()
+                        res = {"status": "failed", "seconds": 0.0, "node": "",
+                               "error": f"worker died (after max_retries={max_retries} retries): {type(e).__name__}: {msg[0] if msg else ''}"}
+                    on_done(refs[ref], res)
+        except BaseException:
+            for ref in pending:
+                with contextlib.suppress(Exception): ray.cancel(ref, force=True)
+            raise

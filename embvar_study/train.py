@@ -67,7 +67,7 @@ class TrainConfig:
     n_train: int | None = None  # training examples (stratified subset chosen by data_seed); None: all rows not held out
     n_eval: int | None = None  # held-out examples for eval loss/accuracy (disjoint from training); None: eval_fraction of the rows
     eval_fraction: float = 0.2  # share of the rows held out when n_eval is None
-    probes: str = "builtin"  # "builtin" probe set, a probe file, or "heldout:SOURCE[:SPLIT]" to sample held-out rows
+    probes: str = "builtin"  # "builtin" probe set, a probe file, "heldout" (rows of the dataset set aside), or "heldout:SOURCE[:SPLIT]"
     n_probes: int | None = None  # use this many probes (sampled with probe_seed); None keeps all
     probe_seed: int = 0  # which probes are sampled (fixed across a sweep so runs share probes)
     lr: float = 5e-5  # peak learning rate
@@ -156,11 +156,15 @@ def _probe_source(cfg: TrainConfig, train_texts) -> pd.DataFrame:
 def prepare_data(cfg: TrainConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:  # (train, eval, probes)
     "Stratified train/eval subsets chosen by data_seed, probes by probe_seed; facts for COMPLETE in `train.attrs`."
     df = load_texts(cfg.dataset, split=cfg.split, text_col=cfg.text_col, label_col=cfg.label_col)
+    facts = {"n_labels": int(df["label"].nunique()), "label_names": list(df.attrs.get("label_names", []))}
+    probes = None
+    if cfg.probes == "heldout":   # a fixed partition of the dataset, set aside before any run's subsets are drawn
+        probes = load_probes(df, n=cfg.n_probes or max(1, len(df) // 5), seed=cfg.probe_seed)
+        df = df[~df["text"].isin(set(probes["text"]))].reset_index(drop=True)
     n_train, n_eval = split_sizes(cfg, len(df))
     train_df, eval_df = train_eval_split(df, n_train, n_eval, seed=cfg.seeds()["data_seed"])
-    train_df.attrs.update(n_labels=int(df["label"].nunique()), label_names=list(df.attrs.get("label_names", [])),
-                          n_rows=len(df), n_train=n_train, n_eval=n_eval)   # classes of the dataset, even one the subset misses
-    return train_df, eval_df, _probe_source(cfg, set(train_df["text"]))
+    train_df.attrs.update(facts, n_rows=len(df))   # classes of the dataset, even one the subset misses
+    return train_df, eval_df, probes if probes is not None else _probe_source(cfg, set(train_df["text"]))
 
 # %% ../nbs/10_train.ipynb #d048a949
 def resolve_device(device: str = "auto") -> torch.device:
