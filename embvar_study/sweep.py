@@ -16,7 +16,8 @@ from .study import study_lock, write_study_spec, read_study_spec, write_manifest
 
 # %% auto #0
 __all__ = ['EXPERIMENT_NAMES', 'PROFILES', 'PROFILE_KEYS', 'EXECUTORS', 'suggest', 'check_profile_name', 'get_profile',
-           'expand_grid', 'experiment_grid', 'plan_study', 'execute_plan', 'run_study', 'run_experiment', 'run_sweep']
+           'expand_grid', 'experiment_grid', 'plan_study', 'execute_plan', 'ray_options', 'run_study', 'run_experiment',
+           'run_sweep']
 
 # %% ../nbs/14_sweep.ipynb #f10dbc4a
 EXPERIMENT_NAMES = ("lr_sweep", "seed_sweep", "perturbation", "crossed", "lr_extended", "schedule")
@@ -223,7 +224,7 @@ def execute_plan(plan: pd.DataFrame,        # from plan_study (or any rows with 
         LocalExecutor(jobs, runs_per_gpu=runs_per_gpu).run(tasks, on_done)
     return {e: pd.DataFrame([r for r in rows if r["experiment"] == e]).drop(columns="experiment") for e in experiments}
 
-# %% ../nbs/14_sweep.ipynb #ce60bed4
+# %% ../nbs/14_sweep.ipynb #5120cc0d
 EXECUTORS = ("local", "ray")
 
 def _spec(prof: dict, overrides: dict, experiments: list, old: dict | None) -> dict:
@@ -237,16 +238,32 @@ def _check_executor(executor: str, jobs: int):
     if executor not in EXECUTORS: raise ValueError(f"executor: expected one of {list(EXECUTORS)}, got {executor!r}")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1: raise ValueError(f"jobs: expected an integer >= 1, got {jobs!r}")
 
+def ray_options(ray_address: str | None = None, gpus_per_run: float | None = None, cpus_per_run: int = 1, max_retries: int = 3) -> dict:
+    "The Ray settings of a study ('' address and a negative GPU count mean: not given)."
+    return {"address": ray_address or None, "num_gpus_per_run": None if gpus_per_run is None or gpus_per_run < 0 else gpus_per_run,
+            "num_cpus_per_run": cpus_per_run, "max_retries": max_retries}
+
+def _overrides(overrides) -> dict:
+    "Overrides as a dict: a dict as it is, a JSON object string parsed (papermill's -p passes strings)."
+    if isinstance(overrides, str):
+        try: overrides = json.loads(overrides) if overrides.strip() else {}
+        except json.JSONDecodeError as e: raise ValueError(f"overrides: expected a JSON object such as '{{\"seeds\": [0, 1]}}', got {overrides!r} ({e})") from None
+    if not isinstance(overrides or {}, dict): raise ValueError(f"overrides: expected a dict (or a JSON object string), got {overrides!r}")
+    return dict(overrides or {})
+
 def run_study(profile: str,                 # profile name (see PROFILES)
               study_dir: str | Path,        # the study folder (created)
               *,
-              overrides: dict | None = None,  # grid keys or run fields (see get_profile)
+              overrides: dict | str | None = None,  # grid keys or run fields (see get_profile); a JSON object string works too
               experiments=None,             # default: the profile's experiments
-              executor: str = "local", jobs: int = 1, runs_per_gpu: int | str = 1, ray_options: dict | None = None,
-              say: Callable[[str], None] | None = print,
+              executor: str = "local",      # "local" (warm workers on this machine) or "ray"
+              jobs: int = 1,                # local: CPU worker processes; ray without an address: runs at once
+              runs_per_gpu: int | str = 1,  # local: workers per visible GPU ("auto": from one run's peak memory)
+              ray_address: str | None = None, gpus_per_run: float | None = None, cpus_per_run: int = 1, max_retries: int = 3,
+              say: Callable[[str], None] | None = print,  # one line per event (None: silent)
              ) -> dict[str, pd.DataFrame]:  # experiment -> manifest
     "Plan and run a study's experiments into `study_dir` (resumable; verified runs are skipped)."
-    overrides = json.loads(overrides) if isinstance(overrides, str) else (overrides or {})
+    overrides = _overrides(overrides)
     prof = get_profile(profile, overrides)
     _check_executor(executor, jobs)
     experiments = list(experiments if experiments is not None else prof["experiments"])
@@ -258,8 +275,8 @@ def run_study(profile: str,                 # profile name (see PROFILES)
         if old and old.get("profile") != profile:
             raise ValueError(f"study_dir: {study_dir} holds a study of profile {old.get('profile')!r}, not {profile!r}; use another folder")
         write_study_spec(study_dir, _spec(prof, overrides, experiments, old))
-        return execute_plan(plan_study(prof, experiments), study_dir, executor=executor, jobs=jobs,
-                            runs_per_gpu=runs_per_gpu, ray_options=ray_options, say=say)
+        return execute_plan(plan_study(prof, experiments), study_dir, executor=executor, jobs=jobs, runs_per_gpu=runs_per_gpu,
+                            ray_options=ray_options(ray_address, gpus_per_run, cpus_per_run, max_retries), say=say)
 
 def run_experiment(profile: str, experiment: str, study_dir: str | Path, **kwargs) -> pd.DataFrame:  # the manifest
     "`run_study` of one experiment (what an experiment notebook calls)."
