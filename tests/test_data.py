@@ -1,5 +1,5 @@
 """Tests of embvar_study.data: loading, cleaning, label encoding, subsets, bundled corpus and probes."""
-import warnings
+import hashlib, os, shutil, socket, time, warnings
 from fractions import Fraction
 
 import numpy as np
@@ -7,9 +7,11 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings, strategies as st
 
+import embvar_study.data as data_mod
 from embvar_study.data import (
-    HubUnavailableError, MEDIUM_MAX_WORDS, PROBE_FAMILIES, SHORT_MAX_WORDS, clean_text, default_probes, load_probes,
-    load_texts, stratified_subset, train_eval_split, _largest_remainder)
+    HubUnavailableError, MEDIUM_MAX_WORDS, PROBE_FAMILIES, SHORT_MAX_WORDS, check_hub_reachable, clean_text,
+    default_probes, file_sha256, folder_sha256, load_probes, load_texts, probes_fingerprint, source_fingerprint,
+    stratified_subset, train_eval_split, _largest_remainder)
 
 
 def _key(texts):
@@ -254,3 +256,206 @@ def test_load_probes_from_file_and_heldout(tmp_path):
     assert len(h) == 20 and set(h.family) == {"heldout"} and (h.sentiment == h.label).all()
     assert h.sentiment.value_counts().tolist() == [10, 10]
     assert set(h.text) <= set(held.text)
+
+
+# ---------------------------------------------------------------- unusable files: one line that names the file
+
+@pytest.mark.parametrize("name, content, pattern", [
+    ("header.csv", b"text,label\n", r"has no data rows \(columns found: \['text', 'label'\]\)"),
+    ("latin.csv", b"text,label\ncaf\xe9 good,1\nbad,0\n", r"is not UTF-8 text \(it contains byte 0xe9\); re-encode it as UTF-8"),
+    ("latin.jsonl", b'{"text": "caf\xe9", "label": 1}\n', r"is not UTF-8 text .* re-encode it as UTF-8"),
+    ("quote.csv", b'text,label\n"never closed,1\n', r"could not parse .* as CSV \(Error tokenizing data"),
+    ("ragged.tsv", b"text\tlabel\na\t1\nb\t0\textra\tmore\n", r"could not parse .* as TSV \(Error tokenizing data"),
+    ("broken.json", b'[{"text": "a", "label": ', r"could not parse .* as JSON"),
+    ("bad.parquet", b"not a parquet file", r"could not parse .* as PARQUET"),
+    ("empty.csv", b"", r"is empty \(expected a table with a text column\)"),
+    ("blank.csv", b"\n\n\n", r"is empty"),
+])
+def test_unusable_files_fail_in_one_line_naming_the_file(tmp_path, name, content, pattern):
+    path = tmp_path / name
+    path.write_bytes(content)
+    for load in (load_texts, load_probes):
+        with pytest.raises(ValueError, match=pattern) as err:
+            load(path)
+        msg = str(err.value)
+        assert msg.startswith("source: ") and repr(str(path)) in msg and "\n" not in msg
+
+
+def test_header_only_dataframe_says_no_rows():
+    with pytest.raises(ValueError, match=r"expected at least 2 classes, got 0 \(no rows\)"):
+        load_texts(pd.DataFrame({"text": pd.Series([], dtype=object), "label": pd.Series([], dtype="int64")}))
+
+
+def test_folder_source_is_refused_not_sent_to_the_hub(tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    def must_not_be_called(*args, **kwargs):
+        raise AssertionError("a folder reached datasets.load_dataset")
+    monkeypatch.setattr(datasets, "load_dataset", must_not_be_called)
+    folder = tmp_path / "reviews"
+    folder.mkdir()
+    pd.DataFrame({"text": ["a", "b"], "label": [0, 1]}).to_csv(folder / "train.csv", index=False)
+    monkeypatch.chdir(tmp_path)
+    expected = r"is a folder; expected a \.csv/\.tsv/\.jsonl/\.json/\.parquet file, 'bundled' or a Hub id"
+    for source in ("reviews", str(folder), folder, str(folder) + "/"):
+        with pytest.raises(ValueError, match="source: .*" + expected) as err:
+            load_texts(source)
+        assert "\n" not in str(err.value)
+        with pytest.raises(ValueError, match=expected):
+            source_fingerprint(source)
+    with pytest.raises(ValueError, match=r"is a folder; .* 'builtin' or a DataFrame"):
+        load_probes("reviews")
+    with pytest.raises(FileNotFoundError, match=r"source: no such file '.*absent\.csv'"):
+        load_texts(tmp_path / "absent.csv")
+
+
+# ---------------------------------------------------------------- the Hub: fail fast when it cannot be reached
+
+@pytest.fixture
+def hub_mode(monkeypatch):
+    "Offline mode off (conftest turns it on), no proxies, a fresh reachability cache before and after."
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HTTP_PROXY", "http_proxy",
+                "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    data_mod._connect_error.cache_clear()
+    yield monkeypatch
+    data_mod._connect_error.cache_clear()
+
+
+def test_unreachable_hub_dataset_fails_fast_with_alternatives(hub_mode):
+    datasets = pytest.importorskip("datasets")
+    calls = []
+    hub_mode.setattr(datasets, "load_dataset", lambda *a, **k: calls.append(a))
+    hub_mode.setenv("HF_ENDPOINT", "http://127.0.0.1:9")                  # nothing listens on the discard port
+    t = time.perf_counter()
+    with pytest.raises(HubUnavailableError) as err:
+        load_texts("imdb")
+    assert time.perf_counter() - t < 10 and calls == []
+    msg = str(err.value)
+    assert msg.startswith("dataset 'imdb': the Hugging Face Hub (127.0.0.1:9) could not be reached") and "\n" not in msg
+    assert "source='bundled'" in msg and "local file" in msg and "HF_HUB_OFFLINE=1" in msg
+
+
+def test_reachable_hub_goes_on_to_load_dataset(hub_mode):
+    datasets = pytest.importorskip("datasets")
+    features = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos"])})
+    hub_mode.setattr(datasets, "load_dataset", lambda name, split: datasets.Dataset.from_dict(
+        {"text": ["bad", "good"], "label": [0, 1]}, features=features))
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        hub_mode.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+        assert load_texts("someone/reviews").attrs["label_names"] == ["neg", "pos"]
+
+
+def test_hub_check_is_cached_and_skipped_offline(hub_mode):
+    calls = []
+    def refuse(address, timeout):
+        calls.append(address)
+        raise ConnectionRefusedError("refused")
+    hub_mode.setattr(socket, "create_connection", refuse)
+    hub_mode.setenv("HF_ENDPOINT", "https://hub.example")
+    for _ in range(3):
+        with pytest.raises(HubUnavailableError, match=r"model 'm': the Hugging Face Hub \(hub\.example:443\)"):
+            check_hub_reachable("model 'm'")
+    assert calls == [("hub.example", 443)]                              # one connection per process and address
+    hub_mode.setenv("HTTPS_PROXY", "http://proxy.example:3128")         # behind a proxy: the proxy is what must answer
+    with pytest.raises(HubUnavailableError, match=r"proxy\.example:3128"):
+        check_hub_reachable("model 'm'")
+    assert calls[-1] == ("proxy.example", 3128)
+    hub_mode.setenv("HF_HUB_OFFLINE", "1")
+    check_hub_reachable("model 'm'")                                      # offline: no check at all
+    assert len(calls) == 2
+    with pytest.raises(ValueError, match="timeout: expected a positive number of seconds, got -1"):
+        check_hub_reachable(timeout=-1)
+
+
+def test_hub_check_is_bounded_by_its_timeout_even_if_connecting_hangs(hub_mode):
+    def hang(address, timeout):
+        time.sleep(3)
+        raise OSError("gave up")
+    hub_mode.setattr(socket, "create_connection", hang)               # e.g. a DNS lookup that never answers
+    hub_mode.setenv("HF_ENDPOINT", "https://hub.example")
+    t = time.perf_counter()
+    with pytest.raises(HubUnavailableError, match=r"no answer within 0\.5 s"):
+        check_hub_reachable("dataset 'imdb'", timeout=0.5)
+    assert time.perf_counter() - t < 2
+
+
+# ---------------------------------------------------------------- content fingerprints
+
+def _age(path, seconds=3600):
+    "Set a file's times into the past (a file last modified long ago, whose digest is cached)."
+    t = time.time() - seconds
+    os.utime(path, (t, t))
+
+
+def test_file_sha256_cache(tmp_path, monkeypatch):
+    reads = []
+    real = data_mod._sha256_of
+    monkeypatch.setattr(data_mod, "_sha256_of", lambda p: reads.append(p) or real(p))
+    f = tmp_path / "w.bin"
+    f.write_bytes(b"\x00" * 1000)
+    assert file_sha256(f) == hashlib.sha256(b"\x00" * 1000).hexdigest() and len(reads) == 1
+    assert file_sha256(f) and len(reads) == 2                          # modified just now: not trusted to the cache
+    _age(f)
+    file_sha256(f); file_sha256(f); file_sha256(str(f))
+    assert len(reads) == 3                                              # old and unchanged: read once
+    f.write_bytes(b"\x00" * 999 + b"\x01")                              # same size, last byte changed
+    assert file_sha256(f) == hashlib.sha256(b"\x00" * 999 + b"\x01").hexdigest() and len(reads) == 4
+    _age(f, 7200)                                                        # touched (mtime changed), same bytes
+    file_sha256(f)
+    assert len(reads) == 5
+    g = tmp_path / "g.bin"
+    g.write_bytes(b"\x00" * 999 + b"\x02")
+    _age(g, 7200)
+    os.replace(g, f)                                                     # atomic replacement: same size and mtime, new inode
+    assert file_sha256(f) == hashlib.sha256(b"\x00" * 999 + b"\x02").hexdigest()
+
+
+def test_source_fingerprint_follows_content_not_path(tmp_path):
+    a = tmp_path / "a.csv"
+    a.write_bytes(b"text,label\nfine film,1\ndull film,0\n")
+    b = tmp_path / "copy" / "b.csv"
+    b.parent.mkdir()
+    shutil.copy(a, b)
+    fa, fb = source_fingerprint(a), source_fingerprint(str(b))
+    assert fa == {"kind": "file", "path": str(a.resolve()), "sha256": hashlib.sha256(a.read_bytes()).hexdigest(),
+                  "bytes": a.stat().st_size}
+    assert fb["sha256"] == fa["sha256"] and fb["path"] != fa["path"]  # same bytes at another path: same digest
+    a.write_bytes(b"text,label\nfine film,1\ndull film,1\n")            # one byte changed, same size
+    assert source_fingerprint(a)["sha256"] == hashlib.sha256(a.read_bytes()).hexdigest() != fa["sha256"]
+    assert source_fingerprint("bundled")["sha256"] == hashlib.sha256(data_mod._resource("mini_corpus.csv").read_bytes()).hexdigest()
+    assert source_fingerprint("imdb") == {"kind": "hub", "id": "imdb", "split": "train", "revision": "main"}
+    assert source_fingerprint("imdb", split="test", revision="abc123")["revision"] == "abc123"
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        source_fingerprint(tmp_path / "absent.csv")
+    with pytest.raises(ValueError, match="got DataFrame"):
+        source_fingerprint(pd.DataFrame({"text": ["a"]}))
+
+
+def test_probes_fingerprint(tmp_path):
+    builtin = probes_fingerprint("builtin")
+    assert builtin == {"kind": "builtin", "sha256": hashlib.sha256(data_mod._resource("probes.csv").read_bytes()).hexdigest()}
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"text": "A calm film."}\n')
+    assert probes_fingerprint(f)["sha256"] == hashlib.sha256(f.read_bytes()).hexdigest()
+    held = probes_fingerprint(f"heldout:{f}:train")
+    assert held == {"kind": "heldout", "source": source_fingerprint(f), "split": "train"}
+    assert probes_fingerprint("heldout:imdb")["source"] == {"kind": "hub", "id": "imdb", "split": "test", "revision": "main"}
+    assert probes_fingerprint("heldout", dataset="bundled")["source"] == source_fingerprint("bundled")
+    with pytest.raises(ValueError, match="dataset: expected the run's dataset"):
+        probes_fingerprint("heldout")
+    with pytest.raises(ValueError, match="is a folder"):
+        probes_fingerprint(tmp_path)
+
+
+def test_folder_sha256(tmp_path):
+    (tmp_path / "m" / "sub").mkdir(parents=True)
+    (tmp_path / "m" / "config.json").write_text("{}")
+    (tmp_path / "m" / "sub" / "w.bin").write_bytes(b"\x01\x02")
+    before = folder_sha256(tmp_path / "m")
+    shutil.copytree(tmp_path / "m", tmp_path / "elsewhere")
+    assert folder_sha256(tmp_path / "elsewhere") == before               # content, not location
+    (tmp_path / "m" / ".cache").mkdir()
+    (tmp_path / "m" / ".cache" / "download.lock").write_text("x")
+    assert folder_sha256(tmp_path / "m") == before                        # hidden entries are not content
+    (tmp_path / "m" / "sub" / "w.bin").write_bytes(b"\x01\x03")
+    assert folder_sha256(tmp_path / "m") != before
