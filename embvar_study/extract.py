@@ -4,15 +4,16 @@
 
 # %% ../nbs/07_extract.ipynb #dd0dad87
 from __future__ import annotations
-import inspect
-import re
-import string
-import warnings
+import functools, inspect, re, string, warnings
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 # %% auto #0
 __all__ = ['POOLINGS', 'PERTURBATIONS', 'count_truncated', 'position_limit', 'embed_texts', 'perturb_texts', 'embed_perturbed']
@@ -28,19 +29,27 @@ def _check_texts(texts, name: str = "texts") -> list[str]:
     try: texts = list(texts)
     except TypeError:
         raise ValueError(f"{name}: expected a sequence of str, got {type(texts).__name__}") from None
-    if len(texts) == 0:
-        raise ValueError(f"{name}: expected a non-empty sequence of str, got 0 texts")
+    if len(texts) == 0: raise ValueError(f"{name}: expected a non-empty sequence of str, got 0 texts")
     bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         raise ValueError(f"{name}: expected every item to be a str, got {type(texts[bad[0]]).__name__} at index {bad[0]}{more}")
     return texts
 
+# %% ../nbs/07_extract.ipynb #d8cc69e2
 def _check_positive_int(x, name: str) -> int:
+    "`x` as an int >= 1, or a ValueError naming `name`."
     if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1:
         raise ValueError(f"{name}: expected a positive int, got {x!r}")
     return int(x)
 
+def _check_seed(seed) -> int:
+    "`seed` as an int >= 0, or a ValueError."
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed: expected a non-negative int, got {seed!r}")
+    return int(seed)
+
+# %% ../nbs/07_extract.ipynb #36907694
 def _check_pooling(pooling) -> tuple[tuple[str, ...], bool]:
     "Normalise `pooling` to a tuple of names; the flag says whether a single name was given."
     single = isinstance(pooling, str)
@@ -49,6 +58,7 @@ def _check_pooling(pooling) -> tuple[tuple[str, ...], bool]:
         raise ValueError(f"pooling: expected one of {POOLINGS} or a list of distinct ones, got {pooling!r}")
     return names, single
 
+# %% ../nbs/07_extract.ipynb #1e2c1268
 def _check_layers(layers, n_hidden: int) -> tuple[list[int], bool]:
     "Indices into the `n_hidden` = L+1 hidden states; the flag says whether a single int was given."
     valid = f"'all', an int in [-{n_hidden}, {n_hidden - 1}] or a list of such ints"
@@ -68,10 +78,10 @@ def _token_lengths(tokenizer, texts: list[str], max_length: int) -> np.ndarray:
     enc = tokenizer(texts, add_special_tokens=True, truncation=True, max_length=max_length + 1, verbose=False)
     return np.fromiter((len(ids) for ids in enc["input_ids"]), dtype=np.int64, count=len(texts))
 
-def count_truncated(tokenizer,          # Hugging Face tokenizer
+def count_truncated(tokenizer: PreTrainedTokenizerBase, # Hugging Face tokenizer
                     texts: Sequence[str],  # N texts
-                    max_length: int,    # token limit, special tokens included
-                   ) -> int:            # number of texts longer than `max_length` tokens
+                    max_length: int,       # token limit, special tokens included
+                   ) -> int:               # number of texts longer than `max_length` tokens
     "How many of `texts` would be cut when tokenised with `max_length`."
     texts = _check_texts(texts)
     max_length = _check_positive_int(max_length, "max_length")
@@ -80,7 +90,9 @@ def count_truncated(tokenizer,          # Hugging Face tokenizer
 # %% ../nbs/07_extract.ipynb #0c894dcf
 def _pool(h: torch.Tensor,     # (L', B, T, d) hidden states
           mask: torch.Tensor,  # (B, T) bool, True at real tokens
-          pooling: str) -> torch.Tensor:  # (L', B, d) float32
+          pooling: str,        # one of POOLINGS
+         ) -> torch.Tensor:    # (L', B, d) float32
+    "Pool over the real tokens of each text (padding never enters)."
     if pooling == "mean":
         acc = torch.float64 if h.device.type == "cpu" else torch.float32
         m = mask[None, :, :, None].to(acc)
@@ -92,7 +104,7 @@ def _pool(h: torch.Tensor,     # (L', B, T, d) hidden states
 
 # %% ../nbs/07_extract.ipynb #d9d5a2d2
 @contextmanager
-def _module_modes(model: torch.nn.Module, training: bool):
+def _module_modes(model: torch.nn.Module, training: bool) -> Iterator[None]:
     "Put `model` in train/eval mode; restore every submodule's own flag on exit, even on error."
     saved = [(m, m.training) for m in model.modules()]
     model.train(training)
@@ -100,15 +112,29 @@ def _module_modes(model: torch.nn.Module, training: bool):
     finally:
         for m, flag in saved: m.training = flag
 
+# %% ../nbs/07_extract.ipynb #4c9ea39b
 def _model_device(model) -> torch.device:
+    "Device of the model's first parameter (CPU for a model without parameters)."
     p = next(model.parameters(), None)
     return p.device if p is not None else torch.device("cpu")
 
-def _n_hidden_states(model) -> int | None:
-    n = getattr(getattr(model, "config", None), "num_hidden_layers", None)
-    return int(n) + 1 if isinstance(n, int) else None
+@contextmanager
+def _on_device(model, device) -> Iterator[torch.device]:
+    "Run on `device` (default: the model's own): the model is moved there and back, even on error."
+    home = _model_device(model)
+    dev = torch.device(device) if device is not None else home
+    if dev != home: model.to(dev)
+    try: yield dev
+    finally:
+        if dev != home: model.to(home)
 
-def position_limit(model,  # HF model (its `config` is read)
+def _autocast(dev: torch.device, autocast: bool | None):
+    "bf16 autocast on `dev` (default: on for CUDA only), or a null context."
+    use = (dev.type == "cuda") if autocast is None else bool(autocast)
+    return torch.autocast(device_type=dev.type, dtype=torch.bfloat16) if use else nullcontext()
+
+# %% ../nbs/07_extract.ipynb #9d8e3272
+def position_limit(model: PreTrainedModel, # HF model (its `config` is read)
                   ) -> int | None:  # longest input in tokens, special tokens included; None when the config does not say
     "The most tokens the model's position embeddings allow (RoBERTa-style models lose the positions up to the padding index)."
     cfg = getattr(model, "config", None)
@@ -118,11 +144,19 @@ def position_limit(model,  # HF model (its `config` is read)
         n -= int(getattr(cfg, "pad_token_id", 1) or 0) + 1   # positions are numbered from pad_token_id + 1
     return n
 
-def _embed(model, tokenizer, texts: list[str], poolings: tuple[str, ...], layers, batch_size: int, max_length: int,
-           device, autocast, dropout: bool, what: str = "texts") -> tuple[dict[str, np.ndarray], bool]:
-    "Core of `embed_texts`: dict pooling -> (L', N, d) float32 in input order, and the single-layer flag."
-    n = len(texts)
-    lengths = _token_lengths(tokenizer, texts, max_length)
+def _n_hidden_states(model) -> int | None:
+    "L+1 from the config, if it says (checked against the forward's output later)."
+    n = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    return int(n) + 1 if isinstance(n, int) else None
+
+# %% ../nbs/07_extract.ipynb #df77fb69
+def _check_lengths(lengths: np.ndarray, # (N,) token counts from `_token_lengths`
+                   texts: list[str],    # the N texts, for messages
+                   max_length: int,     # the caller's token limit
+                   model,               # its config gives the position limit
+                   what: str,           # "texts" or "perturbed texts", for messages
+                  ) -> None:
+    "Refuse texts without tokens or longer than the model's positions; warn how many will be truncated."
     if (lengths == 0).any():
         i = int(np.flatnonzero(lengths == 0)[0])
         raise ValueError(f"{what}: text at index {i} has no tokens ({texts[i]!r}); pooling needs at least one")
@@ -131,65 +165,64 @@ def _embed(model, tokenizer, texts: list[str], poolings: tuple[str, ...], layers
         raise ValueError(f"max_length: {max_length} is above the model's limit of {limit} positions and "
                          f"{int((lengths > limit).sum())} of the {what} are longer than {limit} tokens; pass max_length <= {limit}")
     n_trunc = int((lengths > max_length).sum())
-    if n_trunc:
-        warnings.warn(f"{n_trunc} of {n} {what} were truncated to max_length={max_length} tokens", stacklevel=3)
-    n_hidden = _n_hidden_states(model)
-    idx, single = _check_layers(layers, n_hidden) if n_hidden is not None else (None, None)
+    if n_trunc: warnings.warn(f"{n_trunc} of {len(texts)} {what} were truncated to max_length={max_length} tokens", stacklevel=4)
+
+# %% ../nbs/07_extract.ipynb #79be8c11
+def _forward_pooled(model, tokenizer, batch: list[str], max_length: int, dev: torch.device, layers,
+                    poolings: tuple[str, ...]) -> tuple[dict[str, np.ndarray], bool]:
+    "One padded batch through the model: {pooling: (L', B, d) float32} and the single-layer flag."
+    enc = tokenizer(batch, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    inputs = {"input_ids": enc["input_ids"].to(dev), "attention_mask": enc["attention_mask"].to(dev)}
+    if "token_type_ids" in enc and "token_type_ids" in inspect.signature(model.forward).parameters:
+        inputs["token_type_ids"] = enc["token_type_ids"].to(dev)
+    hs = model(**inputs, output_hidden_states=True, return_dict=True).hidden_states
+    idx, single = _check_layers(layers, len(hs))            # the config may not tell the truth
+    h = torch.stack([hs[i] for i in idx])                   # (L', B, T, d)
+    mask = inputs["attention_mask"].bool()
+    return {p: _pool(h, mask, p).cpu().numpy() for p in poolings}, single
+
+# %% ../nbs/07_extract.ipynb #f8577592
+def _embed(model, tokenizer, texts: list[str], *, poolings: tuple[str, ...], layers, batch_size: int, max_length: int,
+           device, autocast: bool | None, dropout: bool = False, what: str = "texts") -> tuple[dict[str, np.ndarray], bool]:
+    "Core of `embed_texts`: {pooling: (L', N, d) float32} in input order, and the single-layer flag."
+    lengths = _token_lengths(tokenizer, texts, max_length)
+    _check_lengths(lengths, texts, max_length, model, what)
+    if (n_hidden := _n_hidden_states(model)) is not None: _check_layers(layers, n_hidden)   # before any forward pass
     order = np.argsort(-np.minimum(lengths, max_length), kind="stable")   # longest first: OOM shows up at once
-    accepts_tt = "token_type_ids" in inspect.signature(model.forward).parameters
-    home = _model_device(model)
-    dev = torch.device(device) if device is not None else home
-    use_autocast = (dev.type == "cuda") if autocast is None else bool(autocast)
-    amp = torch.autocast(device_type=dev.type, dtype=torch.bfloat16) if use_autocast else nullcontext()
-    out: dict[str, np.ndarray] = {}
-    if dev != home: model.to(dev)
-    try:
-        with _module_modes(model, dropout), torch.inference_mode(), amp:
-            for start in range(0, n, batch_size):
-                sel = order[start:start + batch_size]
-                enc = tokenizer([texts[i] for i in sel], padding=True, truncation=True, max_length=max_length,
-                                return_tensors="pt")
-                inputs = {"input_ids": enc["input_ids"].to(dev), "attention_mask": enc["attention_mask"].to(dev)}
-                if accepts_tt and "token_type_ids" in enc: inputs["token_type_ids"] = enc["token_type_ids"].to(dev)
-                hs = model(**inputs, output_hidden_states=True, return_dict=True).hidden_states
-                if start == 0: idx, single = _check_layers(layers, len(hs))   # config may not tell the truth
-                h = torch.stack([hs[i] for i in idx])                 # (L', B, T, d)
-                mask = inputs["attention_mask"].bool()
-                for p in poolings:
-                    pooled = _pool(h, mask, p).cpu().numpy()          # (L', B, d)
-                    if p not in out: out[p] = np.empty((len(idx), n, pooled.shape[-1]), np.float32)
-                    out[p][:, sel] = pooled                           # back to the caller's order
-    finally:
-        if dev != home: model.to(home)
+    out, single = {}, False
+    with _on_device(model, device) as dev, _module_modes(model, dropout), torch.inference_mode(), _autocast(dev, autocast):
+        for start in range(0, len(texts), batch_size):
+            sel = order[start:start + batch_size]
+            pooled, single = _forward_pooled(model, tokenizer, [texts[i] for i in sel], max_length, dev, layers, poolings)
+            for p, a in pooled.items():                      # (L', B, d) back to the caller's order
+                out.setdefault(p, np.empty((a.shape[0], len(texts), a.shape[-1]), np.float32))[:, sel] = a
     return out, single
 
-def embed_texts(model,                    # HF encoder or `...ForSequenceClassification` model
-                tokenizer,                # matching HF tokenizer
+# %% ../nbs/07_extract.ipynb #a3a73699
+def embed_texts(model: PreTrainedModel,             # HF encoder or `...ForSequenceClassification` model
+                tokenizer: PreTrainedTokenizerBase, # matching HF tokenizer
                 texts: Sequence[str],     # N texts
                 *,
                 pooling: str | Sequence[str] = "mean",  # "mean", "cls", "max", or a list of them
                 layers: str | int | Sequence[int] = "all",  # "all", one index (negative allowed) or a list
                 batch_size: int = 32,     # texts per forward pass
                 max_length: int = 128,    # token limit; longer texts are truncated (with a warning)
-                device=None,              # run on this device (model moved there and back); default: model's
+                device: str | torch.device | None = None,  # run on this device (model moved there and back); default: model's
                 autocast: bool | None = None,  # bf16 autocast; default: on for CUDA, off otherwise
                 return_dict: bool = False,     # always return {pooling: array}, also for a single pooling
                ) -> np.ndarray | dict[str, np.ndarray]:  # (L+1, N, d) for "all", (len(layers), N, d) for a list, (N, d) for an int; float32; dict if several poolings
     "Pooled hidden states of every requested layer for `texts`, in input order; the model is left as it was."
     texts = _check_texts(texts)
     poolings, single_pool = _check_pooling(pooling)
-    batch_size = _check_positive_int(batch_size, "batch_size")
-    max_length = _check_positive_int(max_length, "max_length")
-    out, single_layer = _embed(model, tokenizer, texts, poolings, layers, batch_size, max_length, device, autocast,
-                               dropout=False)
+    out, single_layer = _embed(model, tokenizer, texts, poolings=poolings, layers=layers, device=device, autocast=autocast,
+                               batch_size=_check_positive_int(batch_size, "batch_size"),
+                               max_length=_check_positive_int(max_length, "max_length"))
     if single_layer: out = {p: a[0] for p, a in out.items()}
     return out[poolings[0]] if single_pool and not return_dict else out
 
 # %% ../nbs/07_extract.ipynb #b54e56b3
-_WORD = re.compile(r"\S+")
-_LETTERS = string.ascii_lowercase
-
 def _drop_words(text: str, rate: float, rng: np.random.Generator) -> str:
+    "Drop each word with probability `rate`, keeping at least one; survivors joined by single spaces."
     words = text.split()
     if not words: return text
     keep = rng.random(len(words)) >= rate
@@ -197,7 +230,11 @@ def _drop_words(text: str, rate: float, rng: np.random.Generator) -> str:
     if not keep.any(): keep[rng.integers(len(words))] = True
     return " ".join(w for w, k in zip(words, keep) if k)
 
+# %% ../nbs/07_extract.ipynb #b0c12818
+_LETTERS = string.ascii_lowercase
+
 def _typo_word(w: str, rng: np.random.Generator) -> str:
+    "One random edit of `w`: swap two adjacent characters, delete, insert or substitute one."
     ops = ["insert", "substitute"] + (["swap", "delete"] if len(w) >= 2 else [])
     op = ops[rng.integers(len(ops))]
     if op == "swap":
@@ -210,7 +247,11 @@ def _typo_word(w: str, rng: np.random.Generator) -> str:
     choices = _LETTERS.replace(w[i].lower(), "")
     return w[:i] + choices[rng.integers(len(choices))] + w[i + 1:]
 
+# %% ../nbs/07_extract.ipynb #976ac944
+_WORD = re.compile(r"\S+")
+
 def _typos(text: str, rate: float, rng: np.random.Generator) -> str:
+    "Give each word, with probability `rate`, one `_typo_word` edit; whitespace kept as it was."
     spans = [m.span() for m in _WORD.finditer(text)]
     hit = rng.random(len(spans)) < rate
     if not hit.any(): return text
@@ -220,6 +261,7 @@ def _typos(text: str, rate: float, rng: np.random.Generator) -> str:
     pieces.append(text[last:])
     return "".join(pieces)
 
+# %% ../nbs/07_extract.ipynb #2f646a04
 def perturb_texts(texts: Sequence[str],  # N texts
                   *,
                   kind: str = "token_dropout",  # "token_dropout" or "typo"
@@ -229,24 +271,49 @@ def perturb_texts(texts: Sequence[str],  # N texts
                  ) -> list[list[str]]:   # k lists of N perturbed texts
     "`k` independently perturbed copies of `texts` (word dropout or typos), deterministic per `seed`."
     texts = _check_texts(texts)
-    if kind not in ("token_dropout", "typo"):
-        raise ValueError(f"kind: expected 'token_dropout' or 'typo', got {kind!r}")
+    if kind not in ("token_dropout", "typo"): raise ValueError(f"kind: expected 'token_dropout' or 'typo', got {kind!r}")
     if isinstance(rate, bool) or not isinstance(rate, (int, float, np.floating, np.integer)) or not 0 <= rate <= 1:
         raise ValueError(f"rate: expected a probability in [0, 1], got {rate!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed: expected a non-negative int, got {seed!r}")
-    k = _check_positive_int(k, "k")
+    seed, k = _check_seed(seed), _check_positive_int(k, "k")
     f = _drop_words if kind == "token_dropout" else _typos
-    return [[f(t, float(rate), np.random.default_rng([int(seed), j, i])) for i, t in enumerate(texts)]
-            for j in range(k)]
+    return [[f(t, float(rate), np.random.default_rng([seed, j, i])) for i, t in enumerate(texts)] for j in range(k)]
 
 # %% ../nbs/07_extract.ipynb #82d1cf9b
+def _text_copies(embed,            # `_embed` with everything but texts, dropout and what bound
+                 texts: list[str], # N texts
+                 kind: str, k: int, rate: float, seed: int,
+                ) -> tuple[dict[str, np.ndarray], bool]:  # {pooling: (k, L', N, d)}, single-layer flag
+    "Embeddings of the `k` perturbed copies of `texts`, all `k * N` texts in one `_embed` call."
+    flat = [t for copy in perturb_texts(texts, kind=kind, rate=rate, seed=seed, k=k) for t in copy]
+    out, single = embed(flat, what="perturbed texts")
+    return {p: a.reshape(a.shape[0], k, len(texts), a.shape[-1]).transpose(1, 0, 2, 3) for p, a in out.items()}, single
+
+# %% ../nbs/07_extract.ipynb #fdd901dd
 def _has_dropout(model) -> bool:
+    "Does the model (its modules or its config) have any dropout with p > 0?"
     return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()) or any(
         isinstance(v, float) and v > 0 and "dropout" in k for k, v in getattr(getattr(model, "config", None), "__dict__", {}).items())
 
-def embed_perturbed(model,                # HF encoder or `...ForSequenceClassification` model
-                    tokenizer,            # matching HF tokenizer
+def _mc_dropout(embed,            # `_embed` with everything but texts, dropout and what bound
+                model,            # the same model (checked for dropout)
+                texts: list[str], # N texts
+                k: int, seed: int,
+               ) -> tuple[dict[str, np.ndarray], bool]:  # {pooling: (k, L', N, d)}, single-layer flag
+    "`k` train-mode passes over `texts`, pass j under a torch seed derived from (seed, j), inside fork_rng."
+    seed = _check_seed(seed)
+    if not _has_dropout(model):
+        warnings.warn("mc_dropout: the model has no dropout with p > 0; all k copies will be identical", stacklevel=3)
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []   # manual_seed reseeds them all
+    copies = []
+    with torch.random.fork_rng(devices=cuda):
+        for j in range(k):
+            torch.manual_seed(int(np.random.SeedSequence([seed, j]).generate_state(1)[0]))
+            copies.append(embed(texts, dropout=True))
+    return {p: np.stack([c[0][p] for c in copies]) for p in copies[0][0]}, copies[0][1]
+
+# %% ../nbs/07_extract.ipynb #f9c43284
+def embed_perturbed(model: PreTrainedModel,             # HF encoder or `...ForSequenceClassification` model
+                    tokenizer: PreTrainedTokenizerBase, # matching HF tokenizer
                     texts: Sequence[str], # N texts
                     *,
                     kind: str = "token_dropout",  # "token_dropout", "typo" or "mc_dropout"
@@ -259,35 +326,16 @@ def embed_perturbed(model,                # HF encoder or `...ForSequenceClassif
                    ) -> np.ndarray | dict[str, np.ndarray]:  # (k, L+1, N, d), (k, len(layers), N, d) or (k, N, d); float32; dict if several poolings
     "`k` embeddings of `texts` under input noise (dropped words, typos) or MC dropout."
     texts = _check_texts(texts)
-    if kind not in PERTURBATIONS:
-        raise ValueError(f"kind: expected one of {PERTURBATIONS}, got {kind!r}")
+    if kind not in PERTURBATIONS: raise ValueError(f"kind: expected one of {PERTURBATIONS}, got {kind!r}")
     k = _check_positive_int(k, "k")
     unknown = set(embed_kwargs) - {"batch_size", "max_length", "device", "autocast", "return_dict"}
     if unknown: raise TypeError(f"embed_perturbed: unexpected keyword argument(s) {sorted(unknown)}")
     poolings, single_pool = _check_pooling(pooling)
-    return_dict = embed_kwargs.pop("return_dict", False)
-    batch_size = _check_positive_int(embed_kwargs.pop("batch_size", 32), "batch_size")
-    max_length = _check_positive_int(embed_kwargs.pop("max_length", 128), "max_length")
-    device, autocast = embed_kwargs.pop("device", None), embed_kwargs.pop("autocast", None)
-    n = len(texts)
-    if kind == "mc_dropout":
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed: expected a non-negative int, got {seed!r}")
-        if not _has_dropout(model):
-            warnings.warn("mc_dropout: the model has no dropout with p > 0; all k copies will be identical", stacklevel=2)
-        cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []   # manual_seed reseeds them all
-        copies = []
-        with torch.random.fork_rng(devices=cuda):
-            for j in range(k):
-                torch.manual_seed(int(np.random.SeedSequence([int(seed), j]).generate_state(1)[0]))
-                out, single_layer = _embed(model, tokenizer, texts, poolings, layers, batch_size, max_length, device,
-                                           autocast, dropout=True)
-                copies.append(out)
-        out = {p: np.stack([c[p] for c in copies]) for p in poolings}           # (k, L', N, d)
-    else:
-        flat = [t for copy in perturb_texts(texts, kind=kind, rate=rate, seed=seed, k=k) for t in copy]
-        out, single_layer = _embed(model, tokenizer, flat, poolings, layers, batch_size, max_length, device, autocast,
-                                   dropout=False, what="perturbed texts")
-        out = {p: a.reshape(a.shape[0], k, n, a.shape[-1]).transpose(1, 0, 2, 3) for p, a in out.items()}
+    opts = {"batch_size": 32, "max_length": 128, "device": None, "autocast": None, "return_dict": False, **embed_kwargs}
+    embed = functools.partial(_embed, model, tokenizer, poolings=poolings, layers=layers, device=opts["device"],
+                              autocast=opts["autocast"], batch_size=_check_positive_int(opts["batch_size"], "batch_size"),
+                              max_length=_check_positive_int(opts["max_length"], "max_length"))
+    out, single_layer = (_mc_dropout(embed, model, texts, k, seed) if kind == "mc_dropout"
+                         else _text_copies(embed, texts, kind, k, rate, seed))
     out = {p: np.ascontiguousarray(a[:, 0] if single_layer else a) for p, a in out.items()}
-    return out[poolings[0]] if single_pool and not return_dict else out
+    return out[poolings[0]] if single_pool and not opts["return_dict"] else out
