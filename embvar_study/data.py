@@ -231,8 +231,8 @@ def _read_source(source, split) -> tuple[pd.DataFrame, dict, str]:
         raise ValueError(f"split: expected a split name such as 'train' or 'test', got {split!r}")
     return *_load_hub_dataset(source, split), f"dataset {source!r} split {split!r}"
 
-# %% ../nbs/05_data.ipynb #25959455
-def load_texts(source,                  # "bundled", a .csv/.tsv/.jsonl/.json/.parquet path, a DataFrame, or a Hub dataset id
+# %% ../nbs/05_data.ipynb #c2cae2a9
+def load_texts(source: str | os.PathLike | pd.DataFrame, # "bundled", a .csv/.tsv/.jsonl/.json/.parquet path, a DataFrame, or a Hub dataset id
                *,
                split: str = "train",    # dataset split (Hub datasets only)
                text_col: str = "text",  # column holding the text in `source`
@@ -400,8 +400,8 @@ def _exclude_texts(df: pd.DataFrame,  # probe table with a `text` column
         warnings.warn(f"load_probes: removed {int(hit.sum())} probe(s) that also occur in the training texts (exclude)", stacklevel=3)
     return df[~hit].reset_index(drop=True)
 
-# %% ../nbs/05_data.ipynb #756f434e
-def load_probes(source="builtin",           # "builtin", a .csv/.tsv/.jsonl/.json/.parquet path, or a DataFrame of held-out rows
+# %% ../nbs/05_data.ipynb #2d579a51
+def load_probes(source: str | os.PathLike | pd.DataFrame = "builtin", # "builtin", a .csv/.tsv/.jsonl/.json/.parquet path, or a DataFrame of held-out rows
                 *,
                 n: int | None = None,       # keep a stratified sample of n probes (all if None)
                 seed: int = 0,              # seed of that sample

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools, inspect, re, string, warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
@@ -311,7 +311,7 @@ def _mc_dropout(embed,            # `_embed` with everything but texts, dropout 
             copies.append(embed(texts, dropout=True))
     return {p: np.stack([c[0][p] for c in copies]) for p in copies[0][0]}, copies[0][1]
 
-# %% ../nbs/07_extract.ipynb #f9c43284
+# %% ../nbs/07_extract.ipynb #d1b96bad
 def embed_perturbed(model: PreTrainedModel,             # HF encoder or `...ForSequenceClassification` model
                     tokenizer: PreTrainedTokenizerBase, # matching HF tokenizer
                     texts: Sequence[str], # N texts
@@ -322,7 +322,7 @@ def embed_perturbed(model: PreTrainedModel,             # HF encoder or `...ForS
                     seed: int = 0,        # non-negative seed; same seed, same result
                     pooling: str | Sequence[str] = "mean",  # as in `embed_texts`
                     layers: str | int | Sequence[int] = "all",  # as in `embed_texts`
-                    **embed_kwargs,       # batch_size, max_length, device, autocast, return_dict of `embed_texts`
+                    **embed_kwargs: Any,  # batch_size, max_length, device, autocast, return_dict of `embed_texts`
                    ) -> np.ndarray | dict[str, np.ndarray]:  # (k, L+1, N, d), (k, len(layers), N, d) or (k, N, d); float32; dict if several poolings
     "`k` embeddings of `texts` under input noise (dropped words, typos) or MC dropout."
     texts = _check_texts(texts)
