@@ -22,7 +22,7 @@ ap.add_argument("--model", default="minilm-offline")
 a = ap.parse_args()
 
 from embvar_study.train import TrainConfig, train_run, prepare_data
-from embvar_study.data import load_model_and_tokenizer
+from embvar_study.models import load_model_and_tokenizer
 from embvar_study.extract import embed_texts
 
 shared = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imdb_train.csv"

