@@ -6,116 +6,143 @@
 from __future__ import annotations
 import numpy as np
 import pandas as pd
-import matplotlib
 import matplotlib.pyplot as plt
 import seaborn as sns
 
+from .study import format_lr
+
 # %% auto #0
-__all__ = ['plot_drift_and_loss', 'plot_layer_heatmaps', 'plot_seed_variance', 'plot_matrices', 'plot_spectra',
-           'plot_perturbation', 'plot_mitigation', 'save_figure']
+__all__ = ['group_label', 'palette', 'plot_drift_and_loss', 'plot_layer_heatmaps', 'plot_seed_variance', 'plot_matrices',
+           'plot_spectra', 'plot_perturbation', 'plot_mitigation', 'plot_schedule']
+
+# %% ../nbs/19_plots.ipynb #8dfb570f
+def group_label(by: str, value) -> str:
+    "A group's name in words: 'lr 5e-5', 'schedule constant', or the value alone for a report's own grouping."
+    if by == "lr": return f"lr {format_lr(value)}"
+    if by == "factor": return str(value)
+    if isinstance(value, tuple): return " · ".join(group_label(b, v) for b, v in zip(by.split("+"), value))
+    return f"{by.replace('_', ' ')} {value}"
+
+def palette(values) -> dict:
+    "One colour per distinct value (sorted), from the colour-blind palette."
+    vals = sorted(set(values), key=str); cols = sns.color_palette("colorblind", max(len(vals), 3))
+    return {v: cols[i % len(cols)] for i, v in enumerate(vals)}
 
 # %% ../nbs/19_plots.ipynb #648ca1d1
-def _lr_palette(lrs) -> dict:
-    lrs = sorted(set(lrs)); cols = sns.color_palette("colorblind", max(len(lrs), 3))
-    return {lr: cols[i] for i, lr in enumerate(lrs)}
-
-def plot_drift_and_loss(summary: pd.DataFrame,  # drift_summary(by="lr")
-                        curves: pd.DataFrame,  # drift_curves
-                        *, title: str = "") -> plt.Figure:
-    "The headline figure: drift from step 0 per learning rate (seed band, bootstrap CI) beside the training loss."
-    pal = _lr_palette(summary["lr"])
+def plot_drift_and_loss(summary: pd.DataFrame,   # analysis.drift_summary(by=by)
+                        curves: pd.DataFrame,    # analysis.drift_curves (the same runs)
+                        *, by: str = "lr", title: str = "") -> plt.Figure:
+    "Drift from step 0 per group (seed band, dotted 95% CI) beside the training loss of every run."
+    pal = palette(summary[by])
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
-    for lr, s in summary.groupby("lr"):
-        c = pal[lr]
-        a.plot(s["step"], s["drift"], color=c, lw=2, label=f"lr={lr:g} (mean of {int(s['n_seeds'].iloc[0])} seeds)")
+    for g, s in summary.groupby(by):
+        c = pal[g]
+        a.plot(s["step"], s["drift"], color=c, lw=2, label=f"{group_label(by, g)} ({int(s['n_seeds'].iloc[0])} seeds)")
         a.fill_between(s["step"], s["min_seed"], s["max_seed"], color=c, alpha=0.15, lw=0)
-        if s["ci_low"].notna().any():
-            a.plot(s["step"], s["ci_low"], color=c, ls=":", lw=1); a.plot(s["step"], s["ci_high"], color=c, ls=":", lw=1)
-    a.set(xlabel="optimizer step", ylabel="drift  1 − cos(e⁰, eᵗ)  (mean over probes)", title="Drift from step 0 (band: seeds, dotted: 95% CI)")
+        if s["ci_low"].notna().any(): a.plot(s["step"], s["ci_low"], color=c, ls=":", lw=1); a.plot(s["step"], s["ci_high"], color=c, ls=":", lw=1)
+    a.set(xlabel="optimizer step", ylabel="drift 1 − cos(e⁰, eᵗ), mean over probes", title="Drift from step 0 (band: seeds; dotted: 95% CI)")
     a.legend(frameon=False)
-    for (lr, seed), c in curves.groupby(["lr", "seed"]):
-        b.plot(c["step"], c["train_loss"], color=pal[lr], alpha=0.7, lw=1.2, label=f"lr={lr:g}" if seed == curves[curves.lr == lr]["seed"].min() else None)
-    b.set(xlabel="optimizer step", ylabel="training loss (mean since previous checkpoint)", title="Training loss, one line per seed")
+    key = by if by in curves else "lr"
+    for (g, rid), c in curves.groupby([key, "run_id"]):
+        b.plot(c["step"], c["train_loss"], color=pal.get(g, "grey"), alpha=0.7, lw=1.2)
+    for g, c in pal.items(): b.plot([], [], color=c, label=group_label(by, g))
+    b.set(xlabel="optimizer step", ylabel="training loss (mean since previous checkpoint)", title="Training loss, one line per run")
     b.legend(frameon=False)
     if title: fig.suptitle(title)
     return fig
 
-def plot_layer_heatmaps(layer_table: pd.DataFrame, by: str = "lr") -> plt.Figure:
-    "Drift per layer × step: one heatmap per group and pooling, shared colour scale."
-    groups = sorted(layer_table[by].unique()); pools = list(dict.fromkeys(layer_table["pooling"]))
-    fig, axes = plt.subplots(len(pools), len(groups), figsize=(5.2 * len(groups), 3.2 * len(pools)), squeeze=False, constrained_layout=True)
-    vmax = layer_table["drift"].max()
+# %% ../nbs/19_plots.ipynb #268fbe67
+def plot_layer_heatmaps(layer_table: pd.DataFrame,  # analysis.layer_drift_table
+                        by: str = "lr") -> plt.Figure:
+    "Drift per layer (rows) and step (columns): one heatmap per group and pooling, each with its own colour scale and colorbar."
+    groups, pools = sorted(layer_table[by].unique()), list(dict.fromkeys(layer_table["pooling"]))
+    fig, axes = plt.subplots(len(pools), len(groups), figsize=(5.4 * len(groups), 3.2 * len(pools)), squeeze=False, constrained_layout=True)
     for i, p in enumerate(pools):
         for j, g in enumerate(groups):
             t = layer_table[(layer_table[by] == g) & (layer_table["pooling"] == p)].pivot(index="layer", columns="step", values="drift")
-            ax = axes[i, j]
-            im = ax.imshow(t.to_numpy(), aspect="auto", origin="lower", cmap="viridis", vmin=0, vmax=vmax,
-                           extent=[-0.5, t.shape[1] - 0.5, -0.5, t.shape[0] - 0.5])
-            ticks = np.linspace(0, t.shape[1] - 1, min(6, t.shape[1])).round().astype(int)
-            ax.set_xticks(ticks, [str(t.columns[k]) for k in ticks])
-            ax.set(title=f"{by}={g:g}, {p} pooling" if isinstance(g, float) else f"{by}={g}, {p} pooling", xlabel="step", ylabel="layer (0 = embeddings)")
-    fig.colorbar(im, ax=axes, label="drift from step 0")
+            ax, steps = axes[i, j], t.columns.to_numpy()
+            im = ax.imshow(t.to_numpy(), aspect="auto", origin="lower", cmap="viridis", vmin=0,
+                           extent=[steps[0] - 0.5, steps[-1] + 0.5, -0.5, t.shape[0] - 0.5], interpolation="nearest")
+            ax.set_xticks(np.unique(np.linspace(steps[0], steps[-1], min(6, len(steps))).round().astype(int)))
+            ax.set_yticks(range(t.shape[0]))
+            ax.set(title=f"{group_label(by, g)}, {p} pooling", xlabel="optimizer step", ylabel="layer (0 = embeddings)")
+            fig.colorbar(im, ax=ax, label="drift from step 0")
     return fig
 
-def plot_seed_variance(dispersion: dict[str, pd.DataFrame],  # label -> dispersion_over_training table
-                       ) -> plt.Figure:
-    "Seed-to-seed dispersion over training, raw vs Procrustes-aligned, one colour per seed factor."
-    fig, ax = plt.subplots(figsize=(6.5, 4), constrained_layout=True)
-    cols = sns.color_palette("colorblind", max(3, len(dispersion)))
-    for (lab, t), c in zip(dispersion.items(), cols):
+# %% ../nbs/19_plots.ipynb #2c383afa
+def plot_seed_variance(dispersion: dict[str, pd.DataFrame]) -> plt.Figure:  # label -> analysis.dispersion_over_training
+    "Seed-to-seed dispersion over training, solid raw and dashed Procrustes-aligned, one colour per group of runs."
+    fig, ax = plt.subplots(figsize=(7, 4), constrained_layout=True)
+    for (lab, t), c in zip(dispersion.items(), sns.color_palette("colorblind", max(3, len(dispersion)))):
         ax.plot(t["step"], t["raw_dispersion"], color=c, lw=2, label=f"{lab}: raw")
         ax.plot(t["step"], t["aligned_dispersion"], color=c, lw=2, ls="--", label=f"{lab}: aligned")
-    ax.set(xlabel="optimizer step", ylabel="mean squared distance to the run mean", title="Seed-to-seed dispersion of probe embeddings")
+    ax.set(xlabel="optimizer step", ylabel="mean squared distance to the runs' mean", title="Seed-to-seed dispersion of probe embeddings")
     ax.legend(frameon=False, fontsize=8)
     return fig
 
-def plot_matrices(mats: dict[str, pd.DataFrame], *, vmin=None, vmax=None) -> plt.Figure:
-    "Several square matrices (e.g. CKA and RSA across seeds) side by side, annotated."
-    fig, axes = plt.subplots(1, len(mats), figsize=(4.3 * len(mats), 3.8), squeeze=False, constrained_layout=True)
+# %% ../nbs/19_plots.ipynb #f4f2fdba
+def plot_matrices(mats: dict[str, pd.DataFrame]) -> plt.Figure:  # label -> square matrix (analysis.similarity_matrix)
+    "Square run-by-run matrices (CKA, RSA, k-NN overlap) side by side, annotated, each with its colorbar."
+    n = len(mats); size = max(4.2, 0.55 * max(len(m) for m in mats.values()) + 2.2)
+    fig, axes = plt.subplots(1, n, figsize=(size * n, size * 0.9), squeeze=False, constrained_layout=True)
     for ax, (lab, m) in zip(axes[0], mats.items()):
-        sns.heatmap(m, ax=ax, annot=True, fmt=".3f", cmap="mako", vmin=vmin, vmax=vmax, cbar=False, square=True, annot_kws={"size": 7})
+        sns.heatmap(m, ax=ax, annot=len(m) <= 10, fmt=".3f", cmap="mako", cbar=True, square=True, annot_kws={"size": 7},
+                    cbar_kws={"shrink": 0.7, "label": lab})
         ax.set_title(lab); ax.tick_params(labelsize=7)
     return fig
 
-def plot_spectra(eig: pd.DataFrame) -> plt.Figure:
-    "Normalised covariance eigenvalues (log scale) per learning rate, first vs last checkpoint."
-    pal = _lr_palette(eig["lr"])
+# %% ../nbs/19_plots.ipynb #9c288ee1
+def plot_spectra(eig: pd.DataFrame) -> plt.Figure:  # analysis.geometry_table(...)[1]
+    "Normalised covariance eigenvalues (log scale) per run, dotted at the first and solid at the last step, coloured by lr."
+    pal = palette(eig["lr"])
     fig, ax = plt.subplots(figsize=(6.5, 4), constrained_layout=True)
     for (lr, when, rid), t in eig.groupby(["lr", "when", "run_id"]):
         ax.semilogy(t["rank"], t["eigenvalue_share"], color=pal[lr], ls="-" if when == "last" else ":", alpha=0.6, lw=1.2)
-    for lr, c in pal.items(): ax.plot([], [], color=c, label=f"lr={lr:g}")
-    ax.plot([], [], color="k", ls=":", label="step 0"); ax.plot([], [], color="k", label="last step")
+    for lr, c in pal.items(): ax.plot([], [], color=c, label=group_label("lr", lr))
+    ax.plot([], [], color="k", ls=":", label="first step"); ax.plot([], [], color="k", label="last step")
     ax.set(xlabel="eigenvalue rank", ylabel="share of total variance", title="Covariance spectrum of probe embeddings")
     ax.legend(frameon=False)
     return fig
 
-def plot_perturbation(pt: pd.DataFrame) -> plt.Figure:
-    "Within-probe dispersion under each input perturbation per layer, first vs last checkpoint, per learning rate."
-    lrs = sorted(pt["lr"].unique()); kinds = list(dict.fromkeys(pt["kind"]))
+# %% ../nbs/19_plots.ipynb #dd327190
+def plot_perturbation(pt: pd.DataFrame) -> plt.Figure:  # analysis.perturbation_table
+    "Mean cosine distance of perturbed copies to the clean embedding per layer, first (dotted) vs last (solid) step, per lr."
+    lrs, kinds = sorted(pt["lr"].unique()), list(dict.fromkeys(pt["kind"]))
     fig, axes = plt.subplots(1, len(lrs), figsize=(5.5 * len(lrs), 3.8), squeeze=False, sharey=True, constrained_layout=True)
     cols = dict(zip(kinds, sns.color_palette("colorblind", max(3, len(kinds)))))
     for ax, lr in zip(axes[0], lrs):
         for (kind, when), t in pt[pt["lr"] == lr].groupby(["kind", "when"]):
             ax.plot(t["layer"], t["cos_to_clean"], color=cols[kind], ls="-" if when == "last" else ":", marker="o", ms=3, label=f"{kind} ({when})")
-        ax.set(title=f"lr={lr:g}", xlabel="layer", ylabel="mean cosine distance to the clean embedding")
-        ax.legend(frameon=False, fontsize=7)
+        ax.set(title=group_label("lr", lr), xlabel="layer (0 = embeddings)", ylabel="cosine distance to the clean embedding")
+        ax.set_xticks(sorted(pt["layer"].unique())); ax.legend(frameon=False, fontsize=7)
     return fig
 
-def plot_mitigation(mt: pd.DataFrame) -> plt.Figure:
-    "Seed dispersion remaining after checkpoint and seed averaging (relative to one checkpoint of one run)."
+# %% ../nbs/19_plots.ipynb #da67666c
+def plot_mitigation(mt: pd.DataFrame) -> plt.Figure:  # analysis.mitigation_table
+    "Seed dispersion left after checkpoint and seed averaging, relative to one checkpoint of one run."
     fig, ax = plt.subplots(figsize=(5.5, 3.6), constrained_layout=True)
     for (meth, t), c in zip(mt.groupby("method"), sns.color_palette("colorblind", 3)):
         ax.plot(t["size"], t["relative"], marker="o", color=c, label=meth)
     ax.axhline(1, color="grey", lw=0.8)
     ax.set(xlabel="checkpoints (m) or seeds (s) averaged", ylabel="relative seed dispersion", title="Mitigations", ylim=(0, None))
-    ax.legend(frameon=False)
+    ax.set_xticks(sorted(mt["size"].unique())); ax.legend(frameon=False)
     return fig
 
-# %% ../nbs/19_plots.ipynb #26efe874
-def save_figure(fig: plt.Figure, out_dir, name: str, dpi: int = 110):
-    "Save `fig` as `<out_dir>/figures/<name>.png` atomically (for the README and other documents); returns the path."
-    import io
-    from pathlib import Path
-    from embvar_study.runs import atomic_write_bytes
-    buf = io.BytesIO(); fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    return atomic_write_bytes(Path(out_dir) / "figures" / f"{name}.png", buf.getvalue())
+# %% ../nbs/19_plots.ipynb #9af74eff
+def plot_schedule(summary: pd.DataFrame,  # analysis.drift_summary(by=["lr", "schedule"])
+                  curves: pd.DataFrame,   # analysis.drift_curves (the same runs)
+                 ) -> plt.Figure:
+    "Drift per lr (colour) and schedule (line style) against the step, the cumulative learning rate and the loss drop."
+    pal, styles = palette(summary["lr"]), dict(zip(sorted(summary["schedule"].unique()), ["-", "--", ":", "-."]))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), constrained_layout=True)
+    for (lr, sch), s in summary.groupby(["lr", "schedule"]):
+        axes[0].plot(s["step"], s["drift"], color=pal[lr], ls=styles[sch], lw=2, label=f"{group_label('lr', lr)}, {sch}")
+        if s["ci_low"].notna().any(): axes[0].fill_between(s["step"], s["ci_low"].fillna(s["drift"]), s["ci_high"].fillna(s["drift"]), color=pal[lr], alpha=0.12, lw=0)
+    for (lr, sch, rid), c in curves.groupby(["lr", "schedule", "run_id"]):
+        axes[1].plot(c["cum_lr"], c["drift"], color=pal[lr], ls=styles[sch], lw=1, marker="o", ms=2.5, alpha=0.8)
+        axes[2].plot(c["loss_drop"], c["drift"], color=pal[lr], ls=styles[sch], lw=1, marker="o", ms=2.5, alpha=0.8)
+    axes[0].set(xlabel="optimizer step", ylabel="drift from step 0", title="Against the step (mean, 95% CI)")
+    axes[1].set(xlabel="cumulative learning rate Σ ηₛ", ylabel="drift from step 0", title="Against the cumulative learning rate (each run)")
+    axes[2].set(xlabel="training-loss drop since the first steps", ylabel="drift from step 0", title="Against the change in loss (each run)")
+    axes[0].legend(frameon=False, fontsize=8)
+    return fig

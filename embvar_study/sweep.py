@@ -10,7 +10,6 @@ from typing import Callable
 
 import pandas as pd
 
-from .train import TrainConfig
 from .runs import verify_run, atomic_write_text, CorruptRunError, IncompleteRunError, package_version, git_info
 from .study import study_lock, write_study_spec, read_study_spec, write_manifest, format_lr, STUDY_FILE
 
@@ -68,7 +67,7 @@ def check_profile_name(name: str) -> str:
         raise ValueError(f"profile: unknown profile {name!r}{suggest(name, PROFILES)}; valid profiles: {sorted(PROFILES)}")
     return name
 
-# %% ../nbs/14_sweep.ipynb #df3bc3bb
+# %% ../nbs/14_sweep.ipynb #e1687f85
 def _check_grid_keys(prof: dict):
     "Each grid key of a profile: a non-empty list of learning rates, seeds or schedules, a positive ref_lr, a dict of run fields."
     lr_ok = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
@@ -84,12 +83,14 @@ def _check_grid_keys(prof: dict):
                 raise ValueError(f"{key}: expected a non-empty list of {what}, got {v!r}")
     if not lr_ok(prof["ref_lr"]): raise ValueError(f"ref_lr: expected a positive learning rate, got {prof['ref_lr']!r}")
     if not isinstance(prof["perturb"], dict): raise ValueError(f"perturb: expected a dict of run fields, got {prof['perturb']!r}")
+    from embvar_study.train import TrainConfig
     TrainConfig.from_dict({**prof["base"], **prof["perturb"]})
 
 def get_profile(name: str,  # one of PROFILES
                 overrides: dict | None = None,  # {"lrs": [...], "n_train": 100, ...}: grid keys or TrainConfig fields
                ) -> dict:   # base, grid keys, name
     "A deep copy of profile `name` with `overrides` applied, validated (unknown names and keys are named, with suggestions)."
+    from embvar_study.train import TrainConfig
     prof = copy.deepcopy(PROFILES[check_profile_name(name)]); prof["name"] = name
     fields = set(TrainConfig.__dataclass_fields__)
     if not isinstance(overrides or {}, dict): raise ValueError(f"overrides: expected a dict of key -> value, got {overrides!r}")
@@ -110,6 +111,7 @@ def expand_grid(base: dict,  # fields shared by every run
                 grid: dict[str, list],  # field -> values; the cartesian product is taken
                ) -> list[dict]:  # one dict of grid values per point (merge with base for the config)
     "Grid points of `grid` (each a dict field -> value), validated against `TrainConfig` with `base`."
+    from embvar_study.train import TrainConfig
     for k, v in grid.items():
         if not isinstance(v, (list, tuple)) or not v: raise ValueError(f"grid[{k!r}]: expected a non-empty list, got {v!r}")
     points = [dict(zip(grid, vals)) for vals in itertools.product(*grid.values())]
@@ -138,9 +140,10 @@ def experiment_grid(profile: dict,  # from get_profile
         raise ValueError(f"experiment: expected one of {list(EXPERIMENT_NAMES)}, got {experiment!r}{suggest(experiment, grids)}")
     return grids[experiment]()
 
-# %% ../nbs/14_sweep.ipynb #fc824999
+# %% ../nbs/14_sweep.ipynb #e90de888
 def plan_study(profile: dict, experiments=None) -> pd.DataFrame:  # experiment, factor, grid values, run_id, config
     "Every grid point of `experiments` (default: the profile's) with its TrainConfig dict and run id."
+    from embvar_study.train import TrainConfig
     experiments = list(experiments if experiments is not None else profile["experiments"])
     fields, rows = set(TrainConfig.__dataclass_fields__), []
     for e in experiments:
@@ -292,6 +295,7 @@ def run_sweep(name: str,              # experiment name: the manifest is <study_
               say: Callable[[str], None] | None = print,
              ) -> pd.DataFrame:       # the manifest: grid values, run_id, path, status, error, seconds, node
     "Run every grid point whose run is not complete and verified yet; record failures; return the manifest."
+    from embvar_study.train import TrainConfig
     _check_executor(executor, jobs)
     fields = set(TrainConfig.__dataclass_fields__)
     rows = []

@@ -4,7 +4,7 @@
 
 # %% ../nbs/10_train.ipynb #ff32e536
 from __future__ import annotations
-import dataclasses, inspect, math, time, warnings
+import contextlib, dataclasses, inspect, math, re, time, warnings
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import Callable
@@ -13,14 +13,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .data import load_texts, train_eval_split, load_probes
-from .models import load_model_and_tokenizer, model_summary
+from .data import load_texts, train_eval_split, load_probes, parse_heldout, source_fingerprint, probes_fingerprint
+from .models import load_model_and_tokenizer, model_summary, model_fingerprint
 from .extract import embed_perturbed, count_truncated, position_limit
 from .runs import FolderLock, config_hash, run_folder_state, verify_run, CorruptRunError
 from .tracking import EmbeddingTracker, NonFiniteEmbeddings, tracker_settings
 
 # %% auto #0
-__all__ = ['POOLINGS', 'PERTURB_KINDS', 'SCHEDULES', 'DIVERGENCE_LOSS', 'CONFIG_RULES', 'STEP0_CACHE', 'TrainConfig',
+__all__ = ['POOLINGS', 'PERTURB_KINDS', 'SCHEDULES', 'DIVERGENCE_LOSS', 'CONFIG_RULES', 'STEP0_CACHE', 'as_field', 'TrainConfig',
            'split_sizes', 'prepare_data', 'resolve_device', 'Batches', 'evaluate', 'make_optimizer', 'make_schedule',
            'train_run']
 
@@ -55,6 +55,21 @@ CONFIG_RULES = {  # field -> (test, what is expected)
     "precision": (lambda v: v in ("auto", "fp32", "bf16"), "'auto', 'fp32' or 'bf16'"),
     **{k: (lambda v: isinstance(v, str) and v.strip() != "", "a non-empty string") for k in ("model", "dataset", "text_col", "label_col", "split", "probes", "device")},
 }
+
+# %% ../nbs/10_train.ipynb #b9f3fe16
+@contextlib.contextmanager
+def as_field(field: str):
+    "Errors of the data and model layers, renamed to the config field they are about (`source: ...` -> `dataset: ...`)."
+    try: yield
+    except (ValueError, FileNotFoundError) as e:
+        msg = re.sub(r"^(source|load_texts|load_probes|path|folder|name|text|probes|dataset)(\[[^\]]*\])?:\s*", "", str(e))
+        raise type(e)(f"{field}: {msg.replace('text_col=', 'text_col').replace('label_col=', 'label_col')}") from None
+
+# %% ../nbs/10_train.ipynb #52c07809
+def _without_paths(d):
+    "A fingerprint without its `path` entries (identity is content; the path is only recorded)."
+    if isinstance(d, dict): return {k: _without_paths(v) for k, v in d.items() if k != "path"}
+    return d
 
 # %% ../nbs/10_train.ipynb #3f757897
 @dataclass
@@ -125,9 +140,16 @@ class TrainConfig:
         "The settings of the run's `EmbeddingTracker` (recorded next to the config, as for any tracked run)."
         return tracker_settings(self.track_every, "all", self.poolings, self.probe_max_length, self.embed_batch_size, self.embed_dtype)
 
+    def resolved(self) -> dict:
+        "What the run's dataset, model and probes are, by content (paths kept for the record): see `data`, `models`."
+        with as_field("dataset"): dataset = source_fingerprint(self.dataset, split=self.split)
+        with as_field("model"): model = model_fingerprint(self.model)
+        with as_field("probes"): probes = probes_fingerprint(self.probes, dataset=self.dataset)
+        return {"dataset": dataset, "model": model, "probes": probes}
+
     def identity(self) -> dict:
-        "What makes the run this run: every field but `device`, with the tracker's settings."
-        return {**self.to_dict(), "tracker": self.tracker()}
+        "What makes the run this run: every field but `device`, with data, model and probes by content (not path), and the tracker."
+        return {**self.to_dict(), **_without_paths(self.resolved()), "tracker": self.tracker()}
 
     def run_id(self) -> str:
         "The config hash: equal identities share a run folder."
@@ -146,17 +168,15 @@ def split_sizes(cfg: TrainConfig, n_rows: int) -> tuple[int, int]:  # (n_train, 
 
 # %% ../nbs/10_train.ipynb #de899925
 def _probe_source(cfg: TrainConfig, train_texts) -> pd.DataFrame:
-    if cfg.probes.startswith("heldout"):
-        parts = cfg.probes.split(":")
-        source = parts[1] if len(parts) > 1 and parts[1] else cfg.dataset
-        split = parts[2] if len(parts) > 2 else "test"
+    if cfg.probes.startswith("heldout:"):
+        source, split = parse_heldout(cfg.probes, dataset=cfg.dataset)
         rows = load_texts(source, split=split, text_col=cfg.text_col, label_col=cfg.label_col)
         return load_probes(rows, n=cfg.n_probes, seed=cfg.probe_seed, exclude=train_texts)
     return load_probes(cfg.probes, n=cfg.n_probes, seed=cfg.probe_seed, exclude=train_texts)
 
 def prepare_data(cfg: TrainConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:  # (train, eval, probes)
     "Stratified train/eval subsets chosen by data_seed, probes by probe_seed; facts for COMPLETE in `train.attrs`."
-    df = load_texts(cfg.dataset, split=cfg.split, text_col=cfg.text_col, label_col=cfg.label_col)
+    with as_field("dataset"): df = load_texts(cfg.dataset, split=cfg.split, text_col=cfg.text_col, label_col=cfg.label_col)
     facts = {"n_labels": int(df["label"].nunique()), "label_names": list(df.attrs.get("label_names", []))}
     probes = None
     if cfg.probes == "heldout":   # a fixed partition of the dataset, set aside before any run's subsets are drawn
@@ -165,7 +185,9 @@ def prepare_data(cfg: TrainConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataF
     n_train, n_eval = split_sizes(cfg, len(df))
     train_df, eval_df = train_eval_split(df, n_train, n_eval, seed=cfg.seeds()["data_seed"])
     train_df.attrs.update(facts, n_rows=len(df))   # classes of the dataset, even one the subset misses
-    return train_df, eval_df, probes if probes is not None else _probe_source(cfg, set(train_df["text"]))
+    if probes is None:
+        with as_field("probes"): probes = _probe_source(cfg, set(train_df["text"]))
+    return train_df, eval_df, probes
 
 # %% ../nbs/10_train.ipynb #d048a949
 def resolve_device(device: str = "auto") -> torch.device:
@@ -278,7 +300,8 @@ def train_run(config: TrainConfig | dict,  # the run's parameters
         train_df, eval_df, probes = prepare_data(cfg)
         if say: say(f"data: {len(train_df)} training / {len(eval_df)} held-out examples of {cfg.dataset} "
                     f"({train_df.attrs['n_rows']} rows), {len(probes)} probes")
-        model, tok = load_model_and_tokenizer(cfg.model, num_labels=train_df.attrs["n_labels"], init_seed=cfg.seeds()["init_seed"])
+        with as_field("model"):
+            model, tok = load_model_and_tokenizer(cfg.model, num_labels=train_df.attrs["n_labels"], init_seed=cfg.seeds()["init_seed"])
         model.to(device)
         _check_lengths(cfg, model)
         n_trunc = count_truncated(tok, probes["text"].tolist(), cfg.probe_max_length)
@@ -290,7 +313,7 @@ def train_run(config: TrainConfig | dict,  # the run's parameters
                    "n_probes": len(probes), "probes_truncated": int(n_trunc), "model_summary": model_summary(model),
                    "device_used": str(device), "torch_threads": torch.get_num_threads()}
         tracker = EmbeddingTracker(model, tok, probes, run_dir, every=cfg.track_every, poolings=cfg.poolings,
-                                   config=cfg.to_dict(), identity=cfg.identity(), max_length=cfg.probe_max_length, batch_size=cfg.embed_batch_size,
+                                   config={**cfg.to_dict(), "resolved": cfg.resolved()}, identity=cfg.identity(), max_length=cfg.probe_max_length, batch_size=cfg.embed_batch_size,
                                    dtype=cfg.embed_dtype, autocast=_use_bf16(device, cfg.precision), lock=lock)
         with warnings.catch_warnings():   # truncated probes were reported once, above: not at every checkpoint
             warnings.filterwarnings("ignore", message=".*truncated to max_length")

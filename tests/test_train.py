@@ -438,7 +438,8 @@ def test_cli_train_writes_a_complete_run(tmp_path, capsys):
     assert TrainConfig(**TINY).run_id() in capsys.readouterr().out
     run = load_run(out)
     assert run.status == "completed" and run.config_hash == TrainConfig(**TINY).run_id()
-    assert run.config == {**TrainConfig(**TINY).to_dict(), "tracker": TrainConfig(**TINY).tracker()}
+    cfg = TrainConfig(**TINY)
+    assert run.config == {**cfg.to_dict(), "resolved": cfg.resolved(), "tracker": cfg.tracker()}
     np.testing.assert_array_equal(run.steps, [0, 2, 4])
 
 
