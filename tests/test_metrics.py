@@ -9,7 +9,7 @@ from hypothesis.extra import numpy as hnp
 from scipy.spatial.distance import cdist, cosine as scipy_cosine, pdist
 from scipy.stats import spearmanr
 
-import embvar_study.metrics as M
+import embvar_study._batching as B
 from embvar_study.metrics import (
     anisotropy, class_variance, conditional_variance, cosine_distance_variance, cosine_drift, cosine_similarity_rows,
     covariance_frobenius, covariance_spectrum, cross_run_dispersion, drift_curve, early_late_summary,
@@ -451,7 +451,7 @@ def test_chunked_results_equal_unchunked(monkeypatch):
     }
     whole = {k: f() for k, f in calls.items()}
     for budget in (1, 200):    # one leading index per call (stack branch) and a few (concatenate branch)
-        monkeypatch.setattr(M, "_CHUNK_ELEMS", budget)
+        monkeypatch.setattr(B, "_CHUNK_ELEMS", budget)
         for k, f in calls.items():
             np.testing.assert_allclose(f(), whole[k], atol=1e-13, err_msg=k)
 
