@@ -104,9 +104,9 @@ def test_trajectory_metrics(data):
 def test_drift_curve_of_torch_float32_trajectory():
     torch = pytest.importorskip("torch")
     traj = torch.randn(4, 10, 8, generator=torch.Generator().manual_seed(0))
-    got = drift_curve(traj)
-    assert got.dtype == np.float64 and got[0] == 0
-    np.testing.assert_allclose(got, drift_curve(traj.numpy().astype(np.float64)), atol=0)
+    got = drift_curve(traj)                     # computed on the tensor's device, in float64 there
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.float64 and got[0] == 0
+    np.testing.assert_allclose(got.numpy(), drift_curve(traj.numpy().astype(np.float64)), atol=1e-15)
 
 
 @FAST
