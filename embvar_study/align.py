@@ -4,16 +4,20 @@
 
 # %% ../nbs/03_align.ipynb #a73ed1c9
 from __future__ import annotations
+import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 import numpy as np
 import pandas as pd
 import scipy.linalg
-from .checks import as_float_array, check_same_shape, check_at_least
+from .checks import check_at_least, check_rank, check_same_shape, _shape
+from ._batching import _NUMPY, _Scratch, _backend, _chunked, _fits, _floats, _ops, _rescaled
+from .metrics import (_centred_unit, _cka_ratio, _common_count, _cos_dist_block, _debias,
+                                  _hsic, _knn_sets, _msd_block, _rank_vec, _row_norms)
 
 # %% auto #0
-__all__ = ['ProcrustesResult', 'procrustes_align', 'procrustes_align_batch', 'aligned_distance', 'GPAResult',
-           'generalized_procrustes', 'raw_vs_aligned', 'cross_run_distance_table']
+__all__ = ['PAIR_MEASURES', 'ProcrustesResult', 'procrustes_align', 'procrustes_align_batch', 'aligned_distance', 'GPAResult',
+           'generalized_procrustes', 'raw_vs_aligned', 'pairwise_run_table']
 
 # %% ../nbs/03_align.ipynb #d1075305
 @dataclass(frozen=True, eq=False)
@@ -29,92 +33,100 @@ class ProcrustesResult:
 
     def apply(self,
               Z, # (..., M, d) or (d,) new points in source coordinates; leading dims must broadcast with the batch dims
-             ) -> np.ndarray: # same shape as `Z`, in target coordinates
+             ):  # same shape as `Z`, in target coordinates (a tensor when the fit was made on tensors)
         "Map new source-space points with the fitted transform: `scale * (Z - source_mean) @ rotation + target_mean`."
-        d = self.rotation.shape[-1]
-        z = as_float_array(Z, "Z", dims=f"(..., M, {d})")
+        xp, d = _ops(self.rotation), self.rotation.shape[-1]
+        z = xp.f64(_floats(Z, "Z", xp, min_ndim=1, dims=f"(..., M, {d})"))
         if z.shape[-1] != d:
-            raise ValueError(f"Z: expected shape (..., M, {d}) (last axis = the fitted dimension d={d}), got shape {z.shape}")
-        if z.ndim == 1: return _transform(z[None], self.rotation, self.scale, self.source_mean, self.target_mean)[0]
-        return _transform(z, self.rotation, self.scale, self.source_mean, self.target_mean)
+            raise ValueError(f"Z: expected shape (..., M, {d}) (last axis = the fitted dimension d={d}), got shape {_shape(z)}")
+        s = xp.f64(self.scale)[..., None, None]
+        out = s * ((z if z.ndim > 1 else z[None]) - self.source_mean[..., None, :]) @ self.rotation + self.target_mean[..., None, :]
+        return out if z.ndim > 1 else out[0]
 
     def __repr__(self):
-        batch = self.rotation.shape[:-2]
-        if batch: return (f"ProcrustesResult(batch={batch}, d={self.rotation.shape[-1]}, N={self.aligned.shape[-2]}, "
-                          f"mean disparity={float(np.mean(self.disparity)):.4g})")
-        return (f"ProcrustesResult(d={self.rotation.shape[-1]}, N={self.aligned.shape[-2]}, scale={self.scale:.6g}, "
-                f"disparity={self.disparity:.4g}, rmsd={self.rmsd:.4g}, det={np.linalg.det(self.rotation):+.0f})")
+        batch, d, N = tuple(self.rotation.shape[:-2]), self.rotation.shape[-1], self.aligned.shape[-2]
+        if batch: return f"ProcrustesResult(batch={batch}, d={d}, N={N}, mean disparity={float(self.disparity.mean()):.4g})"
+        det = float(_ops(self.rotation).linalg.det(self.rotation))
+        return (f"ProcrustesResult(d={d}, N={N}, scale={float(self.scale):.6g}, disparity={float(self.disparity):.4g}, "
+                f"rmsd={float(self.rmsd):.4g}, det={det:+.0f})")
 
 # %% ../nbs/03_align.ipynb #7af75139
-def _centered(X: np.ndarray, center: bool):
+def _centered(X, center: bool):
     "(..., N, d) -> (centred X, mean (..., d)); the mean is zeros when `center=False`."
-    if center:
-        mu = X.mean(axis=-2)
-        return X - mu[..., None, :], mu
-    return X, np.zeros(X.shape[:-2] + X.shape[-1:])
+    xp = _ops(X)
+    if not center: return X, xp.zeros(tuple(X.shape[:-2]) + tuple(X.shape[-1:]))
+    mu = X.mean(axis=-2)
+    return X - mu[..., None, :], mu
 
-def _check_spread(A: np.ndarray, X: np.ndarray, name: str, center: bool):
+def _spread(X, center):
+    "(...) sum of squares of each configuration after centring, relative to its raw sum of squares (scale-free)."
+    Xn, _ = _rescaled(_ops(X).f64(X))
+    A, _ = _centered(Xn, center)
+    with np.errstate(invalid="ignore"):                               # 0/0 for an all-zero configuration
+        return (A * A).sum(axis=(-2, -1)) / (Xn * Xn).sum(axis=(-2, -1))
+
+def _check_spread(X, name: str, center: bool):
     "Raise if a configuration (..., N, d) has (numerically) zero spread: all its points coincide."
-    ss_c, ss_raw = (A * A).sum(axis=(-2, -1)), (X * X).sum(axis=(-2, -1))
-    bad = ss_c <= 1e-24 * ss_raw
-    if np.any(bad):
-        where = "" if np.ndim(bad) == 0 else f" (first at batch index {tuple(int(i) for i in np.argwhere(bad)[0])})"
+    N, d = X.shape[-2:]
+    bad = ~(_chunked(lambda x: _spread(x, center), [X], X.shape[:-2], cost=3 * N * d) > 1e-24)
+    if bool(bad.any()):
+        where = "" if bad.ndim == 0 else f" (first at batch index {_ops(bad).first_index(bad)})"
         what = "after centering" if center else "(all rows are zero)"
         raise ValueError(f"{name}: expected points that do not all coincide, got a configuration with zero spread "
                          f"{what}{where}; the alignment is undefined")
 
-def _scale_from_trace(trace: np.ndarray, A: np.ndarray, scale: bool) -> np.ndarray:
-    "Optimal isotropic scale max(tr(R^T M), 0) / ||A||_F^2 over leading dims, or ones."
-    if not scale: return np.ones_like(trace)
-    return np.maximum(trace, 0.0) / (A * A).sum(axis=(-2, -1))
-
-def _solve(A: np.ndarray, B: np.ndarray, scale: bool, allow_reflection: bool):
-    "Batched orthogonal Procrustes of centred A onto B (..., N, d): rotation (..., d, d), scale (...)."
-    M = np.swapaxes(A, -1, -2) @ B                      # (..., d, d) cross-covariance
-    U, S, Vt = np.linalg.svd(M)
-    R = U @ Vt
-    D = np.ones_like(S)
-    if not allow_reflection:
-        D[..., -1] = np.where(np.linalg.det(R) < 0, -1.0, 1.0)
-        R = (U * D[..., None, :]) @ Vt
-    return R, _scale_from_trace((S * D).sum(axis=-1), A, scale)
-
-def _transform(Z, R, s, mu_s, mu_t):
-    "s * (Z - mu_s) @ R + mu_t over leading dims; Z (..., M, d)."
-    s = np.asarray(s, dtype=np.float64)[..., None, None]
-    return s * ((Z - np.asarray(mu_s)[..., None, :]) @ R) + np.asarray(mu_t)[..., None, :]
-
-def _fit(X, Y, center, scale, allow_reflection, name_x, name_y, solver):
-    "Validate-free core: centre, solve, and assemble a ProcrustesResult (possibly batched)."
-    A, mu_s = _centered(X, center)
-    B, mu_t = _centered(Y, center)
-    _check_spread(A, X, name_x, center)
-    _check_spread(B, Y, name_y, center)
-    R, s = solver(A, B, scale, allow_reflection)
-    aligned = s[..., None, None] * (A @ R) + mu_t[..., None, :]
-    rss = ((aligned - Y) ** 2).sum(axis=(-2, -1))
-    disparity = rss / (B * B).sum(axis=(-2, -1))
-    rmsd = np.sqrt(rss / X.shape[-2])
-    return R, s, mu_s, mu_t, aligned, disparity, rmsd
-
-def _validate_pair(source, target, name_s, name_t, batched: bool):
+# %% ../nbs/03_align.ipynb #980f5eba
+def _validate_pair(source, target, name_s: str, name_t: str, batched: bool, center: bool):
+    "(backend, X, Y): two float64 configurations of the same shape with spread, (N, d) or (..., N, d)."
+    xp = _backend([source, target], [name_s, name_t])
     dims = "(..., N, d)" if batched else "(N, d)"
-    X = as_float_array(source, name_s, min_ndim=2, ndim=None if batched else 2, dims=dims)
-    Y = as_float_array(target, name_t, min_ndim=2, ndim=None if batched else 2, dims=dims)
+    X, Y = (xp.f64(_floats(a, n, xp, min_ndim=2, dims=dims)) for a, n in ((source, name_s), (target, name_t)))
+    if not batched: check_rank(tuple(X.shape), name_s, ndim=2, dims=dims); check_rank(tuple(Y.shape), name_t, ndim=2, dims=dims)
     check_same_shape(X, Y, name_s, name_t)
     check_at_least(X.shape[-2], 2, name_s, "points (rows N)")
-    return X, Y
+    _check_spread(X, name_s, center); _check_spread(Y, name_t, center)
+    return xp, X, Y
+
+# %% ../nbs/03_align.ipynb #878882f3
+def _solve(A, B, allow_reflection: bool):
+    "Batched orthogonal Procrustes of A onto B (..., N, d): rotation (..., d, d) and tr(R^T A^T B) (...)."
+    xp = _ops(A)
+    U, S, Vt = xp.linalg.svd(A.swapaxes(-1, -2) @ B)
+    D = xp.ones(tuple(S.shape))
+    if not allow_reflection: D[..., -1] = 1.0 - 2.0 * (xp.linalg.det(U @ Vt) < 0)
+    return (U * D[..., None, :]) @ Vt, (S * D).sum(axis=-1)
+
+def _solve_scipy(A, B, allow_reflection: bool):
+    "Single (N, d) numpy pair: rotation from `scipy.linalg.orthogonal_procrustes`, Kabsch sign fix if needed."
+    R, trace = scipy.linalg.orthogonal_procrustes(A, B, check_finite=False)
+    if not allow_reflection and np.linalg.det(R) < 0: return _solve(A, B, False)
+    return R, np.float64(trace)
+
+# %% ../nbs/03_align.ipynb #d3cbccb4
+class _Fit(NamedTuple):
+    rotation: object; scale: object; source_mean: object; target_mean: object
+    aligned: object; disparity: object; rmsd: object; msd: object
+
+def _fit(X, Y, center: bool, scale: bool, allow_reflection: bool, names: tuple, solver) -> _Fit:
+    "Procrustes of X onto Y (..., N, d) (float64, with spread) on rescaled copies; every field in the inputs' units."
+    xp = _ops(X)
+    (Xn, ex), (Yn, ey) = _rescaled(X), _rescaled(Y)
+    (A, mu_s), (B, mu_t) = _centered(Xn, center), _centered(Yn, center)
+    R, trace = solver(A, B, allow_reflection)
+    e = (ey - ex)[..., 0, 0]
+    c = xp.clip(trace, 0.0, None) / (A * A).sum(axis=(-2, -1)) if scale else xp.ldexp(xp.ones(tuple(e.shape)), -e)
+    with np.errstate(over="ignore", invalid="ignore"):                # checked below
+        AR = c[..., None, None] * (A @ R)                              # in Y_n's units
+        resid = ((AR - B) ** 2).sum(axis=(-2, -1))
+        disparity, rmsd = resid / (B * B).sum(axis=(-2, -1)), xp.ldexp(xp.sqrt(resid / X.shape[-2]), ey[..., 0, 0])
+        s = xp.ldexp(c, e) if scale else xp.ones(tuple(e.shape))
+    if not bool((xp.isfinite(disparity) & xp.isfinite(rmsd) & xp.isfinite(s)).all()):
+        raise ValueError(f"{names[0]} and {names[1]}: the alignment {'scale' if scale else 'residual'} overflows float64 "
+                         f"(their magnitudes differ by a factor of about 2^{int(abs(e).max())}); rescale one of them")
+    return _Fit(R, s, xp.ldexp(mu_s, ex[..., 0, :]), xp.ldexp(mu_t, ey[..., 0, :]),
+                xp.ldexp(AR + mu_t[..., None, :], ey), disparity, rmsd, xp.ldexp(resid / X.shape[-2], 2 * ey[..., 0, 0]))
 
 # %% ../nbs/03_align.ipynb #59544467
-def _solve_scipy(A: np.ndarray, B: np.ndarray, scale: bool, allow_reflection: bool):
-    "Single (N, d) pair: rotation from `scipy.linalg.orthogonal_procrustes`, Kabsch sign fix if needed."
-    R, trace = scipy.linalg.orthogonal_procrustes(A, B, check_finite=False)
-    if not allow_reflection and np.linalg.det(R) < 0:
-        U, S, Vt = np.linalg.svd(A.T @ B)
-        U[:, -1] *= -1.0
-        R, trace = U @ Vt, S[:-1].sum() - S[-1]
-    return R, _scale_from_trace(np.asarray(trace, dtype=np.float64), A, scale)
-
 def procrustes_align(source,           # (N, d) configuration to move (e.g. run A's embeddings)
                      target,           # (N, d) reference configuration, rows matched to `source`
                      *,
@@ -123,9 +135,10 @@ def procrustes_align(source,           # (N, d) configuration to move (e.g. run 
                      allow_reflection: bool = True,  # optimise over O(d) like scipy; False -> det(rotation) = +1
                     ) -> ProcrustesResult:  # rotation (d, d), scale, means (d,), aligned (N, d), disparity, rmsd
     "Orthogonal Procrustes alignment of `source` onto `target` (rotation via `scipy.linalg.orthogonal_procrustes`)."
-    X, Y = _validate_pair(source, target, "source", "target", batched=False)
-    R, s, mu_s, mu_t, aligned, disp, rmsd = _fit(X, Y, center, scale, allow_reflection, "source", "target", _solve_scipy)
-    return ProcrustesResult(R, float(s), mu_s, mu_t, aligned, float(disp), float(rmsd))
+    xp, X, Y = _validate_pair(source, target, "source", "target", False, center)
+    f = _fit(X, Y, center, scale, allow_reflection, ("source", "target"), _solve_scipy if xp is _NUMPY else _solve)
+    if xp is _NUMPY: f = f._replace(scale=float(f.scale), disparity=float(f.disparity), rmsd=float(f.rmsd))
+    return ProcrustesResult(*f[:7])
 
 # %% ../nbs/03_align.ipynb #e7f59962
 def procrustes_align_batch(source,          # (..., N, d) configurations to move
@@ -136,8 +149,8 @@ def procrustes_align_batch(source,          # (..., N, d) configurations to move
                            allow_reflection: bool = True,  # optimise over O(d); False -> det = +1 everywhere
                           ) -> ProcrustesResult:  # every field with leading dims `...` (scale, disparity, rmsd: (...) arrays)
     "Orthogonal Procrustes over leading dims with one stacked SVD; item `i` equals `procrustes_align(source[i], target[i])`."
-    X, Y = _validate_pair(source, target, "source", "target", batched=True)
-    return ProcrustesResult(*_fit(X, Y, center, scale, allow_reflection, "source", "target", _solve))
+    _, X, Y = _validate_pair(source, target, "source", "target", True, center)
+    return ProcrustesResult(*_fit(X, Y, center, scale, allow_reflection, ("source", "target"), _solve)[:7])
 
 # %% ../nbs/03_align.ipynb #c6ca9597
 def aligned_distance(X,   # (..., N, d) first configuration(s), moved onto `Y`
@@ -146,11 +159,15 @@ def aligned_distance(X,   # (..., N, d) first configuration(s), moved onto `Y`
                      center: bool = True,   # also remove translations
                      scale: bool = False,   # also remove an isotropic scale (result in `Y`'s units)
                      allow_reflection: bool = True,  # allow improper orthogonal maps, like scipy
-                    ) -> float | np.ndarray:  # (...) mean squared matched-row distance after alignment; float for 2-D input
+                    ) -> float | np.ndarray:  # (...) mean squared matched-row distance after alignment; float for 2-D numpy input
     "Mean squared distance between matched rows of `X` and `Y` after Procrustes-aligning `X` onto `Y`."
-    Xa, Ya = _validate_pair(X, Y, "X", "Y", batched=True)
-    rmsd = _fit(Xa, Ya, center, scale, allow_reflection, "X", "Y", _solve)[-1]
-    return float(rmsd ** 2) if Xa.ndim == 2 else rmsd ** 2
+    xp, Xa, Ya = _validate_pair(X, Y, "X", "Y", True, center)
+    N, d = Xa.shape[-2:]
+    fit = lambda a, b: _fit(a, b, center, scale, allow_reflection, ("X", "Y"), _solve).msd
+    msd = _chunked(fit, [Xa, Ya], Xa.shape[:-2], cost=6 * N * d + 4 * d * d)
+    if not bool(xp.isfinite(msd).all()):
+        raise ValueError("X and Y: the mean squared aligned distance overflows float64 (Y's values around 1e154 or larger); rescale the inputs")
+    return float(msd) if Xa.ndim == 2 and xp is _NUMPY else msd
 
 # %% ../nbs/03_align.ipynb #69070aec
 @dataclass(frozen=True, eq=False)
@@ -176,12 +193,37 @@ class GPAResult:
                 f"disparity={self.disparity:.4g})")
 
 # %% ../nbs/03_align.ipynb #36b887d8
-def _validate_runs(runs, name="runs"):
-    R = as_float_array(runs, name, ndim=3, dims="(K, N, d)")
+def _validate_runs(runs, name: str = "runs", min_points: int = 2, what: str = "points per run (N)"):
+    "(backend, runs): a float64 (K, N, d) stack of K >= 2 runs."
+    xp = _backend([runs], [name])
+    R = _floats(runs, name, xp, min_ndim=3, dims="(K, N, d)")
+    check_rank(tuple(R.shape), name, ndim=3, dims="(K, N, d)")
     check_at_least(R.shape[0], 2, name, "runs (K)")
-    check_at_least(R.shape[1], 2, name, "points per run (N)")
-    return R
+    check_at_least(R.shape[1], min_points, name, what)
+    return xp, xp.f64(R)
 
+def _gpa_sweeps(A, scale: bool, allow_reflection: bool, max_iter: int, tol: float):
+    "Align every run onto the consensus (one batched SVD), average; until the residual settles."
+    xp, ss = _ops(A), (A * A).sum(axis=(-2, -1))                       # (K,)
+    total, size = ss.sum(), xp.sqrt(ss.mean())
+    C, history, prev = A[0] * (size / xp.sqrt(ss[0]) if scale else 1.0), [], math.inf
+    for _ in range(max_iter):
+        R, trace = _solve(A, C[None], allow_reflection)
+        s = xp.clip(trace, 0.0, None) / ss if scale else xp.ones(tuple(trace.shape))
+        Yk = s[:, None, None] * (A @ R)
+        C = Yk.mean(axis=0)
+        if scale: C = C * (size / _consensus_norm(C))
+        history.append(float(((Yk - C) ** 2).sum() / total))
+        if abs(prev - history[-1]) < tol: return C, Yk, R, s, history, True
+        prev = history[-1]
+    return C, Yk, R, s, history, False
+
+def _consensus_norm(C):
+    norm = _ops(C).sqrt((C * C).sum())
+    if not bool(norm > 0): raise ValueError("runs: the consensus collapsed to a point; the runs share no common structure")
+    return norm
+
+# %% ../nbs/03_align.ipynb #13a18100
 def generalized_procrustes(runs,            # (K, N, d) the same N inputs embedded by K runs; K >= 2
                            *,
                            center: bool = True,    # remove each run's mean
@@ -191,32 +233,17 @@ def generalized_procrustes(runs,            # (K, N, d) the same N inputs embedd
                            tol: float = 1e-10,     # stop when |g_{t-1} - g_t| < tol (g: normalised residual)
                           ) -> GPAResult:
     "Iterative generalized Procrustes analysis: align every run to a consensus, average, repeat until converged."
-    X = _validate_runs(runs)
-    if not (isinstance(max_iter, (int, np.integer)) and max_iter >= 1):
+    xp, X = _validate_runs(runs)
+    if not (isinstance(max_iter, (int, np.integer)) and not isinstance(max_iter, bool) and max_iter >= 1):
         raise ValueError(f"max_iter: expected a positive integer, got {max_iter!r}")
-    if not (np.isfinite(tol) and tol >= 0):
+    if not (isinstance(tol, (int, float, np.number)) and np.isfinite(tol) and tol >= 0):
         raise ValueError(f"tol: expected a finite number >= 0, got {tol!r}")
-    A, mu = _centered(X, center)
-    _check_spread(A, X, "runs", center)
-    ss = (A * A).sum(axis=(-2, -1))                       # (K,)
-    total, size = ss.sum(), np.sqrt(ss.mean())
-    C = A[0] * (size / np.sqrt(ss[0])) if scale else A[0].copy()
-    history, prev, converged = [], np.inf, False
-    for _ in range(max_iter):
-        R, s = _solve(A, C[None], scale, allow_reflection)   # all K runs onto C in one batched SVD
-        Yk = s[:, None, None] * (A @ R)
-        C = Yk.mean(axis=0)
-        if scale:
-            norm = np.linalg.norm(C)
-            if norm == 0: raise ValueError("runs: the consensus collapsed to a point; the runs share no common structure")
-            C *= size / norm
-        g = float(((Yk - C) ** 2).sum() / total)
-        history.append(g)
-        if abs(prev - g) < tol:
-            converged = True
-            break
-        prev = g
-    return GPAResult(C, Yk, R, s, mu, len(history), converged, np.array(history))
+    _check_spread(X, "runs", center)
+    Xn, e = _rescaled(X, axes=(0, 1, 2))                  # one exponent for all runs: their relative sizes matter
+    A, mu = _centered(Xn, center)
+    C, Yk, R, s, history, converged = _gpa_sweeps(A, scale, allow_reflection, max_iter, tol)
+    up = lambda a: xp.ldexp(a, e[0, 0, 0])
+    return GPAResult(up(C), up(Yk), R, s, up(mu), len(history), converged, xp.asarray(np.array(history)))
 
 # %% ../nbs/03_align.ipynb #eb561a86
 def raw_vs_aligned(runs,                 # (K, N, d) the same N inputs embedded by K >= 2 runs
@@ -228,37 +255,95 @@ def raw_vs_aligned(runs,                 # (K, N, d) the same N inputs embedded 
                    reference: str = "consensus",   # "consensus" (GPA) or "first" (align every run onto run 0)
                   ) -> dict:             # {"raw": ..., "aligned": ..., "reduction": 1 - aligned / raw}
     "Evaluate `metric` on the raw runs and on the Procrustes-aligned runs."
-    X = _validate_runs(runs)
+    xp, X = _validate_runs(runs)
     if not callable(metric):
         raise ValueError(f"metric: expected a callable taking a (K, N, d) array, got {type(metric).__name__}")
-    if reference == "consensus":
-        aligned = generalized_procrustes(X, center=center, scale=scale, allow_reflection=allow_reflection).aligned
-    elif reference == "first":
-        aligned = procrustes_align_batch(X, np.broadcast_to(X[0], X.shape), center=center, scale=scale,
-                                         allow_reflection=allow_reflection).aligned
-    else:
+    if reference not in ("consensus", "first"):
         raise ValueError(f"reference: expected 'consensus' or 'first', got {reference!r}")
+    kw = dict(center=center, scale=scale, allow_reflection=allow_reflection)
+    aligned = (generalized_procrustes(X, **kw) if reference == "consensus" else
+               procrustes_align_batch(X, xp.broadcast_to(X[0], tuple(X.shape)), **kw)).aligned
     raw, al = metric(X), metric(aligned)
-    r, a = np.asarray(raw, dtype=np.float64), np.asarray(al, dtype=np.float64)
+    r, a = xp.f64(raw), xp.f64(al)
     with np.errstate(divide="ignore", invalid="ignore"):
-        red = np.where(r != 0, 1.0 - a / np.where(r != 0, r, 1.0), np.nan)
-    return {"raw": raw, "aligned": al, "reduction": float(red) if red.ndim == 0 else red}
+        red = xp.where(r != 0, 1.0 - a / xp.where(r != 0, r, 1.0), np.nan)
+    return {"raw": raw, "aligned": al, "reduction": float(red) if red.ndim == 0 and xp is _NUMPY else red}
 
-def cross_run_distance_table(runs,          # (K, N, d) the same N inputs embedded by K >= 2 runs
-                             *,
-                             labels=None,   # K run names (default 0..K-1)
-                             center: bool = True,  # remove translations when aligning
-                             scale: bool = False,  # remove isotropic scale (run_a moved onto run_b)
-                             allow_reflection: bool = True,  # allow improper orthogonal maps
-                            ) -> pd.DataFrame:  # K(K-1)/2 rows: run_a, run_b, raw_msd, aligned_msd
-    "Raw and Procrustes-aligned mean squared matched-row distance for every pair of runs a < b."
-    X = _validate_runs(runs)
-    K = X.shape[0]
-    labels = list(range(K)) if labels is None else list(labels)
-    if len(labels) != K:
-        raise ValueError(f"labels: expected {K} labels (one per run), got {len(labels)}")
+# %% ../nbs/03_align.ipynb #194faf5d
+PAIR_MEASURES = {"raw_msd": "distance", "aligned_msd": "distance", "cos_dist": "distance", "cka": "similarity",
+                 "cka_debiased": "similarity", "rsa": "similarity", "knn_overlap": "similarity"}
+
+def _pairs(f, pa, pb, cost):
+    "(P, ...) f(index block of run a, index block of run b) over all pairs, block by block."
+    return _chunked(f, [pa, pb], tuple(pa.shape), cost=cost, promote=False)
+
+def _pair_distances(X, pa, pb):
+    "raw_msd, aligned_msd and cos_dist of every pair (P,)."
+    xp, (N, d) = _ops(X), X.shape[-2:]
+    n, sc = _row_norms(X, "runs"), _Scratch(xp)
+    raw = _pairs(lambda i, j: _msd_block(X[i], X[j], sc), pa, pb, cost=3 * N * d)
+    aligned = _pairs(lambda i, j: _fit(X[i], X[j], True, False, True, ("runs", "runs"), _solve).msd, pa, pb,
+                     cost=8 * N * d + 4 * d * d)
+    cos = _pairs(lambda i, j: _cos_dist_block(X[i], X[j], n[i], n[j], sc).mean(axis=-1), pa, pb, cost=3 * N * d)
+    return dict(raw_msd=raw, aligned_msd=aligned, cos_dist=cos)
+
+# %% ../nbs/03_align.ipynb #9259bbff
+def _hsic_both(a, b, sc):
+    "(..., 2): plain and debiased HSIC numerators of centred rows a, b (..., N, d) from one product."
+    v = _hsic(a, b, False, sc)
+    return sc.xp.stack([v, _debias(v, a, b)], axis=-1)
+
+def _pair_cka(X, pa, pb):
+    "cka and cka_debiased of every pair (P,), from per-run centred rows and self terms."
+    xp, (K, N, d) = _ops(X), tuple(X.shape)
+    C = _chunked(lambda x: _centred_unit(x, _Scratch(xp), "c"), [X], (K,), cost=2 * N * d)
+    sc = _Scratch(xp)
+    own = _chunked(lambda c: _hsic_both(c, c, sc), [C], (K,), cost=3 * min(d * d, N * N))
+    xy = _pairs(lambda i, j: _hsic_both(C[i], C[j], sc), pa, pb, cost=2 * N * d + 3 * min(d * d, N * N))
+    cka = [_cka_ratio(xy[..., m], own[pa, m], own[pb, m]) for m in (0, 1)]
+    return dict(cka=cka[0], cka_debiased=cka[1] if N >= 4 else cka[1] * np.nan)
+
+# %% ../nbs/03_align.ipynb #c23f517c
+def _pair_rsa(X, pa, pb):
+    "rsa (cosine distances) of every pair (P,); each run's rank vector computed once when they fit in 128 MiB."
+    xp, (K, N, d) = _ops(X), tuple(X.shape)
+    M, dot = N * (N - 1) // 2, lambda r, q: xp.einsum("...m,...m->...", r, q)
+    if _fits(K * M // 16):
+        ranks = _chunked(lambda x: _rank_vec(x, "cosine"), [X], (K,), cost=5 * N * N + N * d)
+        rho = _pairs(lambda i, j: dot(ranks[i], ranks[j]), pa, pb, cost=2 * M)
+    else:
+        rho = _pairs(lambda i, j: dot(_rank_vec(X[i], "cosine"), _rank_vec(X[j], "cosine")), pa, pb, cost=10 * N * N)
+    return dict(rsa=xp.clip(rho, -1.0, 1.0))
+
+def _pair_knn(X, pa, pb, k):
+    "knn_overlap of every pair (P,), from each run's neighbour sets."
+    xp, N = _ops(X), X.shape[-2]
+    nn = _knn_sets(X, "runs", k)                                       # (K, N, k)
+    c = xp.f64(_pairs(lambda i, j: _common_count(nn[i], nn[j], N), pa, pb, cost=N * min(k * k, 2 * N)))
+    return dict(knn_overlap=(c / (2 * k - c)).mean(axis=-1))
+
+# %% ../nbs/03_align.ipynb #5eac9450
+def _run_labels(labels, K):
+    if labels is None: return list(range(K))
+    labels = list(labels)
+    if len(labels) != K: raise ValueError(f"labels: expected {K} labels (one per run), got {len(labels)}")
+    return labels
+
+def pairwise_run_table(runs,          # (K, N, d) the same N probes embedded by K >= 2 runs, N >= 3
+                       labels=None,   # K run names (default 0..K-1)
+                       *,
+                       k: int = 10,   # neighbours for knn_overlap (capped at N-1)
+                      ) -> pd.DataFrame:  # K(K-1)/2 rows: run_a, run_b, i, j and the PAIR_MEASURES columns
+    "Raw and aligned MSD, cosine distance, CKA (plain, debiased), RSA and k-NN overlap for every pair of runs i < j."
+    xp, X = _validate_runs(runs, min_points=3, what="probes (N)")
+    K, N = X.shape[:2]
+    labels = _run_labels(labels, K)
+    if not (isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k >= 1):
+        raise ValueError(f"k: expected an integer >= 1 (capped at N-1 = {N - 1}), got {k!r}")
+    _check_spread(X, "runs", True)
     ia, ib = np.triu_indices(K, k=1)
-    raw = ((X[ia] - X[ib]) ** 2).sum(axis=-1).mean(axis=-1)
-    aligned = aligned_distance(X[ia], X[ib], center=center, scale=scale, allow_reflection=allow_reflection)
-    return pd.DataFrame({"run_a": [labels[i] for i in ia], "run_b": [labels[j] for j in ib],
-                         "raw_msd": raw, "aligned_msd": np.asarray(aligned)})
+    pa, pb = xp.asarray(ia), xp.asarray(ib)
+    cols = {**_pair_distances(X, pa, pb), **_pair_cka(X, pa, pb), **_pair_rsa(X, pa, pb), **_pair_knn(X, pa, pb, min(k, N - 1))}
+    table = pd.DataFrame({"run_a": [labels[i] for i in ia], "run_b": [labels[j] for j in ib], "i": ia, "j": ib})
+    for m in PAIR_MEASURES: table[m] = xp.numpy(cols[m])
+    return table

@@ -543,7 +543,11 @@ def _hsic(a, b, debiased, sc):
         K = xp.matmul(a, a.swapaxes(-1, -2), out=sc("ka", tuple(a.shape[:-1]) + (N,)))
         L = K if b is a else xp.matmul(b, b.swapaxes(-1, -2), out=sc("kb", tuple(b.shape[:-1]) + (N,)))
         v = xp.einsum("...ij,...ij->...", K, L)
-    if not debiased: return v
+    return _debias(v, a, b) if debiased else v
+
+def _debias(v, a, b):
+    "The unbiased HSIC numerator from the plain one, v = <K, L>_F, and the centred rows a, b (..., N, d)."
+    xp, N = _ops(a), a.shape[-2]
     r = xp.einsum("...nd,...nd->...n", a, a)
     q = r if b is a else xp.einsum("...nd,...nd->...n", b, b)
     return v - N / (N - 2) * xp.einsum("...n,...n->...", r, q) + r.sum(axis=-1) * q.sum(axis=-1) / ((N - 1) * (N - 2))
