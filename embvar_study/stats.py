@@ -14,6 +14,7 @@ from scipy import stats as _sps
 from scipy.special import gammaln, ndtr, ndtri
 
 from .checks import as_float_array, check_at_least
+from ._batching import _rescaled
 
 # %% auto #0
 __all__ = ['CI', 'bootstrap_ci', 'cluster_bootstrap_ci', 'JackknifeResult', 'jackknife', 'PermutationResult', 'permutation_test',
@@ -44,6 +45,13 @@ def _check_choice(value, name: str, choices: tuple) -> str:
         raise ValueError(f"{name}: expected one of {', '.join(repr(c) for c in choices)}, got {value!r}")
     return value.lower()
 
+def _rng(seed) -> np.random.Generator:
+    try: return np.random.default_rng(seed)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"seed: expected None, a non-negative int, a SeedSequence or a numpy Generator, "
+                         f"got {seed!r} ({e})") from None
+
+# %% ../nbs/04_stats.ipynb #678d2ba5
 def _check_callable(statistic, name: str = "statistic"):
     if not callable(statistic):
         raise ValueError(f"{name}: expected a callable such as np.mean or `lambda x, axis: ...`, "
@@ -57,15 +65,9 @@ def _check_axis(axis, x: np.ndarray, name: str = "values") -> int:
                          f"{tuple(x.shape)}, got {axis!r}")
     return a % x.ndim
 
-def _rng(seed) -> np.random.Generator:
-    try: return np.random.default_rng(seed)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"seed: expected None, a non-negative int, a SeedSequence or a numpy Generator, "
-                         f"got {seed!r} ({e})") from None
-
 def _apply_statistic(statistic: Callable, x: np.ndarray, axis: int, expected_shape: tuple,
                      name: str = "statistic") -> np.ndarray:
-    "Call `statistic(x, axis=axis)`; refuse callables without `axis` or with a result of the wrong shape."
+    "Call `statistic(x, axis=axis)`; refuse callables without `axis`, results of the wrong shape, NaN or inf."
     try: out = statistic(x, axis=axis)
     except TypeError as e:
         raise ValueError(f"{name}: expected a callable accepting an `axis` keyword (np.mean, np.median, or "
@@ -74,8 +76,12 @@ def _apply_statistic(statistic: Callable, x: np.ndarray, axis: int, expected_sha
     if out.shape != tuple(expected_shape):
         raise ValueError(f"{name}: expected one value per slice along `axis`, i.e. a result of shape "
                          f"{tuple(expected_shape)}, got shape {out.shape}; does it reduce over `axis`?")
+    if not np.isfinite(out).all():
+        raise ValueError(f"{name}: returned {int((~np.isfinite(out)).sum())} NaN/inf value(s) on finite data "
+                         f"(values too large for float64, or undefined there?)")
     return out
 
+# %% ../nbs/04_stats.ipynb #f9fcfc12
 def _sample_1d(x, name: str) -> np.ndarray:
     "A 1-d float64 sample of at least 2 finite values."
     a = as_float_array(x, name, ndim=1, dims="(n,)")
@@ -117,7 +123,72 @@ class CI:
         "The fields as a plain dict (e.g. one row of a `pandas.DataFrame`)."
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
+# %% ../nbs/04_stats.ipynb #23fe6d92
+def _acceleration(theta_loo: np.ndarray) -> np.ndarray:
+    "(...) BCa acceleration from jackknife values (..., n), computed at unit scale; 0 where they are all equal."
+    t, _ = _rescaled(np.asarray(theta_loo, dtype=np.float64), axes=-1)
+    d, _ = _rescaled(t.mean(axis=-1, keepdims=True) - t, axes=-1)
+    den = (d * d).sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, (d ** 3).sum(axis=-1) / (6 * den ** 1.5), 0.0)
+
+def _bca_levels(boot, estimate, theta_loo, alpha: float) -> np.ndarray:
+    "(R, 2) BCa percentile levels for rows of the bootstrap distribution boot (R, B); NaN where undefined."
+    B = boot.shape[-1]
+    below = ((boot < estimate[:, None]).sum(-1) + (boot <= estimate[:, None]).sum(-1)) / (2 * B)
+    z0, a = ndtri(below)[:, None], _acceleration(theta_loo)[:, None]
+    z = z0 + ndtri(np.array([alpha, 1 - alpha]))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return ndtr(z0 + z / (1 - a * z))
+
+# %% ../nbs/04_stats.ipynb #c75621aa
+def _lerp_quantiles(s: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    "(R, L) quantiles of sorted rows s (R, B) at levels (R, L), linear interpolation (numpy's default method)."
+    h = levels * (s.shape[-1] - 1)
+    lo = np.clip(np.floor(h).astype(np.int64), 0, s.shape[-1] - 1)
+    a, b, g = np.take_along_axis(s, lo, -1), np.take_along_axis(s, np.minimum(lo + 1, s.shape[-1] - 1), -1), h - lo
+    return np.where(g >= 0.5, b - (b - a) * (1 - g), a + (b - a) * g)
+
+def _intervals(boot, estimate, method: str, confidence: float, theta_loo=None):
+    "(low, high, se), each (R,), from bootstrap distributions boot (R, B) at unit scale; NaN bounds where BCa is undefined."
+    alpha = (1 - confidence) / 2
+    levels = (_bca_levels(boot, estimate, theta_loo, alpha) if method == "bca"
+              else np.broadcast_to([alpha, 1 - alpha], (boot.shape[0], 2)))
+    ok = np.isfinite(levels).all(axis=-1)
+    if not ok.all():
+        warnings.warn("BCa interval undefined: the estimate lies outside the bootstrap distribution; "
+                      "returning NaN bounds (try method='percentile')", RuntimeWarning, stacklevel=3)
+    s, e = _rescaled(np.sort(boot, axis=-1), axes=-1)                  # boot / 2^e: order one
+    q = np.where(ok[:, None], _lerp_quantiles(s, np.where(ok[:, None], levels, 0.5)), np.nan)
+    if method == "basic": q = 2 * np.ldexp(estimate, -e[:, 0])[:, None] - q[:, ::-1]
+    se = s.std(axis=-1, ddof=1) if boot.shape[-1] > 1 else np.zeros(boot.shape[0])
+    return np.ldexp(q[:, 0], e[:, 0]), np.ldexp(q[:, 1], e[:, 0]), np.ldexp(se, e[:, 0])
+
+# %% ../nbs/04_stats.ipynb #325200ee
+def _leave_one_out_index(n: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+    "(stop - start, n-1) index array: row i lists 0..n-1 without unit start + i."
+    i = np.arange(start, n if stop is None else stop)[:, None]
+    j = np.arange(n - 1)[None, :]
+    return j + (j >= i)
+
+def _jackknife_values(rows: np.ndarray, statistic: Callable) -> np.ndarray:
+    "(R, n) statistic of each row of rows (R, n) with one sample left out, in blocks of left-out samples."
+    R, n = rows.shape
+    step = max(1, _CHUNK_ELEMENTS // (R * (n - 1)))
+    return np.concatenate([_apply_statistic(statistic, rows[:, _leave_one_out_index(n, i, min(i + step, n))], -1,
+                                            (R, min(step, n - i))) for i in range(0, n, step)], axis=-1)
+
 # %% ../nbs/04_stats.ipynb #412b92a5
+def _scipy_distribution(data: np.ndarray, statistic: Callable, n_resamples: int, rng) -> np.ndarray:
+    "(R, B) bootstrap distribution of each row of data (R, n) or (n,), drawn by scipy.stats.bootstrap."
+    m, n = (1, data.shape[-1]) if data.ndim == 1 else data.shape
+    res = _sps.bootstrap((data,), statistic, n_resamples=n_resamples, vectorized=True, axis=-1, method="percentile",
+                         rng=rng, batch=max(1, min(n_resamples, _CHUNK_ELEMENTS // (m * n))))
+    boot = np.asarray(res.bootstrap_distribution, dtype=np.float64).reshape(m, n_resamples)
+    if not np.isfinite(boot).all():
+        raise ValueError(f"statistic: returned NaN/inf on {int((~np.isfinite(boot)).sum())} bootstrap resample(s)")
+    return boot
+
 def bootstrap_ci(values,                       # (..., n, ...) samples; the sample axis is `axis`
                  statistic: Callable = np.mean, # callable(x, axis) reducing `axis`: np.mean, np.median, ...
                  *,
@@ -127,33 +198,25 @@ def bootstrap_ci(values,                       # (..., n, ...) samples; the samp
                  seed=None,                    # int, SeedSequence or Generator, fed to np.random.default_rng
                  axis: int = -1,               # the sample axis of `values`
                 ) -> CI:                       # floats, or arrays of `values.shape` without `axis`
-    "Bootstrap confidence interval of `statistic(values, axis=axis)`, one per slice (via scipy.stats.bootstrap)."
+    "Bootstrap confidence interval of `statistic(values, axis=axis)`, one per slice (resampled by scipy.stats.bootstrap)."
     x = as_float_array(values, "values", dims="(..., n) with the n samples along `axis`")
     ax = _check_axis(axis, x)
     check_at_least(x.shape[ax], 2, "values", f"samples along axis {axis}")
     _check_callable(statistic)
     n_resamples, confidence = _check_n_resamples(n_resamples), _check_confidence(confidence)
-    method = _check_choice(method, "method", _BOOT_METHODS)
-    rng = _rng(seed)
-
+    method, rng = _check_choice(method, "method", _BOOT_METHODS), _rng(seed)
     x = np.moveaxis(x, ax, -1)
     batch_shape, n = x.shape[:-1], x.shape[-1]
-    estimate = _apply_statistic(statistic, x, -1, batch_shape)
+    estimate = _apply_statistic(statistic, x, -1, batch_shape).reshape(-1)
     rows = x.reshape(-1, n)
     live = np.ptp(rows, axis=-1) > 0          # constant rows have a degenerate bootstrap distribution
-    low, high = estimate.reshape(-1).copy(), estimate.reshape(-1).copy()
-    se = np.zeros(rows.shape[0])
+    low, high, se = estimate.copy(), estimate.copy(), np.zeros(rows.shape[0])
     if live.any():
-        data = x if (live.all() and x.ndim == 1) else rows[live]
-        m = 1 if data.ndim == 1 else data.shape[0]
-        res = _sps.bootstrap((data,), statistic, n_resamples=n_resamples, vectorized=True, axis=-1,
-                             confidence_level=confidence, method={"bca": "BCa"}.get(method, method), rng=rng,
-                             batch=max(1, min(n_resamples, _CHUNK_ELEMENTS // (m * n))))
-        low[live] = res.confidence_interval.low
-        high[live] = res.confidence_interval.high
-        se[live] = res.standard_error
+        boot = _scipy_distribution(x if (live.all() and x.ndim == 1) else rows[live], statistic, n_resamples, rng)
+        loo = _jackknife_values(rows[live], statistic) if method == "bca" else None
+        low[live], high[live], se[live] = _intervals(boot, estimate[live], method, confidence, loo)
     shape = lambda a: _scalar(a.reshape(batch_shape))
-    return CI(_scalar(estimate), shape(low), shape(high), confidence, method, n_resamples, shape(se))
+    return CI(shape(estimate), shape(low), shape(high), confidence, method, n_resamples, shape(se))
 
 # %% ../nbs/04_stats.ipynb #a20967a7
 def _draw_cluster_indices(rng: np.random.Generator, n_resamples: int, n_clusters: int, n_items: int,
@@ -175,6 +238,7 @@ def _gather_cluster_resamples(x: np.ndarray,              # (C, I) values
     flat_idx = np.add(item_idx, (cluster_idx * I)[..., None])   # positions in x.ravel(), (B, C, I) int64
     return np.take(x.ravel(), flat_idx.reshape(B, C * I))
 
+# %% ../nbs/04_stats.ipynb #d33bf9f5
 def _cluster_bootstrap_distribution(x: np.ndarray, statistic: Callable, n_resamples: int,
                                     rng: np.random.Generator, resample_items: bool) -> np.ndarray:
     "The (n_resamples,) bootstrap distribution of `statistic` under the two-stage cluster bootstrap."
@@ -192,39 +256,7 @@ def _cluster_bootstrap_distribution(x: np.ndarray, statistic: Callable, n_resamp
                                                     -1, (b,))
     return out
 
-def _leave_one_out_index(n: int) -> np.ndarray:
-    "(n, n-1) index array: row i lists 0..n-1 without i."
-    j = np.arange(n - 1)[None, :]
-    return j + (j >= np.arange(n)[:, None])
-
-def _acceleration(theta_loo: np.ndarray) -> float:
-    "BCa acceleration from jackknife values (n,); 0 when they are all equal."
-    d = theta_loo.mean() - theta_loo
-    den = float((d**2).sum())
-    return float((d**3).sum()) / (6 * den**1.5) if den > 0 else 0.0
-
-def _interval_from_distribution(boot: np.ndarray, estimate: float, method: str, confidence: float,
-                                theta_loo: np.ndarray | None = None) -> tuple[float, float]:
-    "Percentile, basic or BCa interval from a bootstrap distribution (BCa needs jackknife values)."
-    alpha = (1 - confidence) / 2
-    if method == "percentile":
-        lo, hi = np.quantile(boot, [alpha, 1 - alpha])
-    elif method == "basic":
-        q_lo, q_hi = np.quantile(boot, [alpha, 1 - alpha])
-        lo, hi = 2 * estimate - q_hi, 2 * estimate - q_lo
-    else:
-        below = (np.count_nonzero(boot < estimate) + np.count_nonzero(boot <= estimate)) / (2 * boot.size)
-        z0, a = ndtri(below), _acceleration(theta_loo)
-        z = ndtri(np.array([alpha, 1 - alpha]))
-        with np.errstate(invalid="ignore"):
-            levels = ndtr(z0 + (z0 + z) / (1 - a * (z0 + z)))
-        if not np.isfinite(levels).all():
-            warnings.warn("BCa interval undefined: the estimate lies outside the bootstrap distribution; "
-                          "returning NaN bounds (try method='percentile')", RuntimeWarning, stacklevel=3)
-            return math.nan, math.nan
-        lo, hi = np.quantile(boot, levels)
-    return float(lo), float(hi)
-
+# %% ../nbs/04_stats.ipynb #5a3d34da
 def cluster_bootstrap_ci(values,                       # (n_clusters, n_items), e.g. (seeds, probes)
                          statistic: Callable = np.mean, # callable(x, axis) applied to the flattened (C*I,) resample
                          *,
@@ -240,19 +272,16 @@ def cluster_bootstrap_ci(values,                       # (n_clusters, n_items), 
     check_at_least(C, 2, "values", "clusters (rows, e.g. seeds)")
     _check_callable(statistic)
     n_resamples, confidence = _check_n_resamples(n_resamples), _check_confidence(confidence)
-    method = _check_choice(method, "method", _BOOT_METHODS)
-    rng = _rng(seed)
-    estimate = float(_apply_statistic(statistic, x.reshape(1, C * I), -1, (1,))[0])
+    method, rng = _check_choice(method, "method", _BOOT_METHODS), _rng(seed)
+    estimate = _apply_statistic(statistic, x.reshape(1, C * I), -1, (1,))
     if np.ptp(x) == 0:                                   # every resample is the same matrix
-        return CI(estimate, estimate, estimate, confidence, method, n_resamples, 0.0)
+        return CI(float(estimate[0]), float(estimate[0]), float(estimate[0]), confidence, method, n_resamples, 0.0)
     boot = _cluster_bootstrap_distribution(x, statistic, n_resamples, rng, bool(resample_items))
-    theta_loo = None
+    loo = None
     if method == "bca":                                  # jackknife over clusters, one vectorized call
-        loo = x[_leave_one_out_index(C)].reshape(C, (C - 1) * I)
-        theta_loo = _apply_statistic(statistic, loo, -1, (C,))
-    low, high = _interval_from_distribution(boot, estimate, method, confidence, theta_loo)
-    se = float(boot.std(ddof=1)) if n_resamples > 1 else 0.0
-    return CI(estimate, low, high, confidence, method, n_resamples, se)
+        loo = _apply_statistic(statistic, x[_leave_one_out_index(C)].reshape(1, C, (C - 1) * I), -1, (1, C))
+    low, high, se = _intervals(boot[None], estimate, method, confidence, loo)
+    return CI(float(estimate[0]), float(low[0]), float(high[0]), confidence, method, n_resamples, float(se[0]))
 
 # %% ../nbs/04_stats.ipynb #c7ebfebb
 @dataclass(frozen=True)
@@ -275,6 +304,19 @@ def _accepts_axis(statistic: Callable) -> bool:
     except (TypeError, ValueError): return True          # numpy builtins without a signature take `axis`
     return any(p.name == "axis" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
+# %% ../nbs/04_stats.ipynb #cb45111b
+def _leave_one_out_values(statistic: Callable, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    "(estimate, leave-one-out values (n, ...)) of `statistic` over the units on axis 0 of x."
+    n, index = x.shape[0], _leave_one_out_index(x.shape[0])
+    if _accepts_axis(statistic):                          # one call: x[index] is (n, n-1, ...)
+        return _apply_statistic(statistic, x, 0, x.shape[1:]), _apply_statistic(statistic, x[index], 1, (n,) + x.shape[1:])
+    estimate = np.asarray(statistic(x), dtype=np.float64)
+    loo = np.stack([np.asarray(statistic(x[index[i]]), dtype=np.float64) for i in range(n)])
+    if loo.shape[1:] != estimate.shape:
+        raise ValueError(f"statistic: expected the same result shape on all units and on n-1 units, got "
+                         f"{estimate.shape} and {loo.shape[1:]}")
+    return estimate, loo
+
 def jackknife(values,                        # (n, ...) with the n units (e.g. runs) along `axis`
               statistic: Callable = np.mean, # callable(x, axis) reducing `axis`, or callable(x) on a whole sample
               *,
@@ -286,17 +328,7 @@ def jackknife(values,                        # (n, ...) with the n units (e.g. r
     n = x.shape[ax]
     check_at_least(n, 2, "values", f"units along axis {axis} (one is left out at a time)")
     _check_callable(statistic)
-    x = np.moveaxis(x, ax, 0)
-    index = _leave_one_out_index(n)
-    if _accepts_axis(statistic):
-        estimate = _apply_statistic(statistic, x, 0, x.shape[1:])
-        loo = _apply_statistic(statistic, x[index], 1, (n,) + x.shape[1:])    # x[index]: (n, n-1, ...)
-    else:
-        estimate = np.asarray(statistic(x), dtype=np.float64)
-        loo = np.stack([np.asarray(statistic(x[index[i]]), dtype=np.float64) for i in range(n)])
-        if loo.shape[1:] != estimate.shape:
-            raise ValueError(f"statistic: expected the same result shape on all units and on n-1 units, got "
-                             f"{estimate.shape} and {loo.shape[1:]}")
+    estimate, loo = _leave_one_out_values(statistic, np.moveaxis(x, ax, 0))
     mean_loo = loo.mean(axis=0)
     bias = (n - 1) * (mean_loo - estimate)
     se = np.sqrt((n - 1) / n * ((loo - mean_loo) ** 2).sum(axis=0))
@@ -322,6 +354,7 @@ def _mean_diff(a, b, axis=-1): return np.mean(a, axis=axis) - np.mean(b, axis=ax
 def _median_diff(a, b, axis=-1): return np.median(a, axis=axis) - np.median(b, axis=axis)
 _TEST_STATISTICS = {"mean_diff": _mean_diff, "median_diff": _median_diff}
 
+# %% ../nbs/04_stats.ipynb #b2583b7e
 def permutation_test(a,                            # (n_a,) sample of condition A
                      b,                            # (n_b,) sample of condition B; n_b == n_a when paired
                      *,
@@ -333,17 +366,12 @@ def permutation_test(a,                            # (n_a,) sample of condition 
                     ) -> PermutationResult:
     "Two-sample permutation test (scipy.stats.permutation_test, vectorized)."
     a, b = _two_samples(a, b, paired)
-    if isinstance(statistic, str):
-        func = _TEST_STATISTICS.get(statistic)
-        if func is None:
-            raise ValueError(f"statistic: expected one of 'mean_diff', 'median_diff' or a callable(a, b, axis), "
-                             f"got {statistic!r}")
-    else:
-        _check_callable(statistic)
-        func = statistic
+    func = _TEST_STATISTICS.get(statistic) if isinstance(statistic, str) else statistic
+    if func is None:
+        raise ValueError(f"statistic: expected one of 'mean_diff', 'median_diff' or a callable(a, b, axis), got {statistic!r}")
+    _check_callable(func)
     n_resamples = _check_n_resamples(n_resamples)
-    alternative = _check_choice(alternative, "alternative", _ALTERNATIVES)
-    rng = _rng(seed)
+    alternative, rng = _check_choice(alternative, "alternative", _ALTERNATIVES), _rng(seed)
     res = _sps.permutation_test((a, b), func, permutation_type="samples" if paired else "independent",
                                 vectorized=True, n_resamples=n_resamples, alternative=alternative, rng=rng,
                                 batch=max(1, min(n_resamples, _CHUNK_ELEMENTS // (a.size + b.size))))
@@ -383,6 +411,7 @@ def hedges_g(a,                      # (n_a,) sample
     df = a.size - 1 if paired else a.size + b.size - 2
     return _hedges_j(df) * cohens_d(a, b, paired=paired)
 
+# %% ../nbs/04_stats.ipynb #a27c28bd
 def mean_difference_ci(a,                         # (n_a,) sample
                        b,                         # (n_b,) sample; n_b == n_a when paired
                        *,
@@ -395,11 +424,9 @@ def mean_difference_ci(a,                         # (n_a,) sample
     "Bootstrap CI of mean(a) - mean(b) (scipy.stats.bootstrap with two samples)."
     a, b = _two_samples(a, b, paired)
     n_resamples, confidence = _check_n_resamples(n_resamples), _check_confidence(confidence)
-    method = _check_choice(method, "method", _BOOT_METHODS)
-    rng = _rng(seed)
+    method, rng = _check_choice(method, "method", _BOOT_METHODS), _rng(seed)
     estimate = float(a.mean() - b.mean())
-    degenerate = np.ptp(a - b) == 0 if paired else (np.ptp(a) == 0 and np.ptp(b) == 0)
-    if degenerate:                                # every resample has the same mean difference
+    if (np.ptp(a - b) == 0) if paired else (np.ptp(a) == 0 and np.ptp(b) == 0):   # every resample agrees
         return CI(estimate, estimate, estimate, confidence, method, n_resamples, 0.0)
     res = _sps.bootstrap((a, b), _mean_diff, paired=paired, vectorized=True, n_resamples=n_resamples,
                          confidence_level=confidence, method={"bca": "BCa"}.get(method, method), rng=rng,
@@ -407,6 +434,7 @@ def mean_difference_ci(a,                         # (n_a,) sample
     return CI(estimate, float(res.confidence_interval.low), float(res.confidence_interval.high), confidence,
               method, n_resamples, float(res.standard_error))
 
+# %% ../nbs/04_stats.ipynb #582adaf9
 def _holm(pvalues: np.ndarray) -> np.ndarray:
     "Holm step-down adjusted p-values (family-wise error control)."
     m = pvalues.size
@@ -415,6 +443,15 @@ def _holm(pvalues: np.ndarray) -> np.ndarray:
     out = np.empty(m); out[order] = adjusted
     return out
 
+def _comparison_row(ka, kb, a, b, paired, n_resamples, confidence, rng) -> dict:
+    "One row of effect_size_table: difference with CI, d, g and the permutation p-value of a - b."
+    ci = mean_difference_ci(a, b, paired=paired, n_resamples=n_resamples, confidence=confidence, seed=rng)
+    test = permutation_test(a, b, paired=paired, n_resamples=n_resamples, seed=rng)
+    return dict(a=ka, b=kb, n_a=a.size, n_b=b.size, mean_a=a.mean(), mean_b=b.mean(), diff=ci.estimate,
+                diff_low=ci.low, diff_high=ci.high, cohens_d=cohens_d(a, b, paired=paired),
+                hedges_g=hedges_g(a, b, paired=paired), pvalue=test.pvalue)
+
+# %% ../nbs/04_stats.ipynb #33a85377
 def effect_size_table(groups: Mapping,              # name -> (n,) sample, e.g. run-level drift per condition
                       *,
                       reference: str | None = None, # compare each group with this one; None: all pairs
@@ -433,27 +470,24 @@ def effect_size_table(groups: Mapping,              # name -> (n,) sample, e.g. 
     if paired and len({s.size for s in samples.values()}) > 1:
         raise ValueError(f"groups: paired=True needs samples of equal length, got lengths "
                          f"{ {k: s.size for k, s in samples.items()} }")
-    n_resamples, confidence = _check_n_resamples(n_resamples), _check_confidence(confidence)
-    rng = _rng(seed)
+    n_resamples, confidence, rng = _check_n_resamples(n_resamples), _check_confidence(confidence), _rng(seed)
     pairs = ([(k, reference) for k in samples if k != reference] if reference is not None
              else list(itertools.combinations(samples, 2)))
-    rows = []
-    for ka, kb in pairs:                                  # loop over comparisons (few), not resamples
-        a, b = samples[ka], samples[kb]
-        ci = mean_difference_ci(a, b, paired=paired, n_resamples=n_resamples, confidence=confidence, seed=rng)
-        test = permutation_test(a, b, paired=paired, n_resamples=n_resamples, seed=rng)
-        rows.append(dict(a=ka, b=kb, n_a=a.size, n_b=b.size, mean_a=a.mean(), mean_b=b.mean(),
-                         diff=ci.estimate, diff_low=ci.low, diff_high=ci.high,
-                         cohens_d=cohens_d(a, b, paired=paired), hedges_g=hedges_g(a, b, paired=paired),
-                         pvalue=test.pvalue))
-    table = pd.DataFrame(rows)
+    table = pd.DataFrame([_comparison_row(ka, kb, samples[ka], samples[kb], paired, n_resamples, confidence, rng)
+                          for ka, kb in pairs])                # a loop over comparisons (few), not resamples
     table["pvalue_holm"] = _holm(table["pvalue"].to_numpy())
     return table
 
 # %% ../nbs/04_stats.ipynb #7b853058
-def _quantile_key(q: float) -> str:
-    p = 100 * q
-    return f"q{int(round(p)):02d}" if abs(p - round(p)) < 1e-9 else f"q{p:g}"
+def _quantile_levels(quantiles) -> tuple[np.ndarray, list]:
+    "(levels (Q,), keys like 'q05', 'q2.5') after checking the levels are distinct and in [0, 1]."
+    try: q = np.asarray(quantiles, dtype=np.float64)
+    except (TypeError, ValueError): q = None
+    if q is None or q.ndim != 1 or q.size == 0 or not (np.isfinite(q) & (q >= 0) & (q <= 1)).all():
+        raise ValueError(f"quantiles: expected a non-empty 1-d sequence of levels in [0, 1], got {quantiles!r}")
+    keys = [f"q{int(round(100 * v)):02d}" if abs(100 * v - round(100 * v)) < 1e-9 else f"q{100 * v:g}" for v in q]
+    if len(set(keys)) != len(keys): raise ValueError(f"quantiles: expected distinct levels, got {quantiles!r}")
+    return q, keys
 
 def quantile_summary(values,                # (..., n, ...) samples along `axis`
                      *,
@@ -465,16 +499,8 @@ def quantile_summary(values,                # (..., n, ...) samples along `axis`
     ax = _check_axis(axis, x)
     n = x.shape[ax]
     check_at_least(n, 2, "values", f"samples along axis {axis}")
-    try: q = np.asarray(quantiles, dtype=np.float64)
-    except (TypeError, ValueError): q = None
-    if q is None or q.ndim != 1 or q.size == 0 or not (np.isfinite(q) & (q >= 0) & (q <= 1)).all():
-        raise ValueError(f"quantiles: expected a non-empty 1-d sequence of levels in [0, 1], got {quantiles!r}")
-    keys = [_quantile_key(v) for v in q]
-    if len(set(keys)) != len(keys):
-        raise ValueError(f"quantiles: expected distinct levels, got {quantiles!r}")
-    qs = np.quantile(x, q, axis=ax)
-    out = {"n": n, "mean": _scalar(x.mean(axis=ax)), "std": _scalar(x.std(axis=ax, ddof=1)),
-           "min": _scalar(x.min(axis=ax))}
-    out.update({k: _scalar(v) for k, v in zip(keys, qs)})
+    q, keys = _quantile_levels(quantiles)
+    out = {"n": n, "mean": _scalar(x.mean(axis=ax)), "std": _scalar(x.std(axis=ax, ddof=1)), "min": _scalar(x.min(axis=ax))}
+    out.update({k: _scalar(v) for k, v in zip(keys, np.quantile(x, q, axis=ax))})
     out["max"] = _scalar(x.max(axis=ax))
     return out
