@@ -7,11 +7,56 @@ from __future__ import annotations
 import numpy as np
 
 # %% auto #0
-__all__ = ['as_float_array', 'check_same_shape', 'check_nonzero_rows', 'check_at_least']
+__all__ = ['is_tensor', 'check_real', 'check_rank', 'check_finite', 'as_float_array', 'check_same_shape', 'check_at_least',
+           'check_nonzero_rows']
+
+# %% ../nbs/00_checks.ipynb #abda8c0c
+def _fmt_shape(shape) -> str: return "(" + ", ".join(str(s) for s in shape) + ")"
+def _shape(x) -> str: return _fmt_shape(np.shape(x))   # of an array, tensor or nested list
+
+def is_tensor(x) -> bool:  # True for a torch tensor (any device, dtype or subclass)
+    "Whether `x` is a torch tensor, decided without importing torch."
+    mod = type(x).__module__
+    return (mod == "torch" or mod.startswith("torch.")) and hasattr(x, "detach")
+
+# %% ../nbs/00_checks.ipynb #7a7a271c
+def check_real(x,          # numpy array or torch tensor
+               name: str,  # argument name, used in error messages
+              ) -> None:
+    "Raise if `x` holds complex numbers: casting them to float would silently drop the imaginary part."
+    if x.is_complex() if is_tensor(x) else np.iscomplexobj(x):
+        raise ValueError(f"{name}: expected real numbers, got complex dtype {x.dtype}; "
+                         f"pass its .real, .imag or abs() explicitly")
+
+# %% ../nbs/00_checks.ipynb #225edb54
+def check_rank(shape: tuple,          # shape of the array
+               name: str,             # argument name, used in error messages
+               *,
+               min_ndim: int = 1,     # smallest accepted rank
+               ndim: int | None = None,  # exact rank, if required
+               dims: str = "",        # human description of the expected shape, e.g. "(..., N, d)"
+              ) -> None:
+    "Raise unless an array of `shape` has the required rank and is not empty."
+    want = dims or (f"{ndim}-d array" if ndim is not None else f"array with at least {min_ndim} dimension(s)")
+    if (ndim is not None and len(shape) != ndim) or len(shape) < min_ndim:
+        raise ValueError(f"{name}: expected shape {want}, got shape {_fmt_shape(shape)}")
+    if 0 in tuple(shape):
+        raise ValueError(f"{name}: expected a non-empty array {want}, got shape {_fmt_shape(shape)}")
+
+# %% ../nbs/00_checks.ipynb #86f8d80b
+def check_finite(x,          # numpy array or torch tensor
+                 name: str,  # argument name, used in error messages
+                ) -> None:
+    "Raise if `x` has NaN or inf entries; the message counts them."
+    ok = x.isfinite() if is_tensor(x) else np.isfinite(x)
+    if not ok.all():
+        bad = int((~ok).sum())
+        raise ValueError(f"{name}: expected finite values, got {bad} NaN/inf entr{'y' if bad == 1 else 'ies'} "
+                         f"in shape {_shape(x)}")
 
 # %% ../nbs/00_checks.ipynb #2ffde59f
-def _shape(x) -> str:
-    return "(" + ", ".join(str(s) for s in np.shape(x)) + ")"
+def _not_numeric(x, name, dims, err) -> ValueError:
+    return ValueError(f"{name}: expected a numeric array{' ' + dims if dims else ''}, got {type(x).__name__} ({err})")
 
 def as_float_array(x,                 # array-like or torch tensor
                    name: str,         # argument name, used in error messages
@@ -21,41 +66,44 @@ def as_float_array(x,                 # array-like or torch tensor
                    dims: str = "",    # human description of the expected shape, e.g. "(..., N, d)"
                    finite: bool = True,      # refuse NaN and inf
                   ) -> np.ndarray:    # float64 copy (or view) of `x`
-    "`x` as a float64 numpy array after checking rank, emptiness and finiteness."
-    if hasattr(x, "detach") and hasattr(x, "cpu"):   # torch tensor, any device or dtype
-        x = x.detach().cpu().double().numpy()
-    try: a = np.asarray(x, dtype=np.float64)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{name}: expected a numeric array{' ' + dims if dims else ''}, got {type(x).__name__} ({e})") from None
-    want = dims or (f"{ndim}-d array" if ndim is not None else f"array with at least {min_ndim} dimension(s)")
-    if ndim is not None and a.ndim != ndim:
-        raise ValueError(f"{name}: expected shape {want}, got shape {_shape(a)}")
-    if a.ndim < min_ndim:
-        raise ValueError(f"{name}: expected shape {want}, got shape {_shape(a)}")
-    if a.size == 0:
-        raise ValueError(f"{name}: expected a non-empty array {want}, got shape {_shape(a)}")
-    if finite and not np.isfinite(a).all():
-        bad = int((~np.isfinite(a)).sum())
-        raise ValueError(f"{name}: expected finite values, got {bad} NaN/inf entr{'y' if bad == 1 else 'ies'} in shape {_shape(a)}")
+    "`x` as a float64 numpy array after checking realness, rank, emptiness and finiteness."
+    if is_tensor(x): check_real(x, name); x = x.detach().cpu().double().numpy()
+    try: a = np.asarray(x)
+    except (TypeError, ValueError) as e: raise _not_numeric(x, name, dims, e) from None
+    check_real(a, name)
+    try: a = a.astype(np.float64, copy=False)
+    except (TypeError, ValueError) as e: raise _not_numeric(x, name, dims, e) from None
+    check_rank(a.shape, name, min_ndim=min_ndim, ndim=ndim, dims=dims)
+    if finite: check_finite(a, name)
     return a
 
 # %% ../nbs/00_checks.ipynb #cd2f605b
-def check_same_shape(a: np.ndarray, b: np.ndarray, name_a: str, name_b: str):
+def check_same_shape(a: np.ndarray,  # first array
+                     b: np.ndarray,  # second array
+                     name_a: str,    # name of `a` in error messages
+                     name_b: str,    # name of `b`
+                    ) -> None:
     "Raise if `a` and `b` differ in shape."
-    if a.shape != b.shape:
+    if tuple(a.shape) != tuple(b.shape):
         raise ValueError(f"{name_a} and {name_b}: expected the same shape, got {_shape(a)} and {_shape(b)}")
 
-def check_nonzero_rows(x: np.ndarray,  # (..., N, d)
-                       name: str, eps: float = 0.0):
-    "Raise if any vector along the last axis has (near) zero norm: cosine is undefined there."
-    norms = np.linalg.norm(x, axis=-1)
-    bad = norms <= eps
-    if bad.any():
-        idx = np.argwhere(bad)[0]
-        raise ValueError(f"{name}: cosine needs non-zero vectors, got {int(bad.sum())} zero-norm vector(s) "
-                         f"(first at index {tuple(int(i) for i in idx)})")
-
-def check_at_least(n: int, minimum: int, name: str, what: str = "samples"):
+def check_at_least(n: int,            # the count
+                   minimum: int,      # smallest accepted count
+                   name: str,         # argument the count comes from
+                   what: str = "samples",  # what is counted, e.g. "runs (K)"
+                  ) -> None:
     "Raise if `n` < `minimum` (e.g. a variance over one run)."
     if n < minimum:
         raise ValueError(f"{name}: expected at least {minimum} {what}, got {n}")
+
+# %% ../nbs/00_checks.ipynb #5ab270b9
+def check_nonzero_rows(x,                 # (..., N, d) numpy array or torch tensor
+                       name: str,         # argument name, used in error messages
+                       eps: float = 0.0,  # rows with norm <= eps count as zero
+                      ) -> None:
+    "Raise if any vector along the last axis has (near) zero norm: cosine is undefined there."
+    bad = (x * x).sum(axis=-1) ** 0.5 <= eps
+    if bad.any():
+        idx = (bad.nonzero() if is_tensor(bad) else np.argwhere(bad))[0]
+        raise ValueError(f"{name}: cosine needs non-zero vectors, got {int(bad.sum())} zero-norm vector(s) "
+                         f"(first at index {tuple(int(i) for i in idx)})")

@@ -8,9 +8,11 @@ from scipy.stats import ortho_group, special_ortho_group
 from hypothesis import given, settings, assume, strategies as st
 from hypothesis.extra.numpy import arrays
 
-from embvar_study.align import (ProcrustesResult, GPAResult, procrustes_align, procrustes_align_batch,
-                                aligned_distance, generalized_procrustes, raw_vs_aligned,
-                                cross_run_distance_table)
+from scipy.spatial.distance import cosine as scipy_cosine, pdist
+from scipy.stats import spearmanr
+
+from embvar_study.align import (PAIR_MEASURES, ProcrustesResult, GPAResult, procrustes_align, procrustes_align_batch,
+                                aligned_distance, generalized_procrustes, raw_vs_aligned, pairwise_run_table)
 
 SETTINGS = settings(max_examples=30, deadline=None)
 seeds = st.integers(0, 2**32 - 1)
@@ -195,9 +197,11 @@ def test_aligned_metrics_invariant_raw_ones_not(seed, d, noise, shift):
     assert abs(raw(moved[1], moved[0]) - raw(runs[1], runs[0])) > 1e-6
     assert aligned_distance(runs[1], runs[0]) <= raw(runs[1], runs[0]) + 1e-12      # identity is feasible
     assert aligned_distance(runs[0], runs[1]) == pytest.approx(aligned_distance(runs[1], runs[0]), rel=1e-9)
-    # table
-    t0, t1 = cross_run_distance_table(runs), cross_run_distance_table(moved)
+    # table: the alignment-free measures do not see the change of axes, the raw distance does
+    t0, t1 = pairwise_run_table(runs, k=3), pairwise_run_table(moved, k=3)
     np.testing.assert_allclose(t1.aligned_msd, t0.aligned_msd, rtol=1e-8)
+    np.testing.assert_allclose(t1.cka, t0.cka, rtol=1e-9)
+    np.testing.assert_allclose(t1.cka_debiased, t0.cka_debiased, rtol=1e-8, atol=1e-12)
     changed = (t0.run_a == 1) | (t0.run_b == 1)
     assert np.all(np.abs(t1.raw_msd[changed] - t0.raw_msd[changed]) > 1e-6)
     np.testing.assert_allclose(t1.raw_msd[~changed], t0.raw_msd[~changed], rtol=1e-12)
@@ -210,15 +214,47 @@ def test_aligned_metrics_invariant_raw_ones_not(seed, d, noise, shift):
         assert b["reduction"] == pytest.approx(1 - b["aligned"] / b["raw"])
 
 
-def test_cross_run_distance_table_against_loop():
+def naive_cka(X, Y):
+    H = np.eye(len(X)) - 1 / len(X)
+    hsic = lambda K, L: np.trace(K @ H @ L @ H)
+    return hsic(X @ X.T, Y @ Y.T) / np.sqrt(hsic(X @ X.T, X @ X.T) * hsic(Y @ Y.T, Y @ Y.T))
+
+
+def knn_sets(Z, k):
+    S = 1 - scipy.spatial.distance.cdist(Z, Z, "cosine")
+    np.fill_diagonal(S, -np.inf)
+    return [set(np.argsort(-row)[:k]) for row in S]
+
+
+def test_pairwise_run_table_against_references():
     rng = np.random.default_rng(0)
-    runs = rng.normal(size=(4, 20, 3))
-    t = cross_run_distance_table(runs, labels=list("abcd"), scale=True)
-    assert isinstance(t, pd.DataFrame) and list(t.columns) == ["run_a", "run_b", "raw_msd", "aligned_msd"]
+    runs = rng.normal(size=(4, 20, 3)) + rng.normal(size=(1, 20, 3))      # shared structure plus run noise
+    t = pairwise_run_table(runs, labels=list("abcd"), k=4)
+    assert isinstance(t, pd.DataFrame)
+    assert list(t.columns) == ["run_a", "run_b", "i", "j", "raw_msd", "aligned_msd", "cos_dist", "cka", "cka_debiased",
+                               "rsa", "knn_overlap"]
     assert list(zip(t.run_a, t.run_b)) == [(a, b) for i, a in enumerate("abcd") for b in "abcd"[i + 1:]]
-    for row, (i, j) in zip(t.itertuples(), [(i, j) for i in range(4) for j in range(i + 1, 4)]):
-        assert row.raw_msd == pytest.approx(((runs[i] - runs[j]) ** 2).sum(-1).mean())
-        assert row.aligned_msd == pytest.approx(procrustes_align(runs[i], runs[j], scale=True).rmsd ** 2)
+    for row in t.itertuples():
+        X, Y = runs[row.i], runs[row.j]
+        assert (row.run_a, row.run_b) == ("abcd"[row.i], "abcd"[row.j])
+        assert row.raw_msd == pytest.approx(((X - Y) ** 2).sum(-1).mean(), rel=1e-12)
+        assert row.aligned_msd == pytest.approx(procrustes_align(X, Y).rmsd ** 2, rel=1e-10)
+        assert row.cos_dist == pytest.approx(np.mean([scipy_cosine(u, v) for u, v in zip(X, Y)]), rel=1e-12)
+        assert row.cka == pytest.approx(naive_cka(X, Y), rel=1e-10)
+        assert row.rsa == pytest.approx(spearmanr(pdist(X, "cosine"), pdist(Y, "cosine"))[0], abs=1e-12)
+        assert row.knn_overlap == pytest.approx(np.mean([len(a & b) / len(a | b) for a, b in zip(knn_sets(X, 4), knn_sets(Y, 4))]))
+    assert PAIR_MEASURES == {"raw_msd": "distance", "aligned_msd": "distance", "cos_dist": "distance", "cka": "similarity",
+                             "cka_debiased": "similarity", "rsa": "similarity", "knn_overlap": "similarity"}
+
+
+def test_pairwise_run_table_blocks_of_pairs(monkeypatch):
+    import embvar_study._batching as B
+    runs = np.random.default_rng(1).normal(size=(5, 12, 4))
+    whole = pairwise_run_table(runs, k=3)
+    monkeypatch.setattr(B, "_CHUNK_ELEMS", 10)                # one pair per block, each block ranks its two runs
+    pd.testing.assert_frame_equal(pairwise_run_table(runs, k=3), whole, rtol=1e-12)
+    t = pairwise_run_table(runs[:, :3], k=10)                 # N = 3: k capped at 2, debiased CKA undefined
+    assert t.cka_debiased.isna().all() and t.knn_overlap.notna().all()
 
 
 # --- GPA -------------------------------------------------------------------------------------------------------
@@ -302,7 +338,13 @@ X = np.random.default_rng(0).normal(size=(10, 3))
     (lambda: raw_vs_aligned(np.stack([X, X]), lambda R: 0.0, reference="middle"), "reference: expected 'consensus' or 'first'"),
     (lambda: raw_vs_aligned(np.stack([X, X]), "msd"), "metric: expected a callable"),
     (lambda: raw_vs_aligned(X[None], lambda R: 0.0, reference="first"), "runs: expected at least 2 runs"),
-    (lambda: cross_run_distance_table(np.stack([X, X]), labels=["a", "b", "c"]), "labels: expected 2 labels"),
+    (lambda: pairwise_run_table(np.stack([X, X]), labels=["a", "b", "c"]), "labels: expected 2 labels (one per run), got 3"),
+    (lambda: pairwise_run_table(X), "runs: expected shape (K, N, d), got shape (10, 3)"),
+    (lambda: pairwise_run_table(np.stack([X, X])[:, :2]), "runs: expected at least 3 probes (N), got 2"),
+    (lambda: pairwise_run_table(np.stack([X, np.ones_like(X)])), "runs: expected points that do not all coincide"),
+    (lambda: pairwise_run_table(np.stack([X, X]), k=1.5), "k: expected an integer >= 1 (capped at N-1 = 9), got 1.5"),
+    (lambda: pairwise_run_table(np.stack([X, X]) + 1j), "runs: expected real numbers"),
+    (lambda: procrustes_align(X * 1e155, X), "source and target: the alignment residual overflows float64"),
 ])
 def test_bad_inputs_name_the_argument(call, message):
     with pytest.raises(ValueError, match=None) as e:
@@ -315,7 +357,8 @@ def test_torch_and_list_inputs():
     Y = X @ special_ortho_group.rvs(3, random_state=0)
     r_t = procrustes_align(torch.tensor(X, dtype=torch.float32), torch.tensor(Y))
     r_l = procrustes_align(X.tolist(), Y.tolist())
-    np.testing.assert_allclose(r_t.rotation, r_l.rotation, atol=1e-5)
+    assert isinstance(r_t.rotation, torch.Tensor) and r_t.rotation.dtype == torch.float64   # computed in float64 there
+    np.testing.assert_allclose(r_t.rotation.numpy(), r_l.rotation, atol=1e-5)
     assert r_l.rotation.dtype == np.float64
 
 

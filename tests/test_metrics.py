@@ -9,7 +9,7 @@ from hypothesis.extra import numpy as hnp
 from scipy.spatial.distance import cdist, cosine as scipy_cosine, pdist
 from scipy.stats import spearmanr
 
-import embvar_study.metrics as M
+import embvar_study._batching as B
 from embvar_study.metrics import (
     anisotropy, class_variance, conditional_variance, cosine_distance_variance, cosine_drift, cosine_similarity_rows,
     covariance_frobenius, covariance_spectrum, cross_run_dispersion, drift_curve, early_late_summary,
@@ -104,9 +104,9 @@ def test_trajectory_metrics(data):
 def test_drift_curve_of_torch_float32_trajectory():
     torch = pytest.importorskip("torch")
     traj = torch.randn(4, 10, 8, generator=torch.Generator().manual_seed(0))
-    got = drift_curve(traj)
-    assert got.dtype == np.float64 and got[0] == 0
-    np.testing.assert_allclose(got, drift_curve(traj.numpy().astype(np.float64)), atol=0)
+    got = drift_curve(traj)                     # computed on the tensor's device, in float64 there
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.float64 and got[0] == 0
+    np.testing.assert_allclose(got.numpy(), drift_curve(traj.numpy().astype(np.float64)), atol=1e-15)
 
 
 @FAST
@@ -451,7 +451,7 @@ def test_chunked_results_equal_unchunked(monkeypatch):
     }
     whole = {k: f() for k, f in calls.items()}
     for budget in (1, 200):    # one leading index per call (stack branch) and a few (concatenate branch)
-        monkeypatch.setattr(M, "_CHUNK_ELEMS", budget)
+        monkeypatch.setattr(B, "_CHUNK_ELEMS", budget)
         for k, f in calls.items():
             np.testing.assert_allclose(f(), whole[k], atol=1e-13, err_msg=k)
 
