@@ -253,11 +253,12 @@ def perturbation_table(rs: RunSet) -> pd.DataFrame:  # lr, step, when, kind, lay
     if not out: raise NotComputed("no run of this set saved perturbed embeddings")
     return pd.DataFrame(out)
 
-# %% ../nbs/15_analysis.ipynb #7abc417b
+# %% ../nbs/15_analysis.ipynb #f3417236
 def _iso_r2(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
     "R^2 of the weighted isotonic (non-decreasing) fit of y on x."
     from scipy.optimize import isotonic_regression
-    o = np.lexsort((y, x)); x, y, w = x[o], y[o], w[o]
+    keep = w > 0                                    # a resample leaves some runs out
+    o = np.lexsort((y[keep], x[keep])); x, y, w = x[keep][o], y[keep][o], w[keep][o]
     fit = isotonic_regression(y, weights=w, increasing=True).x
     mu = np.average(y, weights=w)
     tot = np.sum(w * (y - mu) ** 2)
@@ -316,6 +317,6 @@ def provenance_tables(rs: RunSet) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
     same = [c for c in cfg if cfg[c].astype(str).nunique(dropna=False) == 1]
     shared = pd.DataFrame({"setting": same, "value": [cfg[c].iloc[0] for c in same]})
     varying = cfg[[c for c in cfg if c not in same]].assign(run=rs.labels()).set_index("run").reset_index()
-    env = pd.DataFrame([_flat(r.environment or {}) for r in rs.runs]).astype(str)
-    envs = pd.DataFrame({"key": list(env), "value": [" | ".join(sorted(set(env[c]))) for c in env]})
+    env = pd.DataFrame([_flat(r.environment or {}) for r in rs.runs])
+    envs = pd.DataFrame({"key": list(env), "value": [" | ".join(sorted({str(v) for v in env[c]})) for c in env]})
     return shared, varying, envs

@@ -290,7 +290,7 @@ def section_pairs(study: Study, **o) -> list:
     return [Figure(P.plot_matrices(mats), "pair_similarity", alt),
             Table(pairs.drop(columns=["i", "j"]), "Every pair of runs: raw and aligned mean squared distance, cosine distance, CKA, RSA, k-NN overlap")]
 
-# %% ../nbs/20_report.ipynb #fa97e0ab
+# %% ../nbs/20_report.ipynb #69580422
 def section_noise_floor(study: Study, **o) -> list:
     "Two identical-seed runs: how far apart they end up (the floor under every seed comparison)."
     from embvar_study import analysis as A
@@ -309,7 +309,7 @@ def section_geometry(study: Study, **o) -> list:
     cols = [c for c in ("trace", "effective_rank", "participation_ratio", "anisotropy", "top_eigen_ratio", "intra_inter_ratio") if c in geo]
     t = geo.groupby(["lr", "when"])[cols].mean().reset_index()
     alt = ("Log-scale line chart of the share of variance per covariance eigenvalue rank, one line per run, dotted at step 0 and solid "
-           f"at the last step, coloured by learning rate; effective rank at the end: "
+           "at the last step, coloured by learning rate; effective rank at the end: "
            + "; ".join(f"lr {format_lr(r.lr)} {r.effective_rank:.1f}" for r in t[t["when"] == "last"].itertuples()) + ".")
     return [Table(t, "Mean over seeds of the spectrum summaries at the first and last step"), Figure(P.plot_spectra(eig), "spectra", alt)]
 
@@ -460,7 +460,7 @@ def resolve_study_dir(study_dir: str | os.PathLike, profile: str) -> Path:
     base = os.environ.get("EMBVAR_REPORTS_ROOT") or project_root() or Path.cwd()
     return (Path(base) / p).resolve()
 
-# %% ../nbs/20_report.ipynb #05e54701
+# %% ../nbs/20_report.ipynb #b2411516
 def template_dir() -> Path:
     "The experiment templates: shipped inside the package (a wheel), else the checkout's nbs/experiments (editable)."
     import importlib.resources
@@ -491,7 +491,8 @@ def execute_notebooks(names: list[str], study_dir: str | Path, parameters: dict,
             try:
                 params = {k: v for k, v in parameters.items() if k in pm.inspect_notebook(str(tdir / f"{name}.ipynb"))}
                 pm.execute_notebook(str(tdir / f"{name}.ipynb"), str(study_dir / "notebooks" / f"{name}.ipynb"), parameters=params,
-                                    progress_bar=False, log_output=True, cwd=str(study_dir), kernel_name="python3")
+                                    progress_bar=False, log_output=True, cwd=str(study_dir), kernel_name="python3",
+                                    extra_arguments=["--IPKernelApp.log_level=ERROR"])   # the kernel's own start-up chatter stays out of the console
             except pm.PapermillExecutionError as e:
                 raise NotebookFailed(f"notebook {name} failed in cell {e.exec_count}: {e.ename}: {e.evalue} (log: {study_dir / 'logs' / (name + '.log')})") from None
             finally: log.removeHandler(handler); handler.close()

@@ -23,7 +23,7 @@ __all__ = ['LOCK_ENV', 'STUDY_FILE', 'MANIFEST_COLUMNS', 'DESIGN_COLUMNS', 'EXPE
 class NotComputed(Exception):
     "A part of the study that cannot be computed from what was run; the message says why, for a reader."
 
-# %% ../nbs/13_study.ipynb #21dcc533
+# %% ../nbs/13_study.ipynb #5b46ebb6
 LOCK_ENV = "EMBVAR_STUDY_LOCK"
 
 def _held_by_parent(study_dir: Path) -> bool:
@@ -31,12 +31,17 @@ def _held_by_parent(study_dir: Path) -> bool:
     h = lock_holder(study_dir)
     return os.environ.get(LOCK_ENV) == want and bool(h) and h.get("pid") == os.getppid()
 
+_HELD: set = set()   # study folders whose lock this process holds (the lock is re-entrant within a process)
+
 @contextlib.contextmanager
 def study_lock(study_dir: str | Path, timeout: float = 0):
-    "Hold the study folder's writer lock (or rely on the parent `embvar report` that holds it for us)."
-    study_dir = Path(study_dir)
-    if _held_by_parent(study_dir): yield None; return
-    with FolderLock(study_dir, "study folder", timeout=timeout) as lock: yield lock
+    "Hold the study folder's writer lock (re-entrant in this process; relies on a parent `embvar report` holding it)."
+    study_dir = Path(study_dir); key = str(study_dir.resolve())
+    if key in _HELD or _held_by_parent(study_dir): yield None; return
+    with FolderLock(study_dir, "study folder", timeout=timeout) as lock:
+        _HELD.add(key)
+        try: yield lock
+        finally: _HELD.discard(key)
 
 def lock_env(study_dir: str | Path) -> dict:  # environment for child processes of the lock's holder
     "What the holder of a study lock passes to the notebooks it runs, so they do not take the lock again."

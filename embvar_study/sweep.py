@@ -168,12 +168,18 @@ def _move_aside(study_dir: Path, run_dir: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True); shutil.move(str(run_dir), str(dest))
     return dest
 
-# %% ../nbs/14_sweep.ipynb #3c9a41e5
+# %% ../nbs/14_sweep.ipynb #b881c9e6
+def _gpus() -> list:
+    from embvar_study.executors import visible_gpus
+    return visible_gpus()
+
 def _label(row: dict) -> str:
-    bits = [f"lr={format_lr(row['lr'])}"] if "lr" in row else []
-    bits += [f"{k}={row[k]}" for k in ("schedule", "seed", "init_seed", "data_seed", "replicate") if k in row and row.get(k) is not None
-             and not (k == "replicate" and not row[k]) and not (k == "schedule" and row[k] == "linear")]
-    return " ".join(bits)
+    "The design values of a plan row in a few words: 'lr=5e-4 seed=1', 'lr=5e-5 init_seed=2 data_seed=0'."
+    given = {k: v for k, v in row.items() if v is not None and not (isinstance(v, float) and math.isnan(v))}
+    shown = lambda k, v: format_lr(v) if k == "lr" else (int(v) if isinstance(v, float) and v.is_integer() else v)
+    keys = ["lr", "schedule", "seed", "init_seed", "data_seed", "replicate"]
+    return " ".join(f"{k}={shown(k, given[k])}" for k in keys if k in given
+                    and not (k == "replicate" and not given[k]) and not (k == "schedule" and given[k] == "linear"))
 
 def execute_plan(plan: pd.DataFrame,        # from plan_study (or any rows with experiment, run_id, config)
                  study_dir: str | Path,      # the study folder (its lock must be held by the caller)
@@ -222,6 +228,9 @@ def execute_plan(plan: pd.DataFrame,        # from plan_study (or any rows with 
     if tasks and executor == "ray":
         from embvar_study.ray_executor import run_ray_tasks
         run_ray_tasks(tasks, on_done, study_dir=study_dir, jobs=jobs, **(ray_options or {}))
+    elif tasks and jobs == 1 and runs_per_gpu == 1 and len(_gpus()) <= 1:   # one at a time: in this process, warm
+        from embvar_study.executors import run_one
+        for rid, config, run_dir in tasks: on_done(rid, run_one(config, run_dir))
     elif tasks:
         from embvar_study.executors import LocalExecutor
         LocalExecutor(jobs, runs_per_gpu=runs_per_gpu).run(tasks, on_done)

@@ -69,14 +69,3 @@ def kill_when_ready(proc, ready, what: str, timeout: float = 180, poll: float = 
         if proc.poll() is None: proc.kill(); proc.wait()
         proc.stderr.close()
     assert proc.returncode == -signal.SIGKILL
-
-
-def write_manifest(root, name: str, rows: list):
-    "Write a sweep manifest for synthetic runs under `root` and load it back with `analysis.sweep_runs`."
-    from pathlib import Path
-    import pandas as pd
-    from embvar_study.runs import atomic_write_text
-    from embvar_study.analysis import sweep_runs
-    (Path(root) / "sweeps").mkdir(parents=True, exist_ok=True)
-    atomic_write_text(Path(root) / "sweeps" / f"{name}.csv", pd.DataFrame(rows).to_csv(index=False))
-    return sweep_runs(root, name)

@@ -1,5 +1,6 @@
-"""End-to-end tests of embvar_study.sweep: profiles and grids, run_sweep's manifest, skipping finished work, recovery
-after a killed sweep, failures recorded per run, and the process pool (jobs=2) against jobs=1."""
+"""End-to-end tests of embvar_study.sweep: profiles and grids, the manifest, skipping finished (verified) work, damaged
+runs moved aside and recomputed, recovery after a killed sweep, failures recorded per run, and the warm worker pool
+(jobs=2) against runs trained one at a time in this process at the same thread count."""
 import contextlib
 import copy
 import json
@@ -18,14 +19,16 @@ import torch
 from conftest import TINY, embedding_digests, folder_state, kill_when_ready
 from embvar_study.metrics import drift_curve
 from embvar_study.runs import IncompleteRunError, is_complete, load_run
-from embvar_study.sweep import PROFILE_KEYS, PROFILES, expand_grid, experiment_grid, get_profile, load_manifest, run_sweep
-from embvar_study.train import TrainConfig
+from embvar_study.study import NotComputed, load_manifest, load_study
+from embvar_study.sweep import (EXPERIMENT_NAMES, PROFILE_KEYS, PROFILES, expand_grid, experiment_grid, get_profile, plan_study,
+                                run_study, run_sweep)
+from embvar_study.train import TrainConfig, train_run
 
 pytestmark = [pytest.mark.filterwarnings("ignore:.*truncated to max_length"),
               pytest.mark.filterwarnings("ignore:.*NumPy array is not writable")]
 
 GRID = {"lr": [5e-5, 5e-4], "seed": [0, 1]}
-WORKER_THREADS = max(1, (os.cpu_count() or 1) // 2)   # what run_sweep gives each of its jobs=2 workers
+WORKER_THREADS = max(1, (os.cpu_count() or 1) // 2)   # what the executor gives each of its jobs=2 workers
 
 
 @contextlib.contextmanager
@@ -93,7 +96,7 @@ def test_unknown_profile_and_keys_list_the_valid_ones():
     with pytest.raises(ValueError, match=r"profile: unknown profile 'smok'") as err:
         get_profile("smok")
     for name in PROFILES: assert repr(name) in str(err.value)
-    with pytest.raises(ValueError, match=r"unknown key 'learning_rate'") as err:
+    with pytest.raises(ValueError, match=r"learning_rate: unknown key") as err:
         get_profile("smoke", {"learning_rate": 1e-4})
     for k in (*PROFILE_KEYS, "lr", "n_train", "track_every"): assert repr(k) in str(err.value)
     with pytest.raises(ValueError, match=r"^n_train: "):
@@ -135,7 +138,7 @@ def sweep(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep")
     points = expand_grid(TINY, GRID)
     with torch_threads(WORKER_THREADS):
-        manifest = run_sweep("grid", TINY, points, out, progress=False)
+        manifest = run_sweep("grid", TINY, points, out, say=None)
     return {"out": out, "points": points, "manifest": manifest}
 
 
@@ -153,14 +156,14 @@ def test_run_sweep_manifest(sweep):
         run = load_run(out / r["path"])
         assert run.status == "completed" and run.config["lr"] == r["lr"] and run.config["seed"] == r["seed"]
         assert run.config_hash == r["run_id"]
-    with pytest.raises(FileNotFoundError, match=r"no sweep 'nope'.*'grid'"):
+    with pytest.raises(NotComputed, match=r"the nope experiment was not run in this study \(experiments run: grid\)"):
         load_manifest(out, "nope")
 
 
 def test_rerun_skips_everything_and_touches_nothing(sweep):
     out, m = sweep["out"], sweep["manifest"]
     before = {p: folder_state(out / p) for p in m["path"]}
-    again = run_sweep("grid", TINY, sweep["points"], out, progress=False)
+    again = run_sweep("grid", TINY, sweep["points"], out, say=None)
     assert list(again["status"]) == ["skipped"] * 4
     assert list(again["run_id"]) == list(m["run_id"])
     assert {p: folder_state(out / p) for p in m["path"]} == before
@@ -168,34 +171,41 @@ def test_rerun_skips_everything_and_touches_nothing(sweep):
 
 
 def test_repeated_grid_point_runs_once(tmp_path):
-    m = run_sweep("dup", TINY, [{"seed": 0, "factor": "a"}, {"seed": 0, "factor": "b"}], tmp_path, progress=False)
+    m = run_sweep("dup", TINY, [{"seed": 0, "factor": "a"}, {"seed": 0, "factor": "b"}], tmp_path, say=None)
     assert m["run_id"].nunique() == 1 and list(m["factor"]) == ["a", "b"]
-    assert list(m["status"]) == ["completed", "skipped"]
-    assert len(list((tmp_path / "runs").iterdir())) == 1
+    assert list(m["status"]) == ["completed", "completed"]            # both grid points share the one run
+    assert len([p for p in (tmp_path / "runs").iterdir() if not p.name.startswith(".")]) == 1   # hidden: the run's lock
 
 
 def test_failing_run_is_recorded_and_the_others_complete(tmp_path):
-    missing = tmp_path / "no_such_data.csv"
-    points = [{"seed": 0}, {"seed": 0, "dataset": str(missing)}, {"seed": 1}]
-    m = run_sweep("fail", TINY, points, tmp_path, progress=False)
+    bad = "no-such-org/no-such-model"              # fails when the run starts (offline: the Hub cannot be asked)
+    points = [{"seed": 0}, {"seed": 0, "model": bad}, {"seed": 1}]
+    m = run_sweep("fail", TINY, points, tmp_path, say=None)
     assert list(m["status"]) == ["completed", "failed", "completed"]
-    assert "FileNotFoundError" in m["error"][1] and str(missing) in m["error"][1]
+    assert "HubUnavailableError" in m["error"][1] and bad in m["error"][1]
     assert m["error"][0] == m["error"][2] == ""
     assert not is_complete(tmp_path / m["path"][1])
     on_disk = load_manifest(tmp_path, "fail")
-    assert list(on_disk["status"]) == ["completed", "failed", "completed"] and str(missing) in on_disk["error"][1]
+    assert list(on_disk["status"]) == ["completed", "failed", "completed"] and bad in on_disk["error"][1]
     # the full traceback is kept next to the manifest
     errors = (tmp_path / "sweeps" / "fail.errors.txt").read_text()
-    assert m["run_id"][1] in errors and "Traceback (most recent call last)" in errors and "FileNotFoundError" in errors
+    assert m["run_id"][1] in errors and "Traceback (most recent call last)" in errors and "HubUnavailableError" in errors
     # a rerun retries the failed run only
-    again = run_sweep("fail", TINY, points, tmp_path, progress=False)
+    again = run_sweep("fail", TINY, points, tmp_path, say=None)
     assert list(again["status"]) == ["skipped", "failed", "skipped"]
 
 
 def test_repeats_of_a_failed_grid_point_share_its_failure(tmp_path):
-    bad = {"dataset": str(tmp_path / "no_such_data.csv")}
-    m = run_sweep("dupfail", TINY, [{**bad, "factor": "a"}, {**bad, "factor": "b"}], tmp_path, progress=False)
+    bad = {"model": "no-such-org/no-such-model"}
+    m = run_sweep("dupfail", TINY, [{**bad, "factor": "a"}, {**bad, "factor": "b"}], tmp_path, say=None)
     assert list(m["status"]) == ["failed", "failed"] and m["error"][0] == m["error"][1] != ""
+
+
+def test_a_missing_dataset_is_refused_before_any_run(tmp_path):
+    missing = tmp_path / "no_such_data.csv"
+    with pytest.raises(FileNotFoundError, match=rf"^dataset: no such file '{missing}'$"):
+        run_sweep("missing", TINY, [{"seed": 0}, {"seed": 0, "dataset": str(missing)}], tmp_path / "s", say=None)
+    assert not (tmp_path / "s" / "runs").exists()
 
 
 # A worker process that dies without a Python exception (segfault, OOM killer): os._exit in the run of one lr,
@@ -203,12 +213,12 @@ def test_repeats_of_a_failed_grid_point_share_its_failure(tmp_path):
 CRASH_SITE = """
 import os
 if os.environ.get("EMBVAR_TEST_CRASH_LR"):
-    import embvar_study.sweep as _sweep
-    _original = _sweep._run_one
-    def _run_one(config, run_dir, threads, progress):
+    import embvar_study.executors as _ex
+    _original = _ex.run_one
+    def run_one(config, run_dir, *, threads=None):
         if repr(config["lr"]) == os.environ["EMBVAR_TEST_CRASH_LR"]: os._exit(1)
-        return _original(config, run_dir, threads, progress)
-    _sweep._run_one = _run_one
+        return _original(config, run_dir, threads=threads)
+    _ex.run_one = run_one
 """
 
 
@@ -217,12 +227,29 @@ def test_a_worker_crash_fails_only_the_run_that_crashes(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("EMBVAR_TEST_CRASH_LR", repr(1e-3))
     lrs = [1e-4, 1e-3, 2e-4, 3e-4]
-    m = run_sweep("crash", {**TINY, "max_steps": 2}, [{"lr": lr} for lr in lrs], tmp_path / "study", jobs=2, progress=False)
+    m = run_sweep("crash", {**TINY, "max_steps": 2}, [{"lr": lr} for lr in lrs], tmp_path / "study", jobs=2, say=None)
     status, error = dict(zip(m["lr"], m["status"])), dict(zip(m["lr"], m["error"]))
-    assert status[1e-3] == "failed" and "worker died" in error[1e-3]
+    assert status[1e-3] == "failed" and "worker died" in error[1e-3] and "code 1" in error[1e-3]
     assert [status[lr] for lr in lrs if lr != 1e-3] == ["completed"] * 3
     for lr, path in zip(m["lr"], m["path"]):
         if lr != 1e-3: load_run(tmp_path / "study" / path)          # complete and verified
+
+
+def test_a_damaged_run_is_moved_aside_named_and_recomputed(sweep, tmp_path):
+    import shutil
+    study = tmp_path / "study"; shutil.copytree(sweep["out"], study)
+    victim = study / sweep["manifest"]["path"][1]
+    f = sorted((victim / "embeddings").iterdir())[1]
+    data = bytearray(f.read_bytes()); data[-1] ^= 1; f.write_bytes(bytes(data))
+    lines = []
+    with torch_threads(WORKER_THREADS):
+        m = run_sweep("grid", TINY, sweep["points"], study, say=lines.append)
+    assert list(m["status"]) == ["skipped", "completed", "skipped", "skipped"]
+    moved = [l for l in lines if l.startswith("damaged run")]
+    assert len(moved) == 1 and victim.name in moved[0] and f.name in moved[0] and "checksum mismatch" in moved[0]
+    aside = list((study / "damaged").iterdir())
+    assert len(aside) == 1 and aside[0].name.startswith(victim.name)
+    assert embedding_digests(victim) == embedding_digests(sweep["out"] / sweep["manifest"]["path"][1])   # the same bytes again
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -230,7 +257,7 @@ def test_a_worker_crash_fails_only_the_run_that_crashes(tmp_path, monkeypatch):
 
 KILL_BASE = {**TINY, "max_steps": 6, "track_every": 1}
 KILL_SCRIPT = ("import json, sys; from embvar_study.sweep import run_sweep; "
-               "run_sweep('kill', json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], progress=False)")
+               "run_sweep('kill', json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], say=None)")
 
 
 def test_killed_sweep_resumes_without_recomputing_finished_runs(tmp_path):
@@ -240,17 +267,18 @@ def test_killed_sweep_resumes_without_recomputing_finished_runs(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, json.dumps(KILL_BASE), json.dumps(points), str(tmp_path)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     def one_done_one_started():
-        folders = [p for p in runs_dir.iterdir() if (p / "config.json").is_file()] if runs_dir.exists() else []
+        folders = [p for p in runs_dir.iterdir() if (p / "config.json").is_file()] if runs_dir.exists() else []   # (not the hidden locks)
         return any(is_complete(p) for p in folders) and any(not is_complete(p) for p in folders)
     kill_when_ready(proc, one_done_one_started, "the sweep", poll=0.01)
-    done = sorted(p for p in runs_dir.iterdir() if is_complete(p))
-    killed = sorted(p for p in runs_dir.iterdir() if not is_complete(p))
+    folders = [p for p in runs_dir.iterdir() if not p.name.startswith(".")]
+    done = sorted(p for p in folders if is_complete(p))
+    killed = sorted(p for p in folders if not is_complete(p))
     assert 1 <= len(done) < 4 and killed
     for p in killed:
         with pytest.raises(IncompleteRunError, match=str(p)): load_run(p)
     before = {p.name: folder_state(p) for p in done}
 
-    m = run_sweep("kill", KILL_BASE, points, tmp_path, progress=False)
+    m = run_sweep("kill", KILL_BASE, points, tmp_path, say=None)
     status = dict(zip(m["run_id"], m["status"]))
     assert list(m["run_id"]) == run_ids(KILL_BASE, points)
     assert m["run_id"].iloc[0] in before                        # the first grid point had finished
@@ -261,7 +289,7 @@ def test_killed_sweep_resumes_without_recomputing_finished_runs(tmp_path):
         run = load_run(tmp_path / p, verify=True)
         assert run.status == "completed"
         np.testing.assert_array_equal(run.steps, np.arange(7))
-    assert sorted(p.name for p in runs_dir.iterdir()) == sorted(m["run_id"])
+    assert sorted(p.name for p in runs_dir.iterdir() if not p.name.startswith(".")) == sorted(m["run_id"])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -270,10 +298,10 @@ def test_killed_sweep_resumes_without_recomputing_finished_runs(tmp_path):
 @pytest.fixture(scope="module")
 def sweep_jobs2(sweep, tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep_jobs2")
-    return {"out": out, "manifest": run_sweep("grid", TINY, sweep["points"], out, jobs=2, progress=False)}
+    return {"out": out, "manifest": run_sweep("grid", TINY, sweep["points"], out, jobs=2, say=None)}
 
 
-def test_jobs_2_gives_the_same_runs_as_jobs_1(sweep, sweep_jobs2):
+def test_jobs_2_gives_the_same_runs_as_one_at_a_time(sweep, sweep_jobs2):
     m1, m2 = sweep["manifest"], sweep_jobs2["manifest"]
     assert list(m2["status"]) == ["completed"] * 4
     assert list(m2["run_id"]) == list(m1["run_id"])
@@ -282,6 +310,8 @@ def test_jobs_2_gives_the_same_runs_as_jobs_1(sweep, sweep_jobs2):
         np.testing.assert_array_equal(drift_curve(r1.embeddings()), drift_curve(r2.embeddings()))
         assert embedding_digests(r1.path) == embedding_digests(r2.path)
         pd.testing.assert_frame_equal(r1.history, r2.history)
+        for name in ("config.json", "history.csv", "probes.jsonl"):       # every file but COMPLETE (times, host)
+            assert (r1.path / name).read_bytes() == (r2.path / name).read_bytes(), name
 
 
 def test_thread_count_is_recorded(sweep_jobs2):
@@ -289,3 +319,48 @@ def test_thread_count_is_recorded(sweep_jobs2):
     # every run records the count it trained with (compare runs only at equal counts).
     for p in sweep_jobs2["manifest"]["path"]:
         assert load_run(sweep_jobs2["out"] / p).marker["derived"]["torch_threads"] == WORKER_THREADS
+
+
+def test_step0_embeddings_reused_within_a_process_are_the_same_bytes(tmp_path):
+    # two runs that differ in the head seed share step 0 (the pretrained body): the second takes it from the cache
+    import embvar_study.train as train_mod
+    a, b = {**TINY, "max_steps": 1, "init_seed": 1}, {**TINY, "max_steps": 1, "init_seed": 2}
+    with torch_threads(1):
+        train_mod.STEP0_CACHE.clear(); train_run(a, tmp_path / "a")
+        assert len(train_mod.STEP0_CACHE) == 1
+        train_run(b, tmp_path / "b")                               # cache hit
+        train_mod.STEP0_CACHE.clear(); train_run(b, tmp_path / "b_fresh")
+    step0 = lambda d: {k: v for k, v in embedding_digests(d).items() if k.startswith("step_000000")}
+    assert step0(tmp_path / "b") == step0(tmp_path / "b_fresh") == step0(tmp_path / "a")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Whole studies
+
+def test_plan_dedups_shared_points_across_experiments():
+    prof = get_profile("smoke")
+    plan = plan_study(prof)
+    assert list(dict.fromkeys(plan["experiment"])) == list(EXPERIMENT_NAMES)
+    configs = {json.dumps(c, sort_keys=True) for c in plan["config"]}
+    assert plan["run_id"].nunique() == len(configs)
+    lin = plan[(plan.experiment == "schedule") & (plan.schedule == "linear")]
+    assert set(lin["run_id"]) <= set(plan[plan.experiment == "lr_sweep"]["run_id"])   # linear points are the lr sweep's runs
+
+
+def test_run_study_writes_the_resolved_profile_and_refuses_another_profile(tmp_path):
+    over = {"lrs": [5e-4], "seeds": [0], "schedules": ["linear", "constant"], "schedule_seeds": [0], **{k: v for k, v in TINY.items() if k != "model"}}
+    ms = run_study("smoke", tmp_path / "s", overrides=json.dumps(over), experiments=["lr_sweep", "schedule"], say=None)
+    assert list(ms) == ["lr_sweep", "schedule"]
+    st = load_study(tmp_path / "s")
+    assert st.profile == "smoke" and st.spec["overrides"] == over and st.spec["experiments"] == ["lr_sweep", "schedule"]
+    assert st.spec["resolved"]["schedules"] == ["linear", "constant"] and st.grid("lrs") == [5e-4]
+    assert len(st.runs("schedule")) == 2 and set(st.runs("schedule").table["schedule"]) == {"linear", "constant"}
+    with pytest.raises(ValueError, match="holds a study of profile 'smoke', not 'quick'"):
+        run_study("quick", tmp_path / "s", say=None)
+
+
+def test_reviews_profile_needs_a_dataset():
+    with pytest.raises(ValueError, match=r"dataset: the reviews profile needs a dataset: --set dataset=PATH"):
+        get_profile("reviews")
+    prof = get_profile("reviews", {"dataset": "bundled"})
+    assert prof["base"]["probes"] == "heldout" and prof["base"]["max_length"] == 256
