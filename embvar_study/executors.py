@@ -10,9 +10,17 @@ from multiprocessing.connection import wait as _wait
 from typing import Callable
 
 # %% auto #0
-__all__ = ['MAX_RUNS_PER_GPU', 'run_one', 'plan_workers', 'auto_runs_per_gpu', 'visible_gpus', 'worker_env', 'LocalExecutor']
+__all__ = ['MAX_RUNS_PER_GPU', 'InProcess', 'run_one', 'plan_workers', 'auto_runs_per_gpu', 'visible_gpus', 'worker_env',
+           'LocalExecutor']
 
-# %% ../nbs/11_executors.ipynb #0362cdd9
+# %% ../nbs/11_executors.ipynb #dee99e9f
+class InProcess:
+    "The executor of one run at a time in this process (warm: imports, loaded data, step-0 cache stay)."
+    def __enter__(self) -> "InProcess": return self
+    def __exit__(self, *exc): return False
+    def run(self, tasks: list[tuple], on_done: Callable[[object, dict], None]) -> None:
+        for key, config, run_dir in tasks: on_done(key, run_one(config, run_dir))
+
 def run_one(config: dict,        # TrainConfig fields
             run_dir: str,        # run folder to write
             *,
@@ -112,7 +120,7 @@ class _Worker:
         self.proc.join(timeout=10)
         if self.proc.is_alive(): self.proc.kill(); self.proc.join()
 
-# %% ../nbs/11_executors.ipynb #e8100460
+# %% ../nbs/11_executors.ipynb #c7aa5db6
 class LocalExecutor:
     "Warm worker processes on this machine (CPU threads or GPUs); each runs one task at a time."
     def __init__(self, jobs: int = 1, *, gpus: list[dict] | None = None, runs_per_gpu: int | str = 1,
@@ -134,6 +142,9 @@ class LocalExecutor:
         n_all = len(workers) + max(0, extra)
         threads = max(1, (self.cpu_count or os.cpu_count() or 1) // n_all)
         workers += [_Worker(self.ctx, {"device": device, "threads": threads}, self.target) for _ in range(max(0, extra))]
+
+    def __enter__(self) -> "LocalExecutor": return self
+    def __exit__(self, *exc): return False
 
     def run(self, tasks: list[tuple], on_done: Callable[[object, dict], None]) -> None:
         "Run every `(key, config, run_dir)` task; `on_done(key, summary)` in this process as each ends."

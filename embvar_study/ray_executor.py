@@ -4,7 +4,7 @@
 
 # %% ../nbs/12_ray.ipynb #ee31a91a
 from __future__ import annotations
-import contextlib, logging, math, os, socket, threading, time, uuid
+import contextlib, logging, math, os, socket, sys, threading, time, uuid
 from pathlib import Path
 
 from .runs import atomic_write_text
@@ -12,7 +12,7 @@ from .runs import atomic_write_text
 # %% auto #0
 __all__ = ['RAY_INSTALL_HINT', 'CONNECT_TIMEOUT_S', 'PROBE_TIMEOUT_S', 'RayUnavailableError', 'ClusterError', 'import_ray',
            'check_run_resources', 'cluster_nodes', 'resolve_gpus_per_run', 'check_node_resources', 'check_reachable',
-           'ray_session', 'check_shared_folder', 'check_cluster', 'run_ray_tasks']
+           'ray_session', 'check_shared_folder', 'check_cluster', 'RayExecutor']
 
 # %% ../nbs/12_ray.ipynb #82a1b0a5
 RAY_INSTALL_HINT = 'pip install "embvar-study[ray]"'
@@ -242,14 +242,14 @@ def _shared_folder_problems(folder: Path,  # the output folder
     return out
 
 # %% ../nbs/12_ray.ipynb #6ac9f708
-def check_shared_folder(out_dir: str | Path,  # the sweep's output folder (created if missing)
+def check_shared_folder(study_dir: str | Path,  # the study folder (created if missing)
                         nodes: list[dict] | None = None,  # from cluster_nodes (default: ask the cluster)
                         timeout_s: float | None = None,  # for the check tasks (default PROBE_TIMEOUT_S)
                         ) -> None:
-    "Raise a ClusterError unless every alive node of the connected cluster can read and write `out_dir`."
+    "Raise a ClusterError unless every alive node of the connected cluster can read and write `study_dir`."
     ray = import_ray()
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-    folder = Path(out_dir).absolute(); folder.mkdir(parents=True, exist_ok=True)
+    folder = Path(study_dir).absolute(); folder.mkdir(parents=True, exist_ok=True)
     nodes = cluster_nodes() if nodes is None else nodes
     timeout_s = PROBE_TIMEOUT_S if timeout_s is None else timeout_s
     token = uuid.uuid4().hex; token_file = folder / f"{_PROBE_PREFIX}{token}"
@@ -263,7 +263,7 @@ def check_shared_folder(out_dir: str | Path,  # the sweep's output folder (creat
         if late:
             slow = [_node_label(n) for n, r in zip(nodes, refs) if r in late]
             for r in late: ray.cancel(r, force=True)
-            raise ClusterError(f"out_dir: the shared-folder check did not finish within {timeout_s:.0f}s on {slow} "
+            raise ClusterError(f"study_dir: the shared-folder check did not finish within {timeout_s:.0f}s on {slow} "
                                "(no worker could start there?)")
         results = []
         for r in refs:
@@ -272,14 +272,14 @@ def check_shared_folder(out_dir: str | Path,  # the sweep's output folder (creat
         seen = [(token_file.parent / f"{token_file.name}.{n['node_id']}").is_file() for n in nodes]
         problems = _shared_folder_problems(folder, nodes, results, seen)
         if problems:
-            raise ClusterError(f"out_dir: {folder} must be on storage that every node of the Ray cluster sees at the same path "
+            raise ClusterError(f"study_dir: {folder} must be on storage that every node of the Ray cluster sees at the same path "
                                f"(NFS, Lustre, ...): tasks write the run folders there and the report reads them. Problems:\n  "
                                + "\n  ".join(problems))
     finally:
         for p in folder.glob(f"{_PROBE_PREFIX}{token}*"):
             with contextlib.suppress(OSError): p.unlink()
 
-def check_cluster(out_dir: str | Path,  # the sweep's output folder
+def check_cluster(study_dir: str | Path,  # the study folder
                   num_cpus_per_run: int,  # CPUs per run
                   num_gpus_per_run: float | None,  # GPUs per run (None: 1 if the cluster has GPUs, else 0)
                   *,
@@ -289,10 +289,10 @@ def check_cluster(out_dir: str | Path,  # the sweep's output folder
     nodes = cluster_nodes()
     gpus = resolve_gpus_per_run(nodes, num_gpus_per_run)
     check_node_resources(nodes, num_cpus_per_run, gpus)
-    check_shared_folder(out_dir, nodes)
+    check_shared_folder(study_dir, nodes)
     if progress:
         print(f"[ray] cluster: {len(nodes)} node(s), {sum(n['cpus'] for n in nodes):g} CPUs, {sum(n['gpus'] for n in nodes):g} GPUs; "
-              f"each run: {num_cpus_per_run} CPU(s), {gpus:g} GPU(s); {Path(out_dir).absolute()} is shared by every node", flush=True)
+              f"each run: {num_cpus_per_run} CPU(s), {gpus:g} GPU(s); {Path(study_dir).absolute()} is shared by every node", flush=True)
     return {"nodes": nodes, "num_gpus_per_run": gpus}
 
 # %% ../nbs/12_ray.ipynb #62d6c69e
@@ -307,27 +307,39 @@ def _ray_task(config: dict, run_dir: str, threads: int, use_gpu: bool, cwd: str)
     res.pop("traceback", None)
     return {**res, "node": socket.gethostname()}
 
-def run_ray_tasks(tasks: list[tuple],  # (key, config dict, absolute run folder) per run
-                  on_done,  # called as on_done(key, summary dict) when a run finishes
-                  *,
-                  study_dir: str | Path,  # the study folder (must be shared by every node)
-                  address: str | None = None,  # HOST:PORT of a running cluster (None: RAY_ADDRESS, else a local instance)
-                  jobs: int = 1,  # without an address: CPUs of the local instance (runs at once), 1 = all cores
-                  num_cpus_per_run: int = 1,  # CPUs and torch threads per run
-                  num_gpus_per_run: float | None = None,  # GPUs per run (None: 1 if the cluster has GPUs, else 0)
-                  max_retries: int = 3,  # restarts of a run whose worker died
-                  progress: bool = True,  # print what was started and the cluster's size
-                  ) -> None:
-    "Connect to (or start) Ray, check the cluster, submit one task per run and report each summary as it arrives."
-    check_run_resources(num_cpus_per_run, num_gpus_per_run, max_retries)
-    ray = import_ray()
-    with ray_session(address, num_cpus=jobs * num_cpus_per_run if jobs > 1 else None, progress=progress):
-        gpus = check_cluster(study_dir, num_cpus_per_run, num_gpus_per_run, progress=progress)["num_gpus_per_run"]
+class RayExecutor:
+    "Ray as an executor: entering connects (or starts a local instance) and checks the cluster; `run` submits one task per run."
+    def __init__(self, study_dir: str | Path,  # the study folder (must be shared by every node)
+                 *,
+                 address: str | None = None,  # HOST:PORT of a running cluster (None: RAY_ADDRESS, else a local instance)
+                 jobs: int = 1,  # without an address: CPUs of the local instance (runs at once), 1 = all cores
+                 num_cpus_per_run: int = 1,  # CPUs and torch threads per run
+                 num_gpus_per_run: float | None = None,  # GPUs per run (None: 1 if the cluster has GPUs, else 0)
+                 max_retries: int = 3,  # restarts of a run whose worker died
+                 progress: bool = True):  # print what was started and the cluster's size
+        check_run_resources(num_cpus_per_run, num_gpus_per_run, max_retries)
+        self.ray, self.study_dir, self.address, self.jobs = import_ray(), study_dir, address, jobs
+        self.cpus, self.gpus, self.max_retries, self.progress = num_cpus_per_run, num_gpus_per_run, max_retries, progress
+        self._session = None
+
+    def __enter__(self) -> "RayExecutor":
+        self._session = ray_session(self.address, num_cpus=self.jobs * self.cpus if self.jobs > 1 else None, progress=self.progress)
+        self._session.__enter__()
+        try: self.gpus = check_cluster(self.study_dir, self.cpus, self.gpus, progress=self.progress)["num_gpus_per_run"]
+        except BaseException: self._session.__exit__(*sys.exc_info()); raise
+        return self
+
+    def __exit__(self, *exc):
+        return self._session.__exit__(*exc)
+
+    def run(self, tasks: list[tuple], on_done) -> None:
+        "Submit `(key, config, absolute run folder)` tasks; `on_done(key, summary)` as each finishes (Ctrl-C cancels the rest)."
+        ray = self.ray
         task, cwd, refs = ray.remote(_ray_task), os.getcwd(), {}
         for key, config, path in tasks:
-            ref = task.options(num_cpus=num_cpus_per_run, num_gpus=gpus, max_retries=max_retries,
+            ref = task.options(num_cpus=self.cpus, num_gpus=self.gpus, max_retries=self.max_retries,
                                retry_exceptions=False, name=f"embvar:{Path(path).name}"
-                               ).remote(config, str(path), num_cpus_per_run, gpus > 0, cwd)
+                               ).remote(config, str(path), self.cpus, self.gpus > 0, cwd)
             refs[ref] = key
         pending = list(refs)
         try:
@@ -338,7 +350,7 @@ def run_ray_tasks(tasks: list[tuple],  # (key, config dict, absolute run folder)
                     except Exception as e:  # the worker died more than max_retries times, or the node was lost
                         msg = str(e).strip().splitlines()
                         res = {"status": "failed", "seconds": 0.0, "node": "",
-                               "error": f"worker died (after max_retries={max_retries} retries): {type(e).__name__}: {msg[0] if msg else ''}"}
+                               "error": f"worker died (after max_retries={self.max_retries} retries): {type(e).__name__}: {msg[0] if msg else ''}"}
                     on_done(refs[ref], res)
         except BaseException:
             for ref in pending:

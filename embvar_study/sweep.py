@@ -4,7 +4,7 @@
 
 # %% ../nbs/14_sweep.ipynb #526e1b7f
 from __future__ import annotations
-import copy, datetime as _dt, difflib, itertools, json, math, shutil, time
+import contextlib, copy, datetime as _dt, difflib, itertools, json, math, shutil, time
 from pathlib import Path
 from typing import Callable
 
@@ -168,11 +168,7 @@ def _move_aside(study_dir: Path, run_dir: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True); shutil.move(str(run_dir), str(dest))
     return dest
 
-# %% ../nbs/14_sweep.ipynb #b881c9e6
-def _gpus() -> list:
-    from embvar_study.executors import visible_gpus
-    return visible_gpus()
-
+# %% ../nbs/14_sweep.ipynb #97e4408b
 def _label(row: dict) -> str:
     "The design values of a plan row in a few words: 'lr=5e-4 seed=1', 'lr=5e-5 init_seed=2 data_seed=0'."
     given = {k: v for k, v in row.items() if v is not None and not (isinstance(v, float) and math.isnan(v))}
@@ -181,21 +177,30 @@ def _label(row: dict) -> str:
     return " ".join(f"{k}={shown(k, given[k])}" for k in keys if k in given
                     and not (k == "replicate" and not given[k]) and not (k == "schedule" and given[k] == "linear"))
 
+def _executor(executor: str, study_dir: Path, jobs: int, runs_per_gpu, ray_options: dict | None):
+    "The executor for a plan: Ray, this process (one run at a time, at most one GPU), or warm local workers."
+    from embvar_study import executors as E
+    if executor == "ray":
+        from embvar_study.ray_executor import RayExecutor
+        return RayExecutor(study_dir, jobs=jobs, **(ray_options or {}))
+    if jobs == 1 and runs_per_gpu == 1 and len(E.visible_gpus()) <= 1: return E.InProcess()
+    return E.LocalExecutor(jobs, runs_per_gpu=runs_per_gpu)
+
 def execute_plan(plan: pd.DataFrame,        # from plan_study (or any rows with experiment, run_id, config)
                  study_dir: str | Path,      # the study folder (its lock must be held by the caller)
                  *,
                  executor: str = "local",    # "local" or "ray"
-                 jobs: int = 1,              # local CPU workers
+                 jobs: int = 1,              # local CPU workers (1: one run at a time in this process)
                  runs_per_gpu: int | str = 1,  # local workers per GPU ("auto": from one run's peak memory)
                  ray_options: dict | None = None,  # ray: address, num_cpus_per_run, num_gpus_per_run, max_retries, progress
+                 spec: dict | None = None,   # study.json to write with the first manifests
                  say: Callable[[str], None] | None = print,  # one line per event (None: silent)
                 ) -> dict[str, pd.DataFrame]:  # experiment -> manifest
     "Run every planned run that is not complete and verified; keep the manifests and progress lines up to date."
     study_dir = Path(study_dir); say = say or (lambda _: None)
     rows = [{k: v for k, v in r.items() if k != "config"} for r in plan.to_dict("records")]
     for r in rows: r.update(path=f"runs/{r['run_id']}", status="pending", error="", seconds=0.0, node="")
-    configs = dict(zip(plan["run_id"], plan["config"]))
-    todo = []
+    configs, todo, experiments = dict(zip(plan["run_id"], plan["config"])), [], list(dict.fromkeys(plan["experiment"]))
     for rid in dict.fromkeys(plan["run_id"]):
         run_dir = study_dir / "runs" / rid
         why = _damaged(run_dir)
@@ -206,11 +211,8 @@ def execute_plan(plan: pd.DataFrame,        # from plan_study (or any rows with 
                 if r["run_id"] == rid: r["status"] = "skipped"
             continue
         todo.append(rid)
-    experiments = list(dict.fromkeys(plan["experiment"]))
     def save():
         for e in experiments: write_manifest(study_dir, e, [{k: v for k, v in r.items() if k != "experiment"} for r in rows if r["experiment"] == e])
-    save()
-    say(f"{len(rows)} grid points, {plan['run_id'].nunique()} distinct runs: {plan['run_id'].nunique() - len(todo)} complete, {len(todo)} to run")
     t0, done, errors = time.perf_counter(), [0], {}
     first = {rid: next(r for r in rows if r["run_id"] == rid) for rid in todo}
     def on_done(rid, res):
@@ -221,22 +223,18 @@ def execute_plan(plan: pd.DataFrame,        # from plan_study (or any rows with 
             atomic_write_text(study_dir / "sweeps" / f"{first[rid]['experiment']}.errors.txt", "\n".join(errors[first[rid]["experiment"]]))
         save(); done[0] += 1
         el = time.perf_counter() - t0; eta = el / done[0] * (len(todo) - done[0])
-        say(f"[{done[0]}/{len(todo)}] {first[rid]['experiment']} {_label(first[rid])} -> {res['status']} "
-            f"({res.get('seconds', 0):.1f}s){' · ETA ' + _fmt_seconds(eta) if done[0] < len(todo) else ''}"
-            + (f"  {res['error']}" if res.get("error") else ""))
+        say(f"[{done[0]}/{len(todo)}] {first[rid]['experiment']} {_label(first[rid])} ({rid}) -> {res['status']} ({res.get('seconds', 0):.1f}s"
+            + (f" on {res['node']}" if executor == "ray" and res.get("node") else "") + ")"
+            + (f" · ETA {_fmt_seconds(eta)}" if done[0] < len(todo) else "") + (f"  {res['error']}" if res.get("error") else ""))
     tasks = [(rid, configs[rid], str((study_dir / "runs" / rid).absolute())) for rid in todo]
-    if tasks and executor == "ray":
-        from embvar_study.ray_executor import run_ray_tasks
-        run_ray_tasks(tasks, on_done, study_dir=study_dir, jobs=jobs, **(ray_options or {}))
-    elif tasks and jobs == 1 and runs_per_gpu == 1 and len(_gpus()) <= 1:   # one at a time: in this process, warm
-        from embvar_study.executors import run_one
-        for rid, config, run_dir in tasks: on_done(rid, run_one(config, run_dir))
-    elif tasks:
-        from embvar_study.executors import LocalExecutor
-        LocalExecutor(jobs, runs_per_gpu=runs_per_gpu).run(tasks, on_done)
+    with (_executor(executor, study_dir, jobs, runs_per_gpu, ray_options) if tasks else contextlib.nullcontext()) as ex:   # a cluster is checked before anything is written
+        if spec is not None: write_study_spec(study_dir, spec)
+        save()
+        say(f"{len(rows)} grid points, {plan['run_id'].nunique()} distinct runs: {plan['run_id'].nunique() - len(todo)} complete, {len(todo)} to run")
+        if tasks: ex.run(tasks, on_done)
     return {e: pd.DataFrame([r for r in rows if r["experiment"] == e]).drop(columns="experiment") for e in experiments}
 
-# %% ../nbs/14_sweep.ipynb #5120cc0d
+# %% ../nbs/14_sweep.ipynb #66088f05
 EXECUTORS = ("local", "ray")
 
 def _spec(prof: dict, overrides: dict, experiments: list, old: dict | None) -> dict:
@@ -286,9 +284,9 @@ def run_study(profile: str,                 # profile name (see PROFILES)
         old = read_study_spec(study_dir) if (study_dir / STUDY_FILE).exists() else None
         if old and old.get("profile") != profile:
             raise ValueError(f"study_dir: {study_dir} holds a study of profile {old.get('profile')!r}, not {profile!r}; use another folder")
-        write_study_spec(study_dir, _spec(prof, overrides, experiments, old))
         return execute_plan(plan_study(prof, experiments), study_dir, executor=executor, jobs=jobs, runs_per_gpu=runs_per_gpu,
-                            ray_options=ray_options(ray_address, gpus_per_run, cpus_per_run, max_retries), say=say)
+                            ray_options=ray_options(ray_address, gpus_per_run, cpus_per_run, max_retries),
+                            spec=_spec(prof, overrides, experiments, old), say=say)
 
 def run_experiment(profile: str, experiment: str, study_dir: str | Path, **kwargs) -> pd.DataFrame:  # the manifest
     "`run_study` of one experiment (what an experiment notebook calls)."
@@ -313,6 +311,6 @@ def run_sweep(name: str,              # experiment name: the manifest is <study_
         rows.append({"experiment": name, **p, "run_id": cfg.run_id(), "config": cfg.to_dict()})
     study_dir = Path(study_dir)
     with study_lock(study_dir):
-        if not (study_dir / STUDY_FILE).exists(): write_study_spec(study_dir, {"profile": None, "experiments": [name], "resolved": {"base": base}})
+        spec = None if (study_dir / STUDY_FILE).exists() else {"profile": None, "experiments": [name], "resolved": {"base": base}}
         return execute_plan(pd.DataFrame(rows), study_dir, executor=executor, jobs=jobs, runs_per_gpu=runs_per_gpu,
-                            ray_options=ray_options, say=say)[name]
+                            ray_options=ray_options, spec=spec, say=say)[name]

@@ -27,7 +27,8 @@ from embvar_study import analysis, ray_executor
 from embvar_study.metrics import drift_curve
 from embvar_study.ray_executor import ClusterError, RayUnavailableError, cluster_nodes
 from embvar_study.runs import is_complete, load_run
-from embvar_study.sweep import experiment_grid, get_profile, load_manifest, run_sweep
+from embvar_study.study import load_manifest
+from embvar_study.sweep import EXPERIMENT_NAMES, experiment_grid, get_profile, run_sweep
 
 pytestmark = [pytest.mark.filterwarnings("ignore:.*truncated to max_length"),
               pytest.mark.filterwarnings("ignore:.*NumPy array is not writable")]
@@ -59,7 +60,7 @@ def cluster():
 def local_sweep(tmp_path_factory):
     "The reference: the same grid with the local executor, in this process (one torch thread, see conftest)."
     out = tmp_path_factory.mktemp("local")
-    return {"out": out, "manifest": run_sweep("lr_sweep", BASE, POINTS, out, progress=False)}
+    return {"out": out, "manifest": run_sweep("lr_sweep", BASE, POINTS, out, say=None)}
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +68,7 @@ def ray_sweep(cluster, tmp_path_factory):
     out = tmp_path_factory.mktemp("ray")
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        m = run_sweep("lr_sweep", BASE, POINTS, out, executor="ray", num_cpus_per_run=1)
+        m = run_sweep("lr_sweep", BASE, POINTS, out, executor="ray", ray_options={"num_cpus_per_run": 1})
     return {"out": out, "manifest": m, "stdout": buf.getvalue()}
 
 
@@ -81,7 +82,7 @@ def test_ray_sweep_completes_every_run(ray_sweep):
     for p in m["path"]:
         run = load_run(out / p, verify=True)                      # every file present and matching its checksum
         assert run.status == "completed" and not list((out / p).rglob(".*.tmp"))
-    assert sorted(q.name for q in (out / "runs").iterdir()) == sorted(m["run_id"])
+    assert sorted(q.name for q in (out / "runs").iterdir() if not q.name.startswith(".")) == sorted(m["run_id"])   # (hidden: locks)
     assert not list(out.glob(".embvar-shared-check-*"))            # the shared-folder probe cleaned up
     on_disk = load_manifest(out, "lr_sweep")
     assert list(on_disk["run_id"]) == list(m["run_id"]) and list(on_disk["status"]) == list(m["status"])
@@ -91,9 +92,10 @@ def test_ray_sweep_prints_progress_as_runs_complete(ray_sweep):
     text = ray_sweep["stdout"]
     assert "[ray] using the Ray cluster this process is already connected to" in text
     assert "[ray] cluster: 1 node(s), 2 CPUs, 0 GPUs; each run: 1 CPU(s), 0 GPU(s)" in text
-    assert f"[lr_sweep] {len(POINTS)} runs: 0 already complete, {len(POINTS)} to run (executor=ray" in text
-    for k in range(1, len(POINTS) + 1): assert f"[{k}/{len(POINTS)}] " in text
-    for rid in ray_sweep["manifest"]["run_id"]: assert f"{rid} lr=" in text and f"on {socket.gethostname()}" in text
+    assert f"{len(POINTS)} grid points, {len(POINTS)} distinct runs: 0 complete, {len(POINTS)} to run" in text
+    for k in range(1, len(POINTS) + 1): assert f"[{k}/{len(POINTS)}] lr_sweep lr=" in text
+    for rid in ray_sweep["manifest"]["run_id"]: assert f"({rid}) -> completed" in text
+    assert text.count(f"on {socket.gethostname()})") == len(POINTS)
 
 
 def test_ray_runs_equal_local_runs(local_sweep, ray_sweep):
@@ -109,8 +111,9 @@ def test_ray_runs_equal_local_runs(local_sweep, ray_sweep):
 
 def test_the_report_tables_do_not_depend_on_the_executor(local_sweep, ray_sweep):
     "What the report computes from the runs on disk (drift curves through the manifest) is the same."
-    tl = analysis.drift_curves(analysis.sweep_runs(local_sweep["out"], "lr_sweep"))
-    tr = analysis.drift_curves(analysis.sweep_runs(ray_sweep["out"], "lr_sweep"))
+    from embvar_study.study import load_study
+    tl = analysis.drift_curves(load_study(local_sweep["out"]).runs("lr_sweep"))
+    tr = analysis.drift_curves(load_study(ray_sweep["out"]).runs("lr_sweep"))
     assert len(tl) > len(POINTS)
     pd.testing.assert_frame_equal(tr, tl)
 
@@ -118,11 +121,11 @@ def test_the_report_tables_do_not_depend_on_the_executor(local_sweep, ray_sweep)
 def test_finished_runs_are_never_recomputed(ray_sweep):
     out, m = ray_sweep["out"], ray_sweep["manifest"]
     before = {p: folder_state(out / p) for p in m["path"]}
-    again = run_sweep("lr_sweep", BASE, POINTS, out, executor="ray", progress=False)
+    again = run_sweep("lr_sweep", BASE, POINTS, out, executor="ray", say=None)
     assert list(again["status"]) == ["skipped"] * len(POINTS)
     assert {p: folder_state(out / p) for p in m["path"]} == before
     # a new grid sharing a point with the old one runs the new point only
-    more = run_sweep("more", BASE, POINTS[:1] + [{"lr": 5e-4, "seed": 2}], out, executor="ray", progress=False)
+    more = run_sweep("more", BASE, POINTS[:1] + [{"lr": 5e-4, "seed": 2}], out, executor="ray", say=None)
     assert list(more["status"]) == ["skipped", "completed"]
     assert folder_state(out / m["path"][0]) == before[m["path"][0]]
 
@@ -131,7 +134,7 @@ def test_a_run_that_fails_for_its_own_reasons_is_recorded_not_retried(cluster, t
     missing = tmp_path / "no_such_data.csv"
     t = time.perf_counter()
     m = run_sweep("fail", BASE, [{"lr": 5e-5, "seed": 0, "dataset": str(missing)}], tmp_path, executor="ray",
-                  max_retries=3, progress=False)
+                  ray_options={"max_retries": 3}, say=None)
     assert list(m["status"]) == ["failed"]
     assert m["error"][0].startswith("FileNotFoundError") and str(missing) in m["error"][0]
     assert not is_complete(tmp_path / m["path"][0])
@@ -173,11 +176,11 @@ def _pid_alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the worker process through /proc")
 def test_a_killed_worker_is_retried_and_leaves_no_corrupt_run(cluster, tmp_path):
-    ref = run_sweep("kill", KILL_BASE, KILL_POINTS, tmp_path / "local", progress=False)   # the local reference
+    ref = run_sweep("kill", KILL_BASE, KILL_POINTS, tmp_path / "local", say=None)   # the local reference
     out = tmp_path / "ray"; runs = out / "runs"
     result = {}
     def sweep():
-        try: result["manifest"] = run_sweep("kill", KILL_BASE, KILL_POINTS, out, executor="ray", max_retries=2, progress=False)
+        try: result["manifest"] = run_sweep("kill", KILL_BASE, KILL_POINTS, out, executor="ray", ray_options={"max_retries": 2}, say=None)
         except BaseException as e: result["error"] = e
     th = threading.Thread(target=sweep, daemon=True); th.start()
     killed, deadline = None, time.monotonic() + 150
@@ -213,7 +216,7 @@ def test_a_killed_worker_is_retried_and_leaves_no_corrupt_run(cluster, tmp_path)
 # Connecting by address
 
 DRIVER = ("import json, sys; from embvar_study.sweep import run_sweep; "
-          "m = run_sweep('second', json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], executor='ray', ray_address=sys.argv[4]); "
+          "m = run_sweep('second', json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3], executor='ray', ray_options={'address': sys.argv[4]}); "
           "print('STATUS', list(m['status']))")
 
 
@@ -242,12 +245,12 @@ def _nothing_ran(out: Path):
 
 def test_more_gpus_or_cpus_per_run_than_any_node_has(cluster, tmp_path):
     with pytest.raises(ValueError, match=r"num_gpus_per_run: each run asks for 1 GPU\(s\) but no node of the cluster has more than 0") as e:
-        run_sweep("gpu", BASE, POINTS, tmp_path, executor="ray", num_gpus_per_run=1)
+        run_sweep("gpu", BASE, POINTS, tmp_path, executor="ray", ray_options={"num_gpus_per_run": 1})
     assert socket.gethostname() in str(e.value)
     with pytest.raises(ValueError, match=r"num_gpus_per_run: each run asks for 0.5 GPU"):
-        run_sweep("gpu", BASE, POINTS, tmp_path, executor="ray", num_gpus_per_run=0.5)
+        run_sweep("gpu", BASE, POINTS, tmp_path, executor="ray", ray_options={"num_gpus_per_run": 0.5})
     with pytest.raises(ValueError, match=r"num_cpus_per_run: each run asks for 3 CPUs but no node of the cluster has more than 2"):
-        run_sweep("gpu", BASE, POINTS, tmp_path, executor="ray", num_cpus_per_run=3)
+        run_sweep("gpu", BASE, POINTS, tmp_path, executor="ray", ray_options={"num_cpus_per_run": 3})
     _nothing_ran(tmp_path)
 
 
@@ -255,20 +258,21 @@ def test_an_output_folder_a_node_cannot_see(cluster, tmp_path, monkeypatch):
     # the driver "forgets" to write the token, as if out_dir were a local disk of the driver's machine: the probe task
     # pinned to the node does not find it there
     monkeypatch.setattr(ray_executor, "_write_probe_token", lambda path, token: None)
-    with pytest.raises(ClusterError, match=r"out_dir: .* must be on storage that every node of the Ray cluster sees") as e:
+    with pytest.raises(ClusterError, match=r"study_dir: .* must be on storage that every node of the Ray cluster sees") as e:
         run_sweep("unshared", BASE, POINTS, tmp_path, executor="ray")
     assert f"{socket.gethostname()} (" in str(e.value) and f"does not see {tmp_path}" in str(e.value)
     _nothing_ran(tmp_path)
 
 
-def test_ray_not_installed(tmp_path, monkeypatch):
-    from embvar_study.cli import run_report
+def test_ray_not_installed(tmp_path, monkeypatch, capsys):
+    from embvar_study.cli import main
     monkeypatch.setitem(sys.modules, "ray", None)              # `import ray` now raises ImportError
     with pytest.raises(RayUnavailableError, match=r'pip install "embvar-study\[ray\]"'):
         run_sweep("x", BASE, POINTS, tmp_path / "sweep", executor="ray")
-    with pytest.raises(ImportError, match=r'pip install "embvar-study\[ray\]"'):
-        run_report("smoke", tmp_path / "report", executor="ray", progress=False)
-    assert not (tmp_path / "sweep").exists() and not (tmp_path / "report").exists()
+    with pytest.raises(SystemExit) as ex:
+        main(["report", "--profile", "smoke", "--executor", "ray", "--out", str(tmp_path / "report")])
+    assert ex.value.code == 2 and 'pip install "embvar-study[ray]"' in capsys.readouterr().err
+    assert not (tmp_path / "sweep" / "runs").exists() and not (tmp_path / "report" / "runs").exists()
 
 
 def test_unreachable_address_fails_fast_from_the_cli(tmp_path):
@@ -279,18 +283,18 @@ def test_unreachable_address_fails_fast_from_the_cli(tmp_path):
                        env=env(), capture_output=True, text=True, timeout=120)
     took = time.perf_counter() - t
     assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-2000:])
-    assert "embvar report: error: ray_address: cannot reach a Ray cluster at '127.0.0.1:1'" in r.stderr
+    assert "embvar report: error: --ray-address: cannot reach a Ray cluster at '127.0.0.1:1'" in r.stderr
     assert "ray start --head --port=1" in r.stderr
-    assert not out.exists()                                      # no notebook ran, nothing written
+    assert not (out / "runs").exists() and not (out / "sweeps").exists() and not (out / "notebooks").exists()   # nothing ran
     assert took < 60, f"took {took:.0f}s"
 
 
 def test_every_experiment_template_takes_the_executor_parameters():
-    import papermill as pm
-    from embvar_study.cli import EXPERIMENTS, template_dir
-    for name in EXPERIMENTS:
+    import nbformat, papermill as pm
+    from embvar_study.report import template_dir
+    for name in EXPERIMENT_NAMES:
         params = pm.inspect_notebook(str(template_dir() / f"{name}.ipynb"))
-        assert {"executor", "ray_address", "gpus_per_run", "cpus_per_run", "jobs"} <= set(params), name
-        assert params["executor"]["default"] == '"local"' and params["ray_address"]["default"] == "None", name
-        src = "\n".join(c.source for c in __import__("nbformat").read(template_dir() / f"{name}.ipynb", as_version=4).cells)
-        assert "executor=executor, ray_address=ray_address" in src and "num_gpus_per_run=gpus_per_run, num_cpus_per_run=cpus_per_run" in src
+        assert {"executor", "ray_address", "gpus_per_run", "cpus_per_run", "jobs", "runs_per_gpu"} <= set(params), name
+        assert params["executor"]["default"] == '"local"' and params["ray_address"]["default"] == '""', name
+        src = "\n".join(c.source for c in nbformat.read(template_dir() / f"{name}.ipynb", as_version=4).cells)
+        assert "executor=executor" in src and "ray_address=ray_address, gpus_per_run=gpus_per_run, cpus_per_run=cpus_per_run" in src
