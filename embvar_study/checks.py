@@ -19,13 +19,13 @@ def is_tensor(x) -> bool:  # True for a torch tensor (any device, dtype or subcl
     mod = type(x).__module__
     return (mod == "torch" or mod.startswith("torch.")) and hasattr(x, "detach")
 
-# %% ../nbs/00_checks.ipynb #7a7a271c
+# %% ../nbs/00_checks.ipynb #394bb55d
 def check_real(x,          # numpy array or torch tensor
                name: str,  # argument name, used in error messages
               ) -> None:
     "Raise if `x` holds complex numbers: casting them to float would silently drop the imaginary part."
     if x.is_complex() if is_tensor(x) else np.iscomplexobj(x):
-        raise ValueError(f"{name}: expected real numbers, got complex dtype {x.dtype}; "
+        raise ValueError(f"{name}: expected real numbers, got complex dtype {str(x.dtype).removeprefix('torch.')}; "
                          f"pass its .real, .imag or abs() explicitly")
 
 # %% ../nbs/00_checks.ipynb #225edb54

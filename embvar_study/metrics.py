@@ -240,7 +240,7 @@ def pairwise_distances(X,  # (..., N, d) embeddings
     N, d = x.shape[-2:]
     return _chunked(lambda c: _pairwise(c, metric), [x], x.shape[:-2], cost=3 * N * N + N * d)
 
-# %% ../nbs/02_metrics.ipynb #8ec8aee6
+# %% ../nbs/02_metrics.ipynb #acda38ff
 def pairwise_distance_summary(X,  # (..., N, d) embeddings, N >= 2
                               *,
                               metric: str = "euclidean",  # "euclidean" or "cosine"
@@ -258,7 +258,7 @@ def pairwise_distance_summary(X,  # (..., N, d) embeddings, N >= 2
         return xp.concatenate([t.mean(axis=-1)[..., None], xp.var(t, axis=-1, ddof=0)[..., None],
                                xp.moveaxis(xp.quantile(t, q), 0, -1)], axis=-1)
     out = _chunked(f, [x], x.shape[:-2], cost=5 * N * N + N * d)
-    return dict(mean=out[..., 0], var=out[..., 1], quantiles=out[..., 2:], levels=q)
+    return dict(mean=out[..., 0], var=out[..., 1], quantiles=out[..., 2:], levels=xp.asarray(q))
 
 # %% ../nbs/02_metrics.ipynb #101c0c92
 def _centred(x, sc=None, key="c"):

@@ -51,7 +51,7 @@ def _rng(seed) -> np.random.Generator:
         raise ValueError(f"seed: expected None, a non-negative int, a SeedSequence or a numpy Generator, "
                          f"got {seed!r} ({e})") from None
 
-# %% ../nbs/04_stats.ipynb #678d2ba5
+# %% ../nbs/04_stats.ipynb #b5b04039
 def _check_callable(statistic, name: str = "statistic"):
     if not callable(statistic):
         raise ValueError(f"{name}: expected a callable such as np.mean or `lambda x, axis: ...`, "
@@ -68,7 +68,8 @@ def _check_axis(axis, x: np.ndarray, name: str = "values") -> int:
 def _apply_statistic(statistic: Callable, x: np.ndarray, axis: int, expected_shape: tuple,
                      name: str = "statistic") -> np.ndarray:
     "Call `statistic(x, axis=axis)`; refuse callables without `axis`, results of the wrong shape, NaN or inf."
-    try: out = statistic(x, axis=axis)
+    try:
+        with np.errstate(over="ignore", invalid="ignore"): out = statistic(x, axis=axis)   # checked below
     except TypeError as e:
         raise ValueError(f"{name}: expected a callable accepting an `axis` keyword (np.mean, np.median, or "
                          f"`lambda x, axis: ...`); calling it with axis={axis} raised TypeError: {e}") from None
@@ -123,7 +124,9 @@ class CI:
         "The fields as a plain dict (e.g. one row of a `pandas.DataFrame`)."
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-# %% ../nbs/04_stats.ipynb #23fe6d92
+# %% ../nbs/04_stats.ipynb #2a42ed9f
+_TIE_ULPS = 64   # resample statistics within this many ulps (of the largest) of the estimate tie with it
+
 def _acceleration(theta_loo: np.ndarray) -> np.ndarray:
     "(...) BCa acceleration from jackknife values (..., n), computed at unit scale; 0 where they are all equal."
     t, _ = _rescaled(np.asarray(theta_loo, dtype=np.float64), axes=-1)
@@ -134,8 +137,9 @@ def _acceleration(theta_loo: np.ndarray) -> np.ndarray:
 
 def _bca_levels(boot, estimate, theta_loo, alpha: float) -> np.ndarray:
     "(R, 2) BCa percentile levels for rows of the bootstrap distribution boot (R, B); NaN where undefined."
-    B = boot.shape[-1]
-    below = ((boot < estimate[:, None]).sum(-1) + (boot <= estimate[:, None]).sum(-1)) / (2 * B)
+    B, est = boot.shape[-1], estimate[:, None]
+    tie = _TIE_ULPS * np.finfo(np.float64).eps * abs(boot).max(axis=-1, keepdims=True)   # rounding of equal values
+    below = ((boot < est - tie).sum(-1) + (boot <= est + tie).sum(-1)) / (2 * B)
     z0, a = ndtri(below)[:, None], _acceleration(theta_loo)[:, None]
     z = z0 + ndtri(np.array([alpha, 1 - alpha]))
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -182,8 +186,9 @@ def _jackknife_values(rows: np.ndarray, statistic: Callable) -> np.ndarray:
 def _scipy_distribution(data: np.ndarray, statistic: Callable, n_resamples: int, rng) -> np.ndarray:
     "(R, B) bootstrap distribution of each row of data (R, n) or (n,), drawn by scipy.stats.bootstrap."
     m, n = (1, data.shape[-1]) if data.ndim == 1 else data.shape
-    res = _sps.bootstrap((data,), statistic, n_resamples=n_resamples, vectorized=True, axis=-1, method="percentile",
-                         rng=rng, batch=max(1, min(n_resamples, _CHUNK_ELEMENTS // (m * n))))
+    with np.errstate(over="ignore"):          # scipy's own standard error may overflow; ours is computed at unit scale
+        res = _sps.bootstrap((data,), statistic, n_resamples=n_resamples, vectorized=True, axis=-1, method="percentile",
+                             rng=rng, batch=max(1, min(n_resamples, _CHUNK_ELEMENTS // (m * n))))
     boot = np.asarray(res.bootstrap_distribution, dtype=np.float64).reshape(m, n_resamples)
     if not np.isfinite(boot).all():
         raise ValueError(f"statistic: returned NaN/inf on {int((~np.isfinite(boot)).sum())} bootstrap resample(s)")
