@@ -32,6 +32,7 @@ def _check_pair_rows(a, b, name_a, name_b, same_d=True):
         want = "the same (N, d) in their last two axes" if same_d else "the same number of rows N (axis -2)"
         raise ValueError(f"{name_a} and {name_b}: expected {want}, got shapes {_shape(a)} and {_shape(b)}")
 
+# %% ../nbs/02_metrics.ipynb #4037eff9
 def _check_not_constant(x, name, what):
     "Raise if, for some leading index, all N rows of `x` (..., N, d) are identical."
     xp = _ops(x)
@@ -40,7 +41,7 @@ def _check_not_constant(x, name, what):
         where = f" (first at leading index {xp.first_index(bad)})" if bad.ndim else ""
         raise ValueError(f"{name}: {what} needs rows that are not all identical, got identical rows{where}")
 
-# %% ../nbs/02_metrics.ipynb #6f78131a
+# %% ../nbs/02_metrics.ipynb #2409b35c
 def _norms(x):
     "(..., N) float64 L2 norms of the rows of x (..., N, d)."
     xp = _ops(x)
@@ -56,7 +57,7 @@ def _row_norms(x, name):
         raise ValueError(f"{name}: vector norms overflow float64 (values around 1e154 or larger); rescale the input")
     return norms
 
-# %% ../nbs/02_metrics.ipynb #e9a6a23b
+# %% ../nbs/02_metrics.ipynb #e9f2fa3b
 _SMALL_DRIFT = 1e-6   # below this, 1 - cos is recomputed from the normalised difference
 
 def _small_drift(A, B, na, nb, rows):
@@ -77,7 +78,7 @@ def _cos_dist_block(a, b, na, nb, sc):
     if small[0].shape[0]: dist[small] = _small_drift(A, B, na, nb, small)
     return xp.clip(dist, 0.0, 2.0, out=dist)
 
-# %% ../nbs/02_metrics.ipynb #7b259b53
+# %% ../nbs/02_metrics.ipynb #83f46561
 def _cos_dist_chunked(a, b, na, nb, lead):
     "(..., N) 1 - cos of matched rows; a, b (..., N, d) and their norms na, nb broadcast to `lead`."
     sc = _Scratch(_ops(a))
@@ -131,7 +132,7 @@ def drift_curve(traj,  # (..., T, N, d) embeddings of N probes at T checkpoints
     curve[..., 0] = 0.0
     return curve
 
-# %% ../nbs/02_metrics.ipynb #484aa3d5
+# %% ../nbs/02_metrics.ipynb #87a910c2
 def step_drift(traj,  # (..., T, N, d) embeddings of N probes at T >= 2 checkpoints
               ):      # (..., T-1) drift between checkpoints t and t+1
     "Cosine drift between consecutive checkpoints."
@@ -181,7 +182,7 @@ def per_dimension_variance(X,  # (..., N, d) embeddings
     _check_ddof(ddof, N, "X")
     return _chunked(lambda c: xp.var(c, axis=-2, ddof=ddof), [x], x.shape[:-2], cost=2 * N * d)
 
-# %% ../nbs/02_metrics.ipynb #d723a6a4
+# %% ../nbs/02_metrics.ipynb #a0011000
 def norm_stats(X,  # (..., N, d) embeddings
                *,
                ddof: int = 1,  # delta degrees of freedom of `var` and `std`
@@ -222,7 +223,7 @@ def _pairwise(x, metric, squared=False):
     D[..., i, i] = 0.0
     return D
 
-# %% ../nbs/02_metrics.ipynb #3b2a09f5
+# %% ../nbs/02_metrics.ipynb #667c2384
 def _set_for_metric(X, metric, name, xp, min_rows=1):
     "A validated set for `metric`: non-zero rows when it is the cosine."
     if metric not in _METRICS: raise ValueError(f"metric: expected one of {_METRICS}, got {metric!r}")
@@ -240,7 +241,7 @@ def pairwise_distances(X,  # (..., N, d) embeddings
     N, d = x.shape[-2:]
     return _chunked(lambda c: _pairwise(c, metric), [x], x.shape[:-2], cost=3 * N * N + N * d)
 
-# %% ../nbs/02_metrics.ipynb #acda38ff
+# %% ../nbs/02_metrics.ipynb #9b540b8f
 def pairwise_distance_summary(X,  # (..., N, d) embeddings, N >= 2
                               *,
                               metric: str = "euclidean",  # "euclidean" or "cosine"
@@ -281,7 +282,7 @@ def _spectrum_chunk(x, sc):
     if ev.shape[-1] == d: return ev
     return xp.concatenate([ev, xp.zeros(tuple(ev.shape[:-1]) + (d - ev.shape[-1],))], axis=-1)
 
-# %% ../nbs/02_metrics.ipynb #c3a85034
+# %% ../nbs/02_metrics.ipynb #986af0d1
 def _per_set(f, x):
     "f(block, scratch) over the sets of x (..., N, d), chunked, with scratch buffers shared by the blocks."
     sc, (N, d) = _Scratch(_ops(x)), x.shape[-2:]
@@ -298,7 +299,7 @@ def covariance_spectrum(X,  # (..., N, d) embeddings, N >= 2
     "Eigenvalues of the (ddof=1) covariance of the rows, descending, length d."
     return _per_set(_spectrum_chunk, _cov_input(X))
 
-# %% ../nbs/02_metrics.ipynb #a961deec
+# %% ../nbs/02_metrics.ipynb #7c1accd3
 def _moments_chunk(x, sc):
     "(..., 2): trace and Frobenius norm of the covariance."
     xp, N = sc.xp, x.shape[-2]
@@ -317,13 +318,14 @@ def covariance_frobenius(X,  # (..., N, d) embeddings, N >= 2
     "Frobenius norm of the (ddof=1) covariance, sqrt(sum of squared eigenvalues)."
     return _per_set(_moments_chunk, _cov_input(X))[..., 1]
 
+# %% ../nbs/02_metrics.ipynb #e9e6af30
 def participation_ratio(X,  # (..., N, d) embeddings, N >= 2, rows not all identical
                        ):   # (...) (sum eig)^2 / sum eig^2, in [1, rank]
     "Participation ratio of the covariance spectrum, (tr C)^2 / ||C||_F^2."
     m = _per_set(_moments_chunk, _cov_input(X, "participation_ratio"))
     return m[..., 0] ** 2 / m[..., 1] ** 2
 
-# %% ../nbs/02_metrics.ipynb #683ec9e1
+# %% ../nbs/02_metrics.ipynb #7003f2df
 def _ratios(X, what):
     "(..., d) the normalised spectrum of a set that has spread."
     ev = _per_set(_spectrum_chunk, _cov_input(X, what))
@@ -346,7 +348,7 @@ def top_eigen_ratio(X,  # (..., N, d) embeddings, N >= 2, rows not all identical
     "Share of the total variance along the first principal direction."
     return _ratios(X, "top_eigen_ratio")[..., 0]
 
-# %% ../nbs/02_metrics.ipynb #ceacee7b
+# %% ../nbs/02_metrics.ipynb #0a036833
 def _anisotropy_chunk(x, n, sc):
     xp, N = sc.xp, x.shape[-2]
     u = xp.multiply(x, (1.0 / n)[..., None], out=sc("u", tuple(x.shape)))
@@ -361,7 +363,7 @@ def anisotropy(X,  # (..., N, d) embeddings, N >= 2, non-zero rows
     n, sc = _row_norms(x, "X"), _Scratch(xp)
     return _chunked(lambda a, b: _anisotropy_chunk(a, b, sc), [x, n], x.shape[:-2], cost=2 * x.shape[-2] * x.shape[-1])
 
-# %% ../nbs/02_metrics.ipynb #30303dc3
+# %% ../nbs/02_metrics.ipynb #d21fbee2
 def spectrum_summary(X,  # (..., N, d) embeddings, N >= 2, non-zero rows not all identical
                     ) -> dict:  # trace, frobenius, effective_rank, participation_ratio, anisotropy, top_eigen_ratio
     "The scalar covariance summaries of `X` in one dict of (...) arrays."
@@ -390,7 +392,7 @@ def expected_squared_distance(X,  # (..., N, d) embeddings from one run
     sc = _Scratch(xp)
     return _chunked(lambda a, b: _msd_block(a, b, sc), [x, y], lead, cost=x.shape[-2] * x.shape[-1], promote=False)
 
-# %% ../nbs/02_metrics.ipynb #1195a1ba
+# %% ../nbs/02_metrics.ipynb #a6276f8c
 def _dispersion_chunk(x, m, nx, nm, sc):
     "(..., 3): mean squared and mean cosine distance to the per-probe mean, across-run variance of the latter."
     xp = sc.xp
@@ -400,6 +402,7 @@ def _dispersion_chunk(x, m, nx, nm, sc):
     cd = _cos_dist_block(x, m[..., None, :, :], nx, nm[..., None, :], sc)   # (..., K, N)
     return xp.stack([msd, cd.mean(axis=(-2, -1)), xp.var(cd, axis=-2, ddof=1).mean(axis=-1)], axis=-1)
 
+# %% ../nbs/02_metrics.ipynb #3359a3da
 def cross_run_dispersion(runs,  # (..., K, N, d) the same N probes embedded by K >= 2 runs
                         ) -> dict:  # mean_sq_distance, mean_cosine_distance, cosine_distance_var: arrays (...)
     "How far the runs spread around their per-probe mean embedding."
@@ -432,7 +435,7 @@ def _knn_chunk(x, n, k, sc):
     S[..., i, i] = -np.inf
     return _top_k(S, k)
 
-# %% ../nbs/02_metrics.ipynb #44112fd6
+# %% ../nbs/02_metrics.ipynb #d8726106
 def _knn_sets(x, name, k):
     "(..., N, k) indices of the k cosine-nearest rows, nearest first, self excluded."
     n, sc, (N, d) = _row_norms(x, name), _Scratch(_ops(x)), x.shape[-2:]
@@ -447,7 +450,7 @@ def knn_indices(X,  # (..., N, d) embeddings, non-zero rows
     _check_k(k, x.shape[-2])
     return _knn_sets(x, "X", k)
 
-# %% ../nbs/02_metrics.ipynb #2282aede
+# %% ../nbs/02_metrics.ipynb #c90ebc64
 def _common_count(ia, ib, N):
     "(..., N) size of the intersection of two index sets (..., N, k)."
     xp, k = _ops(ia), ia.shape[-1]
@@ -455,6 +458,7 @@ def _common_count(ia, ib, N):
     mask = _put_last(xp.zeros(tuple(ia.shape[:-1]) + (N,), dtype=xp.bool), ia, True)   # membership of ia
     return _take_last(mask, ib).sum(axis=-1)
 
+# %% ../nbs/02_metrics.ipynb #7402b757
 def knn_overlap(X,  # (..., N, dx) embeddings from one run, non-zero rows
                 Y,  # (..., N, dy) the same probes from another run (dy may differ); leading dims broadcast
                 *,
@@ -490,7 +494,7 @@ def _tied_ranks(v, rtol=_TIE_RTOL):
     last = xp.flip(_running(xp.flip(xp.where(ends, pos, M), -1), min), -1)
     return _put_last(xp.empty(tuple(v.shape)), order, xp.f64(first + last) / 2 + 1)
 
-# %% ../nbs/02_metrics.ipynb #f0f65d24
+# %% ../nbs/02_metrics.ipynb #a91f51ce
 def _rank_vec(x, metric):
     "(..., M) centred, unit-norm ranks of the upper-triangle distances of rows x (..., N, d)."
     xp = _ops(x)
@@ -508,7 +512,7 @@ def _rsa_operand(a, lead, metric):
         return ranks, 1, lambda r: r
     return a, 2, lambda c: _rank_vec(c, metric)
 
-# %% ../nbs/02_metrics.ipynb #495609f6
+# %% ../nbs/02_metrics.ipynb #05ceccb1
 def rsa(X,  # (..., N, dx) embeddings, N >= 3
         Y,  # (..., N, dy) the same probes from another run or layer; leading dims broadcast
         *,
@@ -533,6 +537,7 @@ def _centred_unit(x, sc, key):
     c -= c.mean(axis=-2, keepdims=True)
     return c
 
+# %% ../nbs/02_metrics.ipynb #36365e36
 def _hsic(a, b, debiased, sc):
     "(...) HSIC numerator <K, L>_F (debiased if asked) of centred rows a (..., N, da), b (..., N, db)."
     xp, (N, da), db = sc.xp, a.shape[-2:], b.shape[-1]
@@ -552,7 +557,7 @@ def _debias(v, a, b):
     q = r if b is a else xp.einsum("...nd,...nd->...n", b, b)
     return v - N / (N - 2) * xp.einsum("...n,...n->...", r, q) + r.sum(axis=-1) * q.sum(axis=-1) / ((N - 1) * (N - 2))
 
-# %% ../nbs/02_metrics.ipynb #0967ec69
+# %% ../nbs/02_metrics.ipynb #b41b37e1
 def _cka_terms(x, y, debiased, own, sc):
     "(..., 1 + own_x + own_y): HSIC(x, y), then HSIC(x, x) and/or HSIC(y, y) when `own` asks for them."
     cx, cy = _centred_unit(x, sc, "cx"), _centred_unit(y, sc, "cy")
@@ -570,7 +575,7 @@ def _cka_ratio(xy, sx, sy):
     with np.errstate(invalid="ignore", divide="ignore"):
         return xp.where((sx > 0) & (sy > 0), xy / (xp.sqrt(abs(sx)) * xp.sqrt(abs(sy))), np.nan)[()]
 
-# %% ../nbs/02_metrics.ipynb #05cf0b98
+# %% ../nbs/02_metrics.ipynb #68ebb40f
 def linear_cka(X,  # (..., N, dx) embeddings
                Y,  # (..., N, dy) the same probes from another run or layer; leading dims broadcast
                *,
@@ -615,6 +620,7 @@ def _encode_labels(labels, N, name, X_shape):
     codes = np.asarray(codes).reshape(-1)
     return classes, codes, np.bincount(codes, minlength=len(classes))
 
+# %% ../nbs/02_metrics.ipynb #3a45afd0
 def _check_members(classes, counts, name, minimum=2):
     small = np.flatnonzero(counts < minimum)
     if small.size:
@@ -622,7 +628,7 @@ def _check_members(classes, counts, name, minimum=2):
         raise ValueError(f"{name}: expected at least {minimum} members per class, got {int(counts[c])} for class "
                          f"{classes[c]!r} ({small.size} class(es) too small)")
 
-# %% ../nbs/02_metrics.ipynb #76ae50b3
+# %% ../nbs/02_metrics.ipynb #7d81f393
 def _class_chunk(x, onehot, counts, codes):
     "(..., 2C + 1): per-class mean squared distance to the centroid, squared centroid offsets, total."
     xp = _ops(x)
@@ -634,6 +640,7 @@ def _class_chunk(x, onehot, counts, codes):
     total = xp.einsum("...nd,...nd->...", c, c) / x.shape[-2]
     return xp.concatenate([per_class, between, total[..., None]], axis=-1)
 
+# %% ../nbs/02_metrics.ipynb #e4a58c61
 def class_variance(X,       # (..., N, d) embeddings
                    labels,  # (N,) class of each probe: any hashable values
                   ) -> dict:  # intra, intra_weighted, inter, total, ratio (...); per_class (..., C); classes; counts (C,)
@@ -652,7 +659,7 @@ def class_variance(X,       # (..., N, d) embeddings
         return dict(intra=intra, intra_weighted=per_class @ w, inter=inter, total=out[..., -1], ratio=intra / inter,
                     per_class=per_class, classes=classes, counts=counts)
 
-# %% ../nbs/02_metrics.ipynb #95664394
+# %% ../nbs/02_metrics.ipynb #530438cc
 def conditional_variance(X,       # (..., N, d) embeddings
                          groups,  # (N,) group of each probe: any hashable values
                         ) -> dict:  # {group: (...) total variance of the group's rows}

@@ -40,6 +40,7 @@ def _check_n_resamples(n_resamples) -> int:
         raise ValueError(f"n_resamples: expected an integer >= 1, got {n_resamples!r}")
     return n
 
+# %% ../nbs/04_stats.ipynb #adeef364
 def _check_choice(value, name: str, choices: tuple) -> str:
     if not isinstance(value, str) or value.lower() not in choices:
         raise ValueError(f"{name}: expected one of {', '.join(repr(c) for c in choices)}, got {value!r}")
@@ -51,7 +52,7 @@ def _rng(seed) -> np.random.Generator:
         raise ValueError(f"seed: expected None, a non-negative int, a SeedSequence or a numpy Generator, "
                          f"got {seed!r} ({e})") from None
 
-# %% ../nbs/04_stats.ipynb #b5b04039
+# %% ../nbs/04_stats.ipynb #46a45c32
 def _check_callable(statistic, name: str = "statistic"):
     if not callable(statistic):
         raise ValueError(f"{name}: expected a callable such as np.mean or `lambda x, axis: ...`, "
@@ -65,6 +66,7 @@ def _check_axis(axis, x: np.ndarray, name: str = "values") -> int:
                          f"{tuple(x.shape)}, got {axis!r}")
     return a % x.ndim
 
+# %% ../nbs/04_stats.ipynb #75364985
 def _apply_statistic(statistic: Callable, x: np.ndarray, axis: int, expected_shape: tuple,
                      name: str = "statistic") -> np.ndarray:
     "Call `statistic(x, axis=axis)`; refuse callables without `axis`, results of the wrong shape, NaN or inf."
@@ -82,7 +84,7 @@ def _apply_statistic(statistic: Callable, x: np.ndarray, axis: int, expected_sha
                          f"(values too large for float64, or undefined there?)")
     return out
 
-# %% ../nbs/04_stats.ipynb #f9fcfc12
+# %% ../nbs/04_stats.ipynb #f3aa0c77
 def _sample_1d(x, name: str) -> np.ndarray:
     "A 1-d float64 sample of at least 2 finite values."
     a = as_float_array(x, name, ndim=1, dims="(n,)")
@@ -124,7 +126,7 @@ class CI:
         "The fields as a plain dict (e.g. one row of a `pandas.DataFrame`)."
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-# %% ../nbs/04_stats.ipynb #2a42ed9f
+# %% ../nbs/04_stats.ipynb #d0b244e5
 _TIE_ULPS = 64   # resample statistics within this many ulps (of the largest) of the estimate tie with it
 
 def _acceleration(theta_loo: np.ndarray) -> np.ndarray:
@@ -135,6 +137,7 @@ def _acceleration(theta_loo: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(den > 0, (d ** 3).sum(axis=-1) / (6 * den ** 1.5), 0.0)
 
+# %% ../nbs/04_stats.ipynb #f6be07b1
 def _bca_levels(boot, estimate, theta_loo, alpha: float) -> np.ndarray:
     "(R, 2) BCa percentile levels for rows of the bootstrap distribution boot (R, B); NaN where undefined."
     B, est = boot.shape[-1], estimate[:, None]
@@ -145,7 +148,7 @@ def _bca_levels(boot, estimate, theta_loo, alpha: float) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         return ndtr(z0 + z / (1 - a * z))
 
-# %% ../nbs/04_stats.ipynb #c75621aa
+# %% ../nbs/04_stats.ipynb #8453480f
 def _lerp_quantiles(s: np.ndarray, levels: np.ndarray) -> np.ndarray:
     "(R, L) quantiles of sorted rows s (R, B) at levels (R, L), linear interpolation (numpy's default method)."
     h = levels * (s.shape[-1] - 1)
@@ -153,6 +156,7 @@ def _lerp_quantiles(s: np.ndarray, levels: np.ndarray) -> np.ndarray:
     a, b, g = np.take_along_axis(s, lo, -1), np.take_along_axis(s, np.minimum(lo + 1, s.shape[-1] - 1), -1), h - lo
     return np.where(g >= 0.5, b - (b - a) * (1 - g), a + (b - a) * g)
 
+# %% ../nbs/04_stats.ipynb #837e9f7a
 def _intervals(boot, estimate, method: str, confidence: float, theta_loo=None):
     "(low, high, se), each (R,), from bootstrap distributions boot (R, B) at unit scale; NaN bounds where BCa is undefined."
     alpha = (1 - confidence) / 2
@@ -168,7 +172,7 @@ def _intervals(boot, estimate, method: str, confidence: float, theta_loo=None):
     se = s.std(axis=-1, ddof=1) if boot.shape[-1] > 1 else np.zeros(boot.shape[0])
     return np.ldexp(q[:, 0], e[:, 0]), np.ldexp(q[:, 1], e[:, 0]), np.ldexp(se, e[:, 0])
 
-# %% ../nbs/04_stats.ipynb #325200ee
+# %% ../nbs/04_stats.ipynb #6fe02f4c
 def _leave_one_out_index(n: int, start: int = 0, stop: int | None = None) -> np.ndarray:
     "(stop - start, n-1) index array: row i lists 0..n-1 without unit start + i."
     i = np.arange(start, n if stop is None else stop)[:, None]
@@ -194,6 +198,7 @@ def _scipy_distribution(data: np.ndarray, statistic: Callable, n_resamples: int,
         raise ValueError(f"statistic: returned NaN/inf on {int((~np.isfinite(boot)).sum())} bootstrap resample(s)")
     return boot
 
+# %% ../nbs/04_stats.ipynb #6b490f41
 def bootstrap_ci(values,                       # (..., n, ...) samples; the sample axis is `axis`
                  statistic: Callable = np.mean, # callable(x, axis) reducing `axis`: np.mean, np.median, ...
                  *,
@@ -232,6 +237,7 @@ def _draw_cluster_indices(rng: np.random.Generator, n_resamples: int, n_clusters
     dtype = np.uint16 if n_items <= 2**16 else np.int64
     return cluster_idx, rng.integers(0, n_items, size=(n_resamples, n_clusters, n_items), dtype=dtype)
 
+# %% ../nbs/04_stats.ipynb #50c3551b
 def _gather_cluster_resamples(x: np.ndarray,              # (C, I) values
                               cluster_idx: np.ndarray,    # (B, C) drawn clusters
                               item_idx: np.ndarray | None # (B, C, I) drawn items within each drawn cluster
@@ -243,7 +249,7 @@ def _gather_cluster_resamples(x: np.ndarray,              # (C, I) values
     flat_idx = np.add(item_idx, (cluster_idx * I)[..., None])   # positions in x.ravel(), (B, C, I) int64
     return np.take(x.ravel(), flat_idx.reshape(B, C * I))
 
-# %% ../nbs/04_stats.ipynb #d33bf9f5
+# %% ../nbs/04_stats.ipynb #afc0abfa
 def _cluster_bootstrap_distribution(x: np.ndarray, statistic: Callable, n_resamples: int,
                                     rng: np.random.Generator, resample_items: bool) -> np.ndarray:
     "The (n_resamples,) bootstrap distribution of `statistic` under the two-stage cluster bootstrap."
@@ -261,7 +267,7 @@ def _cluster_bootstrap_distribution(x: np.ndarray, statistic: Callable, n_resamp
                                                     -1, (b,))
     return out
 
-# %% ../nbs/04_stats.ipynb #5a3d34da
+# %% ../nbs/04_stats.ipynb #ac79ad1c
 def cluster_bootstrap_ci(values,                       # (n_clusters, n_items), e.g. (seeds, probes)
                          statistic: Callable = np.mean, # callable(x, axis) applied to the flattened (C*I,) resample
                          *,
@@ -304,12 +310,12 @@ class JackknifeResult:
                     f"se={self.standard_error:.3g}, n={len(self.leave_one_out)})")
         return f"JackknifeResult(shape {np.shape(self.estimate)}, n={len(self.leave_one_out)})"
 
+# %% ../nbs/04_stats.ipynb #762b2a5a
 def _accepts_axis(statistic: Callable) -> bool:
     try: params = inspect.signature(statistic).parameters.values()
     except (TypeError, ValueError): return True          # numpy builtins without a signature take `axis`
     return any(p.name == "axis" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
-# %% ../nbs/04_stats.ipynb #cb45111b
 def _leave_one_out_values(statistic: Callable, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     "(estimate, leave-one-out values (n, ...)) of `statistic` over the units on axis 0 of x."
     n, index = x.shape[0], _leave_one_out_index(x.shape[0])
@@ -322,6 +328,7 @@ def _leave_one_out_values(statistic: Callable, x: np.ndarray) -> tuple[np.ndarra
                          f"{estimate.shape} and {loo.shape[1:]}")
     return estimate, loo
 
+# %% ../nbs/04_stats.ipynb #54f1eb73
 def jackknife(values,                        # (n, ...) with the n units (e.g. runs) along `axis`
               statistic: Callable = np.mean, # callable(x, axis) reducing `axis`, or callable(x) on a whole sample
               *,
@@ -359,7 +366,7 @@ def _mean_diff(a, b, axis=-1): return np.mean(a, axis=axis) - np.mean(b, axis=ax
 def _median_diff(a, b, axis=-1): return np.median(a, axis=axis) - np.median(b, axis=axis)
 _TEST_STATISTICS = {"mean_diff": _mean_diff, "median_diff": _median_diff}
 
-# %% ../nbs/04_stats.ipynb #b2583b7e
+# %% ../nbs/04_stats.ipynb #222734de
 def permutation_test(a,                            # (n_a,) sample of condition A
                      b,                            # (n_b,) sample of condition B; n_b == n_a when paired
                      *,
@@ -402,6 +409,7 @@ def cohens_d(a,                      # (n_a,) sample
     pooled = math.sqrt(((na - 1) * a.var(ddof=1) + (nb - 1) * b.var(ddof=1)) / (na + nb - 2))
     return _safe_ratio(a.mean() - b.mean(), pooled)
 
+# %% ../nbs/04_stats.ipynb #8de93fa3
 def _hedges_j(df: int) -> float:
     "Exact small-sample correction J(df) = Gamma(df/2) / (sqrt(df/2) Gamma((df-1)/2))."
     return float(np.exp(gammaln(df / 2) - gammaln((df - 1) / 2)) / math.sqrt(df / 2))
@@ -416,7 +424,7 @@ def hedges_g(a,                      # (n_a,) sample
     df = a.size - 1 if paired else a.size + b.size - 2
     return _hedges_j(df) * cohens_d(a, b, paired=paired)
 
-# %% ../nbs/04_stats.ipynb #a27c28bd
+# %% ../nbs/04_stats.ipynb #1f1c6e07
 def mean_difference_ci(a,                         # (n_a,) sample
                        b,                         # (n_b,) sample; n_b == n_a when paired
                        *,
@@ -439,7 +447,7 @@ def mean_difference_ci(a,                         # (n_a,) sample
     return CI(estimate, float(res.confidence_interval.low), float(res.confidence_interval.high), confidence,
               method, n_resamples, float(res.standard_error))
 
-# %% ../nbs/04_stats.ipynb #582adaf9
+# %% ../nbs/04_stats.ipynb #d5ff4c33
 def _holm(pvalues: np.ndarray) -> np.ndarray:
     "Holm step-down adjusted p-values (family-wise error control)."
     m = pvalues.size
@@ -456,16 +464,9 @@ def _comparison_row(ka, kb, a, b, paired, n_resamples, confidence, rng) -> dict:
                 diff_low=ci.low, diff_high=ci.high, cohens_d=cohens_d(a, b, paired=paired),
                 hedges_g=hedges_g(a, b, paired=paired), pvalue=test.pvalue)
 
-# %% ../nbs/04_stats.ipynb #33a85377
-def effect_size_table(groups: Mapping,              # name -> (n,) sample, e.g. run-level drift per condition
-                      *,
-                      reference: str | None = None, # compare each group with this one; None: all pairs
-                      seed=None,                    # int, SeedSequence or Generator shared by all comparisons
-                      paired: bool = False,         # samples are paired (same units, same order) in every group
-                      n_resamples: int = 9999,      # resamples for the CIs and the permutation tests
-                      confidence: float = 0.95,     # nominal coverage of the difference CIs
-                     ) -> pd.DataFrame:             # one row per comparison a - b
-    "Pairwise effect sizes: difference with CI, Cohen's d, Hedges' g, permutation and Holm p-values."
+# %% ../nbs/04_stats.ipynb #35d9ccc4
+def _group_samples(groups, reference, paired: bool) -> dict:
+    "{name: 1-d sample} of a mapping of at least 2 groups, with the reference among them and equal sizes if paired."
     if not isinstance(groups, Mapping):
         raise ValueError(f"groups: expected a dict name -> 1-d sample, got {type(groups).__name__}")
     check_at_least(len(groups), 2, "groups", "groups")
@@ -475,6 +476,19 @@ def effect_size_table(groups: Mapping,              # name -> (n,) sample, e.g. 
     if paired and len({s.size for s in samples.values()}) > 1:
         raise ValueError(f"groups: paired=True needs samples of equal length, got lengths "
                          f"{ {k: s.size for k, s in samples.items()} }")
+    return samples
+
+# %% ../nbs/04_stats.ipynb #a3ea059f
+def effect_size_table(groups: Mapping,              # name -> (n,) sample, e.g. run-level drift per condition
+                      *,
+                      reference: str | None = None, # compare each group with this one; None: all pairs
+                      seed=None,                    # int, SeedSequence or Generator shared by all comparisons
+                      paired: bool = False,         # samples are paired (same units, same order) in every group
+                      n_resamples: int = 9999,      # resamples for the CIs and the permutation tests
+                      confidence: float = 0.95,     # nominal coverage of the difference CIs
+                     ) -> pd.DataFrame:             # one row per comparison a - b
+    "Pairwise effect sizes: difference with CI, Cohen's d, Hedges' g, permutation and Holm p-values."
+    samples = _group_samples(groups, reference, paired)
     n_resamples, confidence, rng = _check_n_resamples(n_resamples), _check_confidence(confidence), _rng(seed)
     pairs = ([(k, reference) for k in samples if k != reference] if reference is not None
              else list(itertools.combinations(samples, 2)))
@@ -494,6 +508,7 @@ def _quantile_levels(quantiles) -> tuple[np.ndarray, list]:
     if len(set(keys)) != len(keys): raise ValueError(f"quantiles: expected distinct levels, got {quantiles!r}")
     return q, keys
 
+# %% ../nbs/04_stats.ipynb #d5a59339
 def quantile_summary(values,                # (..., n, ...) samples along `axis`
                      *,
                      quantiles=(0.05, 0.25, 0.5, 0.75, 0.95),  # levels in [0, 1]
