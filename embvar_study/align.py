@@ -6,11 +6,11 @@
 from __future__ import annotations
 import math
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 import numpy as np
 import pandas as pd
 import scipy.linalg
-from .checks import check_at_least, check_rank, check_same_shape, _shape
+from .checks import Array, ArrayLike, check_at_least, check_rank, check_same_shape, _shape
 from ._batching import _NUMPY, _Scratch, _backend, _chunked, _fits, _floats, _ops, _rescaled
 from .metrics import (_centred_unit, _cka_ratio, _common_count, _cos_dist_block, _debias,
                                   _hsic, _knn_sets, _msd_block, _rank_vec, _row_norms)
@@ -32,8 +32,8 @@ class ProcrustesResult:
     rmsd: float | np.ndarray       # sqrt(mean over rows of the squared row residual)
 
     def apply(self,
-              Z, # (..., M, d) or (d,) new points in source coordinates; leading dims must broadcast with the batch dims
-             ):  # same shape as `Z`, in target coordinates (a tensor when the fit was made on tensors)
+              Z: ArrayLike, # (..., M, d) or (d,) new points in source coordinates; leading dims must broadcast with the batch dims
+             ) -> Array:  # same shape as `Z`, in target coordinates (a tensor when the fit was made on tensors)
         "Map new source-space points with the fitted transform: `scale * (Z - source_mean) @ rotation + target_mean`."
         xp, d = _ops(self.rotation), self.rotation.shape[-1]
         z = xp.f64(_floats(Z, "Z", xp, min_ndim=1, dims=f"(..., M, {d})"))
@@ -128,8 +128,8 @@ def _fit(X, Y, center: bool, scale: bool, allow_reflection: bool, names: tuple, 
                 xp.ldexp(AR + mu_t[..., None, :], ey), disparity, rmsd, xp.ldexp(resid / X.shape[-2], 2 * ey[..., 0, 0]))
 
 # %% ../nbs/03_align.ipynb #59544467
-def procrustes_align(source,           # (N, d) configuration to move (e.g. run A's embeddings)
-                     target,           # (N, d) reference configuration, rows matched to `source`
+def procrustes_align(source: ArrayLike,  # (N, d) configuration to move (e.g. run A's embeddings)
+                     target: ArrayLike,  # (N, d) reference configuration, rows matched to `source`
                      *,
                      center: bool = True,   # remove each configuration's mean (fit a translation)
                      scale: bool = False,   # also fit the optimal isotropic scale s = tr(S D) / ||A||_F^2
@@ -142,8 +142,8 @@ def procrustes_align(source,           # (N, d) configuration to move (e.g. run 
     return ProcrustesResult(*f[:7])
 
 # %% ../nbs/03_align.ipynb #e7f59962
-def procrustes_align_batch(source,          # (..., N, d) configurations to move
-                           target,          # (..., N, d) reference configurations, rows matched to `source`
+def procrustes_align_batch(source: ArrayLike,  # (..., N, d) configurations to move
+                           target: ArrayLike,  # (..., N, d) reference configurations, rows matched to `source`
                            *,
                            center: bool = True,   # remove each configuration's mean (fit a translation)
                            scale: bool = False,   # also fit the optimal isotropic scale per problem
@@ -154,13 +154,13 @@ def procrustes_align_batch(source,          # (..., N, d) configurations to move
     return ProcrustesResult(*_fit(X, Y, center, scale, allow_reflection, ("source", "target"), _solve)[:7])
 
 # %% ../nbs/03_align.ipynb #c6ca9597
-def aligned_distance(X,   # (..., N, d) first configuration(s), moved onto `Y`
-                     Y,   # (..., N, d) reference configuration(s), rows matched to `X`
+def aligned_distance(X: ArrayLike,  # (..., N, d) first configuration(s), moved onto `Y`
+                     Y: ArrayLike,  # (..., N, d) reference configuration(s), rows matched to `X`
                      *,
                      center: bool = True,   # also remove translations
                      scale: bool = False,   # also remove an isotropic scale (result in `Y`'s units)
                      allow_reflection: bool = True,  # allow improper orthogonal maps, like scipy
-                    ) -> float | np.ndarray:  # (...) mean squared matched-row distance after alignment; float for 2-D numpy input
+                    ) -> float | Array:  # (...) mean squared matched-row distance after alignment; float for 2-D numpy input
     "Mean squared distance between matched rows of `X` and `Y` after Procrustes-aligning `X` onto `Y`."
     xp, Xa, Ya = _validate_pair(X, Y, "X", "Y", True, center)
     N, d = Xa.shape[-2:]
@@ -226,7 +226,7 @@ def _consensus_norm(C):
     return norm
 
 # %% ../nbs/03_align.ipynb #5bd12044
-def generalized_procrustes(runs,            # (K, N, d) the same N inputs embedded by K runs; K >= 2
+def generalized_procrustes(runs: ArrayLike,  # (K, N, d) the same N inputs embedded by K runs; K >= 2
                            *,
                            center: bool = True,    # remove each run's mean
                            scale: bool = False,    # fit one isotropic scale per run (consensus size fixed)
@@ -248,7 +248,7 @@ def generalized_procrustes(runs,            # (K, N, d) the same N inputs embedd
     return GPAResult(up(C), up(Yk), R, s, up(mu), len(history), converged, xp.asarray(np.array(history)))
 
 # %% ../nbs/03_align.ipynb #eb561a86
-def raw_vs_aligned(runs,                 # (K, N, d) the same N inputs embedded by K >= 2 runs
+def raw_vs_aligned(runs: ArrayLike,      # (K, N, d) the same N inputs embedded by K >= 2 runs
                    metric: Callable,     # function of a (K, N, d) array returning a scalar (or array)
                    *,
                    center: bool = True,  # remove translations when aligning
@@ -339,8 +339,8 @@ def _capped_k(k, N: int) -> int:
     return min(int(k), N - 1)
 
 # %% ../nbs/03_align.ipynb #09fd0ee1
-def pairwise_run_table(runs,          # (K, N, d) the same N probes embedded by K >= 2 runs, N >= 3
-                       labels=None,   # K run names (default 0..K-1)
+def pairwise_run_table(runs: ArrayLike,  # (K, N, d) the same N probes embedded by K >= 2 runs, N >= 3
+                       labels: Sequence | None = None,  # K run names (default 0..K-1)
                        *,
                        k: int = 10,   # neighbours for knn_overlap (capped at N-1)
                       ) -> pd.DataFrame:  # K(K-1)/2 rows: run_a, run_b, i, j and the PAIR_MEASURES columns

@@ -6,19 +6,21 @@
 from __future__ import annotations
 import inspect, itertools, math, operator, warnings
 from dataclasses import dataclass, fields
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence, Union
 
 import numpy as np
 import pandas as pd
 from scipy import stats as _sps
 from scipy.special import gammaln, ndtr, ndtri
 
-from .checks import as_float_array, check_at_least
+from .checks import ArrayLike, as_float_array, check_at_least
 from ._batching import _rescaled
 
+SeedLike = Union[None, int, np.random.SeedSequence, np.random.Generator]   # anything np.random.default_rng accepts
+
 # %% auto #0
-__all__ = ['CI', 'bootstrap_ci', 'cluster_bootstrap_ci', 'JackknifeResult', 'jackknife', 'PermutationResult', 'permutation_test',
-           'cohens_d', 'hedges_g', 'mean_difference_ci', 'effect_size_table', 'quantile_summary']
+__all__ = ['SeedLike', 'CI', 'bootstrap_ci', 'cluster_bootstrap_ci', 'JackknifeResult', 'jackknife', 'PermutationResult',
+           'permutation_test', 'cohens_d', 'hedges_g', 'mean_difference_ci', 'effect_size_table', 'quantile_summary']
 
 # %% ../nbs/04_stats.ipynb #af0e6ff8
 _CHUNK_ELEMENTS = 2**21
@@ -199,13 +201,13 @@ def _scipy_distribution(data: np.ndarray, statistic: Callable, n_resamples: int,
     return boot
 
 # %% ../nbs/04_stats.ipynb #6b490f41
-def bootstrap_ci(values,                       # (..., n, ...) samples; the sample axis is `axis`
+def bootstrap_ci(values: ArrayLike,            # (..., n, ...) samples; the sample axis is `axis`
                  statistic: Callable = np.mean, # callable(x, axis) reducing `axis`: np.mean, np.median, ...
                  *,
                  n_resamples: int = 9999,      # bootstrap resamples B
                  confidence: float = 0.95,     # nominal coverage, in (0, 1)
                  method: str = "bca",          # 'bca' | 'percentile' | 'basic'
-                 seed=None,                    # int, SeedSequence or Generator, fed to np.random.default_rng
+                 seed: SeedLike = None,        # int, SeedSequence or Generator, fed to np.random.default_rng
                  axis: int = -1,               # the sample axis of `values`
                 ) -> CI:                       # floats, or arrays of `values.shape` without `axis`
     "Bootstrap confidence interval of `statistic(values, axis=axis)`, one per slice (resampled by scipy.stats.bootstrap)."
@@ -268,12 +270,12 @@ def _cluster_bootstrap_distribution(x: np.ndarray, statistic: Callable, n_resamp
     return out
 
 # %% ../nbs/04_stats.ipynb #ac79ad1c
-def cluster_bootstrap_ci(values,                       # (n_clusters, n_items), e.g. (seeds, probes)
+def cluster_bootstrap_ci(values: ArrayLike,            # (n_clusters, n_items), e.g. (seeds, probes)
                          statistic: Callable = np.mean, # callable(x, axis) applied to the flattened (C*I,) resample
                          *,
                          n_resamples: int = 9999,      # bootstrap resamples B
                          confidence: float = 0.95,     # nominal coverage, in (0, 1)
-                         seed=None,                    # int, SeedSequence or Generator, fed to np.random.default_rng
+                         seed: SeedLike = None,        # int, SeedSequence or Generator, fed to np.random.default_rng
                          resample_items: bool = True,  # also resample items within each drawn cluster (two-stage)
                          method: str = "percentile",   # 'percentile' | 'basic' | 'bca' (jackknife over clusters)
                         ) -> CI:                       # floats
@@ -329,7 +331,7 @@ def _leave_one_out_values(statistic: Callable, x: np.ndarray) -> tuple[np.ndarra
     return estimate, loo
 
 # %% ../nbs/04_stats.ipynb #54f1eb73
-def jackknife(values,                        # (n, ...) with the n units (e.g. runs) along `axis`
+def jackknife(values: ArrayLike,             # (n, ...) with the n units (e.g. runs) along `axis`
               statistic: Callable = np.mean, # callable(x, axis) reducing `axis`, or callable(x) on a whole sample
               *,
               axis: int = 0,                 # the unit axis: one unit is left out at a time
@@ -367,14 +369,14 @@ def _median_diff(a, b, axis=-1): return np.median(a, axis=axis) - np.median(b, a
 _TEST_STATISTICS = {"mean_diff": _mean_diff, "median_diff": _median_diff}
 
 # %% ../nbs/04_stats.ipynb #222734de
-def permutation_test(a,                            # (n_a,) sample of condition A
-                     b,                            # (n_b,) sample of condition B; n_b == n_a when paired
+def permutation_test(a: ArrayLike,                 # (n_a,) sample of condition A
+                     b: ArrayLike,                 # (n_b,) sample of condition B; n_b == n_a when paired
                      *,
                      paired: bool = False,         # pairs (a[i], b[i]): sign-flip null instead of relabelling
-                     statistic="mean_diff",        # 'mean_diff' | 'median_diff' | callable(a, b, axis)
+                     statistic: str | Callable = "mean_diff",  # 'mean_diff' | 'median_diff' | callable(a, b, axis)
                      n_resamples: int = 9999,      # random relabellings (exact test if more than exist)
                      alternative: str = "two-sided", # 'two-sided' | 'less' | 'greater' (for statistic(a, b))
-                     seed=None,                    # int, SeedSequence or Generator, fed to np.random.default_rng
+                     seed: SeedLike = None,        # int, SeedSequence or Generator, fed to np.random.default_rng
                     ) -> PermutationResult:
     "Two-sample permutation test (scipy.stats.permutation_test, vectorized)."
     a, b = _two_samples(a, b, paired)
@@ -395,8 +397,8 @@ def _safe_ratio(num: float, den: float) -> float:
     if den > 0: return float(num / den)
     return math.nan if num == 0 else math.copysign(math.inf, num)
 
-def cohens_d(a,                      # (n_a,) sample
-             b,                      # (n_b,) sample; n_b == n_a when paired
+def cohens_d(a: ArrayLike,           # (n_a,) sample
+             b: ArrayLike,           # (n_b,) sample; n_b == n_a when paired
              *,
              paired: bool = False,   # d_z: mean difference over SD of the differences
             ) -> float:              # standardised mean difference of a - b
@@ -414,8 +416,8 @@ def _hedges_j(df: int) -> float:
     "Exact small-sample correction J(df) = Gamma(df/2) / (sqrt(df/2) Gamma((df-1)/2))."
     return float(np.exp(gammaln(df / 2) - gammaln((df - 1) / 2)) / math.sqrt(df / 2))
 
-def hedges_g(a,                      # (n_a,) sample
-             b,                      # (n_b,) sample; n_b == n_a when paired
+def hedges_g(a: ArrayLike,           # (n_a,) sample
+             b: ArrayLike,           # (n_b,) sample; n_b == n_a when paired
              *,
              paired: bool = False,   # correct d_z (df = n - 1) instead of d (df = n_a + n_b - 2)
             ) -> float:              # bias-corrected standardised mean difference of a - b
@@ -425,13 +427,13 @@ def hedges_g(a,                      # (n_a,) sample
     return _hedges_j(df) * cohens_d(a, b, paired=paired)
 
 # %% ../nbs/04_stats.ipynb #1f1c6e07
-def mean_difference_ci(a,                         # (n_a,) sample
-                       b,                         # (n_b,) sample; n_b == n_a when paired
+def mean_difference_ci(a: ArrayLike,              # (n_a,) sample
+                       b: ArrayLike,              # (n_b,) sample; n_b == n_a when paired
                        *,
                        paired: bool = False,      # resample pairs (a[i], b[i]) together
                        n_resamples: int = 9999,   # bootstrap resamples
                        confidence: float = 0.95,  # nominal coverage, in (0, 1)
-                       seed=None,                 # int, SeedSequence or Generator, fed to np.random.default_rng
+                       seed: SeedLike = None,     # int, SeedSequence or Generator, fed to np.random.default_rng
                        method: str = "bca",       # 'bca' | 'percentile' | 'basic'
                       ) -> CI:                    # CI of mean(a) - mean(b)
     "Bootstrap CI of mean(a) - mean(b) (scipy.stats.bootstrap with two samples)."
@@ -482,7 +484,7 @@ def _group_samples(groups, reference, paired: bool) -> dict:
 def effect_size_table(groups: Mapping,              # name -> (n,) sample, e.g. run-level drift per condition
                       *,
                       reference: str | None = None, # compare each group with this one; None: all pairs
-                      seed=None,                    # int, SeedSequence or Generator shared by all comparisons
+                      seed: SeedLike = None,        # int, SeedSequence or Generator shared by all comparisons
                       paired: bool = False,         # samples are paired (same units, same order) in every group
                       n_resamples: int = 9999,      # resamples for the CIs and the permutation tests
                       confidence: float = 0.95,     # nominal coverage of the difference CIs
@@ -509,9 +511,9 @@ def _quantile_levels(quantiles) -> tuple[np.ndarray, list]:
     return q, keys
 
 # %% ../nbs/04_stats.ipynb #d5a59339
-def quantile_summary(values,                # (..., n, ...) samples along `axis`
+def quantile_summary(values: ArrayLike,     # (..., n, ...) samples along `axis`
                      *,
-                     quantiles=(0.05, 0.25, 0.5, 0.75, 0.95),  # levels in [0, 1]
+                     quantiles: Sequence[float] = (0.05, 0.25, 0.5, 0.75, 0.95),  # levels in [0, 1]
                      axis: int = -1,        # the sample axis
                     ) -> dict:              # n, mean, std, min, q.., max: floats, or arrays of the batch shape
     "n, mean, std (ddof=1), min, quantiles and max along `axis`."
