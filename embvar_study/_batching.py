@@ -145,14 +145,14 @@ def _chunked(f, arrays, lead, cost, promote=True):
         out[idx] = r
     return out
 
-# %% ../nbs/01_batching.ipynb #44408427
+# %% ../nbs/01_batching.ipynb #9ad44353
 def _broadcast_lead(arrays, names, cores):
-    "Broadcast the leading dims of `arrays` (each has `cores[i]` trailing core axes); returns (lead, views)."
+    "Broadcast the leading dims of `arrays` (each has `cores[i]` trailing core axes; the first ones are named by `names`)."
     leads = [tuple(a.shape[:a.ndim - c]) for a, c in zip(arrays, cores)]
     try: lead = tuple(np.broadcast_shapes(*leads))
     except ValueError:
         raise ValueError(f"{' and '.join(names)}: leading (batch) dimensions must broadcast, got shapes "
-                         f"{' and '.join('(' + ', '.join(map(str, a.shape)) + ')' for a in arrays)}") from None
+                         f"{' and '.join('(' + ', '.join(map(str, a.shape)) + ')' for a in arrays[:len(names)])}") from None
     xp = _ops(arrays[0])
     return lead, [xp.broadcast_to(a, lead + tuple(a.shape[a.ndim - c:])) for a, c in zip(arrays, cores)]
 

@@ -6,11 +6,11 @@
 from __future__ import annotations
 import math
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 import numpy as np
 import pandas as pd
 import scipy.linalg
-from .checks import check_at_least, check_rank, check_same_shape, _shape
+from .checks import Array, ArrayLike, check_at_least, check_rank, check_same_shape, _shape
 from ._batching import _NUMPY, _Scratch, _backend, _chunked, _fits, _floats, _ops, _rescaled
 from .metrics import (_centred_unit, _cka_ratio, _common_count, _cos_dist_block, _debias,
                                   _hsic, _knn_sets, _msd_block, _rank_vec, _row_norms)
@@ -32,8 +32,8 @@ class ProcrustesResult:
     rmsd: float | np.ndarray       # sqrt(mean over rows of the squared row residual)
 
     def apply(self,
-              Z, # (..., M, d) or (d,) new points in source coordinates; leading dims must broadcast with the batch dims
-             ):  # same shape as `Z`, in target coordinates (a tensor when the fit was made on tensors)
+              Z: ArrayLike, # (..., M, d) or (d,) new points in source coordinates; leading dims must broadcast with the batch dims
+             ) -> Array:  # same shape as `Z`, in target coordinates (a tensor when the fit was made on tensors)
         "Map new source-space points with the fitted transform: `scale * (Z - source_mean) @ rotation + target_mean`."
         xp, d = _ops(self.rotation), self.rotation.shape[-1]
         z = xp.f64(_floats(Z, "Z", xp, min_ndim=1, dims=f"(..., M, {d})"))
@@ -65,6 +65,7 @@ def _spread(X, center):
     with np.errstate(invalid="ignore"):                               # 0/0 for an all-zero configuration
         return (A * A).sum(axis=(-2, -1)) / (Xn * Xn).sum(axis=(-2, -1))
 
+# %% ../nbs/03_align.ipynb #7a3fbf47
 def _check_spread(X, name: str, center: bool):
     "Raise if a configuration (..., N, d) has (numerically) zero spread: all its points coincide."
     N, d = X.shape[-2:]
@@ -75,7 +76,7 @@ def _check_spread(X, name: str, center: bool):
         raise ValueError(f"{name}: expected points that do not all coincide, got a configuration with zero spread "
                          f"{what}{where}; the alignment is undefined")
 
-# %% ../nbs/03_align.ipynb #980f5eba
+# %% ../nbs/03_align.ipynb #5ec9da9d
 def _validate_pair(source, target, name_s: str, name_t: str, batched: bool, center: bool):
     "(backend, X, Y): two float64 configurations of the same shape with spread, (N, d) or (..., N, d)."
     xp = _backend([source, target], [name_s, name_t])
@@ -87,7 +88,7 @@ def _validate_pair(source, target, name_s: str, name_t: str, batched: bool, cent
     _check_spread(X, name_s, center); _check_spread(Y, name_t, center)
     return xp, X, Y
 
-# %% ../nbs/03_align.ipynb #878882f3
+# %% ../nbs/03_align.ipynb #b31569ac
 def _solve(A, B, allow_reflection: bool):
     "Batched orthogonal Procrustes of A onto B (..., N, d): rotation (..., d, d) and tr(R^T A^T B) (...)."
     xp = _ops(A)
@@ -102,7 +103,7 @@ def _solve_scipy(A, B, allow_reflection: bool):
     if not allow_reflection and np.linalg.det(R) < 0: return _solve(A, B, False)
     return R, np.float64(trace)
 
-# %% ../nbs/03_align.ipynb #d3cbccb4
+# %% ../nbs/03_align.ipynb #97fbd7e7
 class _Fit(NamedTuple):
     rotation: object; scale: object; source_mean: object; target_mean: object
     aligned: object; disparity: object; rmsd: object; msd: object
@@ -127,8 +128,8 @@ def _fit(X, Y, center: bool, scale: bool, allow_reflection: bool, names: tuple, 
                 xp.ldexp(AR + mu_t[..., None, :], ey), disparity, rmsd, xp.ldexp(resid / X.shape[-2], 2 * ey[..., 0, 0]))
 
 # %% ../nbs/03_align.ipynb #59544467
-def procrustes_align(source,           # (N, d) configuration to move (e.g. run A's embeddings)
-                     target,           # (N, d) reference configuration, rows matched to `source`
+def procrustes_align(source: ArrayLike,  # (N, d) configuration to move (e.g. run A's embeddings)
+                     target: ArrayLike,  # (N, d) reference configuration, rows matched to `source`
                      *,
                      center: bool = True,   # remove each configuration's mean (fit a translation)
                      scale: bool = False,   # also fit the optimal isotropic scale s = tr(S D) / ||A||_F^2
@@ -141,8 +142,8 @@ def procrustes_align(source,           # (N, d) configuration to move (e.g. run 
     return ProcrustesResult(*f[:7])
 
 # %% ../nbs/03_align.ipynb #e7f59962
-def procrustes_align_batch(source,          # (..., N, d) configurations to move
-                           target,          # (..., N, d) reference configurations, rows matched to `source`
+def procrustes_align_batch(source: ArrayLike,  # (..., N, d) configurations to move
+                           target: ArrayLike,  # (..., N, d) reference configurations, rows matched to `source`
                            *,
                            center: bool = True,   # remove each configuration's mean (fit a translation)
                            scale: bool = False,   # also fit the optimal isotropic scale per problem
@@ -153,13 +154,13 @@ def procrustes_align_batch(source,          # (..., N, d) configurations to move
     return ProcrustesResult(*_fit(X, Y, center, scale, allow_reflection, ("source", "target"), _solve)[:7])
 
 # %% ../nbs/03_align.ipynb #c6ca9597
-def aligned_distance(X,   # (..., N, d) first configuration(s), moved onto `Y`
-                     Y,   # (..., N, d) reference configuration(s), rows matched to `X`
+def aligned_distance(X: ArrayLike,  # (..., N, d) first configuration(s), moved onto `Y`
+                     Y: ArrayLike,  # (..., N, d) reference configuration(s), rows matched to `X`
                      *,
                      center: bool = True,   # also remove translations
                      scale: bool = False,   # also remove an isotropic scale (result in `Y`'s units)
                      allow_reflection: bool = True,  # allow improper orthogonal maps, like scipy
-                    ) -> float | np.ndarray:  # (...) mean squared matched-row distance after alignment; float for 2-D numpy input
+                    ) -> float | Array:  # (...) mean squared matched-row distance after alignment; float for 2-D numpy input
     "Mean squared distance between matched rows of `X` and `Y` after Procrustes-aligning `X` onto `Y`."
     xp, Xa, Ya = _validate_pair(X, Y, "X", "Y", True, center)
     N, d = Xa.shape[-2:]
@@ -202,6 +203,7 @@ def _validate_runs(runs, name: str = "runs", min_points: int = 2, what: str = "p
     check_at_least(R.shape[1], min_points, name, what)
     return xp, xp.f64(R)
 
+# %% ../nbs/03_align.ipynb #72779fdb
 def _gpa_sweeps(A, scale: bool, allow_reflection: bool, max_iter: int, tol: float):
     "Align every run onto the consensus (one batched SVD), average; until the residual settles."
     xp, ss = _ops(A), (A * A).sum(axis=(-2, -1))                       # (K,)
@@ -223,8 +225,8 @@ def _consensus_norm(C):
     if not bool(norm > 0): raise ValueError("runs: the consensus collapsed to a point; the runs share no common structure")
     return norm
 
-# %% ../nbs/03_align.ipynb #13a18100
-def generalized_procrustes(runs,            # (K, N, d) the same N inputs embedded by K runs; K >= 2
+# %% ../nbs/03_align.ipynb #5bd12044
+def generalized_procrustes(runs: ArrayLike,  # (K, N, d) the same N inputs embedded by K runs; K >= 2
                            *,
                            center: bool = True,    # remove each run's mean
                            scale: bool = False,    # fit one isotropic scale per run (consensus size fixed)
@@ -246,7 +248,7 @@ def generalized_procrustes(runs,            # (K, N, d) the same N inputs embedd
     return GPAResult(up(C), up(Yk), R, s, up(mu), len(history), converged, xp.asarray(np.array(history)))
 
 # %% ../nbs/03_align.ipynb #eb561a86
-def raw_vs_aligned(runs,                 # (K, N, d) the same N inputs embedded by K >= 2 runs
+def raw_vs_aligned(runs: ArrayLike,      # (K, N, d) the same N inputs embedded by K >= 2 runs
                    metric: Callable,     # function of a (K, N, d) array returning a scalar (or array)
                    *,
                    center: bool = True,  # remove translations when aligning
@@ -269,7 +271,7 @@ def raw_vs_aligned(runs,                 # (K, N, d) the same N inputs embedded 
         red = xp.where(r != 0, 1.0 - a / xp.where(r != 0, r, 1.0), np.nan)
     return {"raw": raw, "aligned": al, "reduction": float(red) if red.ndim == 0 and xp is _NUMPY else red}
 
-# %% ../nbs/03_align.ipynb #194faf5d
+# %% ../nbs/03_align.ipynb #3715bdb1
 PAIR_MEASURES = {"raw_msd": "distance", "aligned_msd": "distance", "cos_dist": "distance", "cka": "similarity",
                  "cka_debiased": "similarity", "rsa": "similarity", "knn_overlap": "similarity"}
 
@@ -287,7 +289,7 @@ def _pair_distances(X, pa, pb):
     cos = _pairs(lambda i, j: _cos_dist_block(X[i], X[j], n[i], n[j], sc).mean(axis=-1), pa, pb, cost=3 * N * d)
     return dict(raw_msd=raw, aligned_msd=aligned, cos_dist=cos)
 
-# %% ../nbs/03_align.ipynb #9259bbff
+# %% ../nbs/03_align.ipynb #399eba44
 def _hsic_both(a, b, sc):
     "(..., 2): plain and debiased HSIC numerators of centred rows a, b (..., N, d) from one product."
     v = _hsic(a, b, False, sc)
@@ -303,7 +305,7 @@ def _pair_cka(X, pa, pb):
     cka = [_cka_ratio(xy[..., m], own[pa, m], own[pb, m]) for m in (0, 1)]
     return dict(cka=cka[0], cka_debiased=cka[1] if N >= 4 else cka[1] * np.nan)
 
-# %% ../nbs/03_align.ipynb #c23f517c
+# %% ../nbs/03_align.ipynb #c4bc7e99
 def _pair_rsa(X, pa, pb):
     "rsa (cosine distances) of every pair (P,); each run's rank vector computed once when they fit in 128 MiB."
     xp, (K, N, d) = _ops(X), tuple(X.shape)
@@ -322,28 +324,34 @@ def _pair_knn(X, pa, pb, k):
     c = xp.f64(_pairs(lambda i, j: _common_count(nn[i], nn[j], N), pa, pb, cost=N * min(k * k, 2 * N)))
     return dict(knn_overlap=(c / (2 * k - c)).mean(axis=-1))
 
-# %% ../nbs/03_align.ipynb #5eac9450
-def _run_labels(labels, K):
+# %% ../nbs/03_align.ipynb #0069bc39
+def _run_labels(labels, K: int) -> list:
+    "K run names (default 0..K-1)."
     if labels is None: return list(range(K))
     labels = list(labels)
     if len(labels) != K: raise ValueError(f"labels: expected {K} labels (one per run), got {len(labels)}")
     return labels
 
-def pairwise_run_table(runs,          # (K, N, d) the same N probes embedded by K >= 2 runs, N >= 3
-                       labels=None,   # K run names (default 0..K-1)
+def _capped_k(k, N: int) -> int:
+    "Neighbours for k-NN overlap: an integer >= 1, capped at N-1."
+    if not (isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k >= 1):
+        raise ValueError(f"k: expected an integer >= 1 (capped at N-1 = {N - 1}), got {k!r}")
+    return min(int(k), N - 1)
+
+# %% ../nbs/03_align.ipynb #09fd0ee1
+def pairwise_run_table(runs: ArrayLike,  # (K, N, d) the same N probes embedded by K >= 2 runs, N >= 3
+                       labels: Sequence | None = None,  # K run names (default 0..K-1)
                        *,
                        k: int = 10,   # neighbours for knn_overlap (capped at N-1)
                       ) -> pd.DataFrame:  # K(K-1)/2 rows: run_a, run_b, i, j and the PAIR_MEASURES columns
     "Raw and aligned MSD, cosine distance, CKA (plain, debiased), RSA and k-NN overlap for every pair of runs i < j."
     xp, X = _validate_runs(runs, min_points=3, what="probes (N)")
     K, N = X.shape[:2]
-    labels = _run_labels(labels, K)
-    if not (isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k >= 1):
-        raise ValueError(f"k: expected an integer >= 1 (capped at N-1 = {N - 1}), got {k!r}")
+    labels, k = _run_labels(labels, K), _capped_k(k, N)
     _check_spread(X, "runs", True)
     ia, ib = np.triu_indices(K, k=1)
     pa, pb = xp.asarray(ia), xp.asarray(ib)
-    cols = {**_pair_distances(X, pa, pb), **_pair_cka(X, pa, pb), **_pair_rsa(X, pa, pb), **_pair_knn(X, pa, pb, min(k, N - 1))}
+    cols = {**_pair_distances(X, pa, pb), **_pair_cka(X, pa, pb), **_pair_rsa(X, pa, pb), **_pair_knn(X, pa, pb, k)}
     table = pd.DataFrame({"run_a": [labels[i] for i in ia], "run_b": [labels[j] for j in ib], "i": ia, "j": ib})
     for m in PAIR_MEASURES: table[m] = xp.numpy(cols[m])
     return table

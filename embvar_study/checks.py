@@ -4,31 +4,37 @@
 
 # %% ../nbs/00_checks.ipynb #d33d0828
 from __future__ import annotations
+from typing import TYPE_CHECKING, Sequence, Union
 import numpy as np
+if TYPE_CHECKING: import torch   # for the type hints only: never imported at run time
 
 # %% auto #0
-__all__ = ['is_tensor', 'check_real', 'check_rank', 'check_finite', 'as_float_array', 'check_same_shape', 'check_at_least',
-           'check_nonzero_rows']
+__all__ = ['ArrayLike', 'Array', 'is_tensor', 'check_real', 'check_rank', 'check_finite', 'as_float_array', 'check_same_shape',
+           'check_at_least', 'check_nonzero_rows']
 
-# %% ../nbs/00_checks.ipynb #abda8c0c
+# %% ../nbs/00_checks.ipynb #5eb28cdd
+ArrayLike = Union[np.ndarray, Sequence, "torch.Tensor"]   # what the numerical functions accept
+Array = Union[np.ndarray, "torch.Tensor"]                  # what they return: numpy, or a tensor on the input's device
+
+# %% ../nbs/00_checks.ipynb #44cbf7f0
 def _fmt_shape(shape) -> str: return "(" + ", ".join(str(s) for s in shape) + ")"
 def _shape(x) -> str: return _fmt_shape(np.shape(x))   # of an array, tensor or nested list
 
-def is_tensor(x) -> bool:  # True for a torch tensor (any device, dtype or subclass)
+def is_tensor(x: object) -> bool:  # True for a torch tensor (any device, dtype or subclass)
     "Whether `x` is a torch tensor, decided without importing torch."
     mod = type(x).__module__
     return (mod == "torch" or mod.startswith("torch.")) and hasattr(x, "detach")
 
-# %% ../nbs/00_checks.ipynb #7a7a271c
-def check_real(x,          # numpy array or torch tensor
+# %% ../nbs/00_checks.ipynb #179c9a9c
+def check_real(x: Array,   # numpy array or torch tensor
                name: str,  # argument name, used in error messages
               ) -> None:
     "Raise if `x` holds complex numbers: casting them to float would silently drop the imaginary part."
     if x.is_complex() if is_tensor(x) else np.iscomplexobj(x):
-        raise ValueError(f"{name}: expected real numbers, got complex dtype {x.dtype}; "
+        raise ValueError(f"{name}: expected real numbers, got complex dtype {str(x.dtype).removeprefix('torch.')}; "
                          f"pass its .real, .imag or abs() explicitly")
 
-# %% ../nbs/00_checks.ipynb #225edb54
+# %% ../nbs/00_checks.ipynb #8f67bd7d
 def check_rank(shape: tuple,          # shape of the array
                name: str,             # argument name, used in error messages
                *,
@@ -43,8 +49,8 @@ def check_rank(shape: tuple,          # shape of the array
     if 0 in tuple(shape):
         raise ValueError(f"{name}: expected a non-empty array {want}, got shape {_fmt_shape(shape)}")
 
-# %% ../nbs/00_checks.ipynb #86f8d80b
-def check_finite(x,          # numpy array or torch tensor
+# %% ../nbs/00_checks.ipynb #dc1eee58
+def check_finite(x: Array,   # numpy array or torch tensor
                  name: str,  # argument name, used in error messages
                 ) -> None:
     "Raise if `x` has NaN or inf entries; the message counts them."
@@ -58,7 +64,7 @@ def check_finite(x,          # numpy array or torch tensor
 def _not_numeric(x, name, dims, err) -> ValueError:
     return ValueError(f"{name}: expected a numeric array{' ' + dims if dims else ''}, got {type(x).__name__} ({err})")
 
-def as_float_array(x,                 # array-like or torch tensor
+def as_float_array(x: ArrayLike,      # array-like or torch tensor
                    name: str,         # argument name, used in error messages
                    *,
                    min_ndim: int = 1, # smallest accepted rank
@@ -78,8 +84,8 @@ def as_float_array(x,                 # array-like or torch tensor
     return a
 
 # %% ../nbs/00_checks.ipynb #cd2f605b
-def check_same_shape(a: np.ndarray,  # first array
-                     b: np.ndarray,  # second array
+def check_same_shape(a: Array,  # first array
+                     b: Array,  # second array
                      name_a: str,    # name of `a` in error messages
                      name_b: str,    # name of `b`
                     ) -> None:
@@ -96,8 +102,8 @@ def check_at_least(n: int,            # the count
     if n < minimum:
         raise ValueError(f"{name}: expected at least {minimum} {what}, got {n}")
 
-# %% ../nbs/00_checks.ipynb #5ab270b9
-def check_nonzero_rows(x,                 # (..., N, d) numpy array or torch tensor
+# %% ../nbs/00_checks.ipynb #53d6ce31
+def check_nonzero_rows(x: Array,          # (..., N, d) numpy array or torch tensor
                        name: str,         # argument name, used in error messages
                        eps: float = 0.0,  # rows with norm <= eps count as zero
                       ) -> None:

@@ -5,8 +5,10 @@
 # %% ../nbs/02_metrics.ipynb #eb9fbce8
 from __future__ import annotations
 import math
+from typing import Sequence
 import numpy as np
-from .checks import as_float_array, check_at_least, check_nonzero_rows, is_tensor, _fmt_shape, _shape
+from .checks import (Array, ArrayLike, as_float_array, check_at_least, check_nonzero_rows, is_tensor,
+                                 _fmt_shape, _shape)
 from ._batching import (_Scratch, _argsort, _backend, _broadcast_lead, _chunked, _fits, _floats, _ops,
                                     _promoted, _put_last, _rescaled, _running, _take_last, _top_k)
 
@@ -32,6 +34,7 @@ def _check_pair_rows(a, b, name_a, name_b, same_d=True):
         want = "the same (N, d) in their last two axes" if same_d else "the same number of rows N (axis -2)"
         raise ValueError(f"{name_a} and {name_b}: expected {want}, got shapes {_shape(a)} and {_shape(b)}")
 
+# %% ../nbs/02_metrics.ipynb #4037eff9
 def _check_not_constant(x, name, what):
     "Raise if, for some leading index, all N rows of `x` (..., N, d) are identical."
     xp = _ops(x)
@@ -40,7 +43,7 @@ def _check_not_constant(x, name, what):
         where = f" (first at leading index {xp.first_index(bad)})" if bad.ndim else ""
         raise ValueError(f"{name}: {what} needs rows that are not all identical, got identical rows{where}")
 
-# %% ../nbs/02_metrics.ipynb #6f78131a
+# %% ../nbs/02_metrics.ipynb #2409b35c
 def _norms(x):
     "(..., N) float64 L2 norms of the rows of x (..., N, d)."
     xp = _ops(x)
@@ -56,7 +59,7 @@ def _row_norms(x, name):
         raise ValueError(f"{name}: vector norms overflow float64 (values around 1e154 or larger); rescale the input")
     return norms
 
-# %% ../nbs/02_metrics.ipynb #e9a6a23b
+# %% ../nbs/02_metrics.ipynb #e9f2fa3b
 _SMALL_DRIFT = 1e-6   # below this, 1 - cos is recomputed from the normalised difference
 
 def _small_drift(A, B, na, nb, rows):
@@ -77,7 +80,7 @@ def _cos_dist_block(a, b, na, nb, sc):
     if small[0].shape[0]: dist[small] = _small_drift(A, B, na, nb, small)
     return xp.clip(dist, 0.0, 2.0, out=dist)
 
-# %% ../nbs/02_metrics.ipynb #7b259b53
+# %% ../nbs/02_metrics.ipynb #83f46561
 def _cos_dist_chunked(a, b, na, nb, lead):
     "(..., N) 1 - cos of matched rows; a, b (..., N, d) and their norms na, nb broadcast to `lead`."
     sc = _Scratch(_ops(a))
@@ -94,18 +97,18 @@ def _cosine_distance_rows(ref, cur, name_ref, name_cur):
     return _cos_dist_chunked(x, y, nx, ny, lead)
 
 # %% ../nbs/02_metrics.ipynb #99ff9540
-def cosine_similarity_rows(a,  # (..., N, d) embeddings
-                           b,  # (..., N, d) embeddings; leading dims broadcast against `a`
-                          ):   # (..., N) cosine of matched rows, in [-1, 1]
+def cosine_similarity_rows(a: ArrayLike,  # (..., N, d) embeddings
+                           b: ArrayLike,  # (..., N, d) embeddings; leading dims broadcast against `a`
+                          ) -> Array:   # (..., N) cosine of matched rows, in [-1, 1]
     "Cosine similarity of each row of `a` with the matched row of `b`."
     d = _cosine_distance_rows(a, b, "a", "b")
     return _ops(d).clip(1.0 - d, -1.0, 1.0)
 
-def cosine_drift(ref,  # (..., N, d) reference embeddings (e.g. checkpoint 0), broadcast against `cur`
-                 cur,  # (..., N, d) current embeddings of the same N probes
+def cosine_drift(ref: ArrayLike,  # (..., N, d) reference embeddings (e.g. checkpoint 0), broadcast against `cur`
+                 cur: ArrayLike,  # (..., N, d) current embeddings of the same N probes
                  *,
                  per_probe: bool = False,  # return the per-probe drift instead of the mean
-                ):  # (...) mean drift, or (..., N) when `per_probe`
+                ) -> Array:  # (...) mean drift, or (..., N) when `per_probe`
     "Mean over probes of the cosine distance 1 - cos(ref_i, cur_i)."
     dist = _cosine_distance_rows(ref, cur, "ref", "cur")
     return dist if per_probe else dist.mean(axis=-1)
@@ -123,26 +126,26 @@ def _drift_between(a, b, na, nb, lead):
     a, b, na, nb = (xp.broadcast_to(v, lead + tuple(v.shape[-c:])) for v, c in zip((a, b, na, nb), (2, 2, 1, 1)))
     return _cos_dist_chunked(a, b, na, nb, lead)
 
-def drift_curve(traj,  # (..., T, N, d) embeddings of N probes at T checkpoints
-               ):      # (..., T) drift of each checkpoint from checkpoint 0
+def drift_curve(traj: ArrayLike,  # (..., T, N, d) embeddings of N probes at T checkpoints
+               ) -> Array:      # (..., T) drift of each checkpoint from checkpoint 0
     "Cosine drift of every checkpoint from the first one; exactly 0 at t=0."
     x, n = _traj(traj)
     curve = _drift_between(x[..., :1, :, :], x, n[..., :1, :], n, tuple(x.shape[:-2])).mean(axis=-1)
     curve[..., 0] = 0.0
     return curve
 
-# %% ../nbs/02_metrics.ipynb #484aa3d5
-def step_drift(traj,  # (..., T, N, d) embeddings of N probes at T >= 2 checkpoints
-              ):      # (..., T-1) drift between checkpoints t and t+1
+# %% ../nbs/02_metrics.ipynb #87a910c2
+def step_drift(traj: ArrayLike,  # (..., T, N, d) embeddings of N probes at T >= 2 checkpoints
+              ) -> Array:      # (..., T-1) drift between checkpoints t and t+1
     "Cosine drift between consecutive checkpoints."
     x, n = _traj(traj, min_T=2)
     lead = tuple(x.shape[:-3]) + (x.shape[-3] - 1,)
     return _drift_between(x[..., :-1, :, :], x[..., 1:, :, :], n[..., :-1, :], n[..., 1:, :], lead).mean(axis=-1)
 
-def path_length(traj,  # (..., T, N, d) embeddings of N probes at T >= 2 checkpoints
+def path_length(traj: ArrayLike,  # (..., T, N, d) embeddings of N probes at T >= 2 checkpoints
                 *,
                 cumulative: bool = False,  # return the running sum (..., T), starting at 0
-               ):  # (...) total, or (..., T) running cosine path length
+               ) -> Array:  # (...) total, or (..., T) running cosine path length
     "Sum of the step drifts along the trajectory (cosine path length)."
     s = step_drift(traj)
     if not cumulative: return s.sum(axis=-1)
@@ -150,7 +153,7 @@ def path_length(traj,  # (..., T, N, d) embeddings of N probes at T >= 2 checkpo
     return xp.concatenate([xp.zeros(tuple(s.shape[:-1]) + (1,)), s.cumsum(axis=-1)], axis=-1)
 
 # %% ../nbs/02_metrics.ipynb #e206a52d
-def early_late_summary(curve,  # (..., T) a curve over checkpoints
+def early_late_summary(curve: ArrayLike,  # (..., T) a curve over checkpoints
                        *,
                        frac: float = 0.25,  # fraction of the T points in each window, in (0, 1]
                       ) -> dict:  # early, late, delta, ratio: arrays (...); window: m
@@ -171,18 +174,18 @@ def _check_ddof(ddof, n, name):
         raise ValueError(f"ddof: expected a non-negative integer, got {ddof!r}")
     check_at_least(n, ddof + 1, name, f"rows (N) for a variance with ddof={ddof}")
 
-def per_dimension_variance(X,  # (..., N, d) embeddings
+def per_dimension_variance(X: ArrayLike,  # (..., N, d) embeddings
                            *,
                            ddof: int = 1,  # delta degrees of freedom (1: unbiased)
-                          ):  # (..., d) variance of each dimension over the N rows
+                          ) -> Array:  # (..., d) variance of each dimension over the N rows
     "Variance over probes of each embedding dimension."
     xp = _backend([X], ["X"])
     x = _rows(X, "X", xp); N, d = x.shape[-2:]
     _check_ddof(ddof, N, "X")
     return _chunked(lambda c: xp.var(c, axis=-2, ddof=ddof), [x], x.shape[:-2], cost=2 * N * d)
 
-# %% ../nbs/02_metrics.ipynb #d723a6a4
-def norm_stats(X,  # (..., N, d) embeddings
+# %% ../nbs/02_metrics.ipynb #a0011000
+def norm_stats(X: ArrayLike,  # (..., N, d) embeddings
                *,
                ddof: int = 1,  # delta degrees of freedom of `var` and `std`
               ) -> dict:  # mean, var, std of the row norms: arrays (...)
@@ -194,10 +197,10 @@ def norm_stats(X,  # (..., N, d) embeddings
     var = xp.var(norms, axis=-1, ddof=ddof)
     return dict(mean=norms.mean(axis=-1), var=var, std=xp.sqrt(var))
 
-def norm_variance(X,  # (..., N, d) embeddings
+def norm_variance(X: ArrayLike,  # (..., N, d) embeddings
                   *,
                   ddof: int = 1,  # delta degrees of freedom
-                 ):  # (...) variance of the row norms
+                 ) -> Array:  # (...) variance of the row norms
     "Variance over probes of the L2 norms of the rows."
     return norm_stats(X, ddof=ddof)["var"]
 
@@ -222,7 +225,7 @@ def _pairwise(x, metric, squared=False):
     D[..., i, i] = 0.0
     return D
 
-# %% ../nbs/02_metrics.ipynb #3b2a09f5
+# %% ../nbs/02_metrics.ipynb #667c2384
 def _set_for_metric(X, metric, name, xp, min_rows=1):
     "A validated set for `metric`: non-zero rows when it is the cosine."
     if metric not in _METRICS: raise ValueError(f"metric: expected one of {_METRICS}, got {metric!r}")
@@ -230,21 +233,21 @@ def _set_for_metric(X, metric, name, xp, min_rows=1):
     if metric == "cosine": _row_norms(x, name)
     return x
 
-def pairwise_distances(X,  # (..., N, d) embeddings
+def pairwise_distances(X: ArrayLike,  # (..., N, d) embeddings
                        *,
                        metric: str = "euclidean",  # "euclidean" or "cosine" (1 - cosine similarity)
-                      ):  # (..., N, N) symmetric, zero diagonal
+                      ) -> Array:  # (..., N, N) symmetric, zero diagonal
     "All pairwise distances between the rows of `X`, batched over leading dims."
     xp = _backend([X], ["X"])
     x = _set_for_metric(X, metric, "X", xp)
     N, d = x.shape[-2:]
     return _chunked(lambda c: _pairwise(c, metric), [x], x.shape[:-2], cost=3 * N * N + N * d)
 
-# %% ../nbs/02_metrics.ipynb #8ec8aee6
-def pairwise_distance_summary(X,  # (..., N, d) embeddings, N >= 2
+# %% ../nbs/02_metrics.ipynb #9b540b8f
+def pairwise_distance_summary(X: ArrayLike,  # (..., N, d) embeddings, N >= 2
                               *,
                               metric: str = "euclidean",  # "euclidean" or "cosine"
-                              quantiles=(0.05, 0.25, 0.5, 0.75, 0.95),  # (Q,) levels in [0, 1]
+                              quantiles: Sequence[float] = (0.05, 0.25, 0.5, 0.75, 0.95),  # (Q,) levels in [0, 1]
                              ) -> dict:  # mean, var (...); quantiles (..., Q); levels (Q,)
     "Mean, variance and quantiles of the distances over distinct pairs i < j."
     xp = _backend([X], ["X"])
@@ -258,7 +261,7 @@ def pairwise_distance_summary(X,  # (..., N, d) embeddings, N >= 2
         return xp.concatenate([t.mean(axis=-1)[..., None], xp.var(t, axis=-1, ddof=0)[..., None],
                                xp.moveaxis(xp.quantile(t, q), 0, -1)], axis=-1)
     out = _chunked(f, [x], x.shape[:-2], cost=5 * N * N + N * d)
-    return dict(mean=out[..., 0], var=out[..., 1], quantiles=out[..., 2:], levels=q)
+    return dict(mean=out[..., 0], var=out[..., 1], quantiles=out[..., 2:], levels=xp.asarray(q))
 
 # %% ../nbs/02_metrics.ipynb #101c0c92
 def _centred(x, sc=None, key="c"):
@@ -281,7 +284,7 @@ def _spectrum_chunk(x, sc):
     if ev.shape[-1] == d: return ev
     return xp.concatenate([ev, xp.zeros(tuple(ev.shape[:-1]) + (d - ev.shape[-1],))], axis=-1)
 
-# %% ../nbs/02_metrics.ipynb #c3a85034
+# %% ../nbs/02_metrics.ipynb #986af0d1
 def _per_set(f, x):
     "f(block, scratch) over the sets of x (..., N, d), chunked, with scratch buffers shared by the blocks."
     sc, (N, d) = _Scratch(_ops(x)), x.shape[-2:]
@@ -293,12 +296,12 @@ def _cov_input(X, what=None):
     if what: _check_not_constant(x, "X", what)
     return x
 
-def covariance_spectrum(X,  # (..., N, d) embeddings, N >= 2
-                       ):   # (..., d) eigenvalues of the covariance, descending, zero-padded
+def covariance_spectrum(X: ArrayLike,  # (..., N, d) embeddings, N >= 2
+                       ) -> Array:   # (..., d) eigenvalues of the covariance, descending, zero-padded
     "Eigenvalues of the (ddof=1) covariance of the rows, descending, length d."
     return _per_set(_spectrum_chunk, _cov_input(X))
 
-# %% ../nbs/02_metrics.ipynb #a961deec
+# %% ../nbs/02_metrics.ipynb #7c1accd3
 def _moments_chunk(x, sc):
     "(..., 2): trace and Frobenius norm of the covariance."
     xp, N = sc.xp, x.shape[-2]
@@ -307,23 +310,24 @@ def _moments_chunk(x, sc):
     tr = xp.einsum("...nd,...nd->...", c, c) / (N - 1)
     return xp.stack([tr, xp.sqrt(xp.einsum("...ij,...ij->...", G, G)) / (N - 1)], axis=-1)
 
-def total_variance(X,  # (..., N, d) embeddings, N >= 2
-                  ):   # (...) trace of the covariance
+def total_variance(X: ArrayLike,  # (..., N, d) embeddings, N >= 2
+                  ) -> Array:   # (...) trace of the covariance
     "Trace of the covariance = sum of the per-dimension variances (ddof=1)."
     return _per_set(_moments_chunk, _cov_input(X))[..., 0]
 
-def covariance_frobenius(X,  # (..., N, d) embeddings, N >= 2
-                        ):   # (...) Frobenius norm of the covariance
+def covariance_frobenius(X: ArrayLike,  # (..., N, d) embeddings, N >= 2
+                        ) -> Array:   # (...) Frobenius norm of the covariance
     "Frobenius norm of the (ddof=1) covariance, sqrt(sum of squared eigenvalues)."
     return _per_set(_moments_chunk, _cov_input(X))[..., 1]
 
-def participation_ratio(X,  # (..., N, d) embeddings, N >= 2, rows not all identical
-                       ):   # (...) (sum eig)^2 / sum eig^2, in [1, rank]
+# %% ../nbs/02_metrics.ipynb #e9e6af30
+def participation_ratio(X: ArrayLike,  # (..., N, d) embeddings, N >= 2, rows not all identical
+                       ) -> Array:   # (...) (sum eig)^2 / sum eig^2, in [1, rank]
     "Participation ratio of the covariance spectrum, (tr C)^2 / ||C||_F^2."
     m = _per_set(_moments_chunk, _cov_input(X, "participation_ratio"))
     return m[..., 0] ** 2 / m[..., 1] ** 2
 
-# %% ../nbs/02_metrics.ipynb #683ec9e1
+# %% ../nbs/02_metrics.ipynb #7003f2df
 def _ratios(X, what):
     "(..., d) the normalised spectrum of a set that has spread."
     ev = _per_set(_spectrum_chunk, _cov_input(X, what))
@@ -331,38 +335,38 @@ def _ratios(X, what):
 
 def _entropy_rank(p): return _ops(p).exp(-_ops(p).xlogy(p, p).sum(axis=-1))
 
-def explained_variance_ratio(X,  # (..., N, d) embeddings, N >= 2, rows not all identical
-                            ):   # (..., d) eigenvalues / their sum, descending
+def explained_variance_ratio(X: ArrayLike,  # (..., N, d) embeddings, N >= 2, rows not all identical
+                            ) -> Array:   # (..., d) eigenvalues / their sum, descending
     "Share of the total variance along each principal direction."
     return _ratios(X, "explained_variance_ratio")
 
-def effective_rank(X,  # (..., N, d) embeddings, N >= 2, rows not all identical
-                  ):   # (...) exp(entropy of the normalised spectrum), in [1, rank]
+def effective_rank(X: ArrayLike,  # (..., N, d) embeddings, N >= 2, rows not all identical
+                  ) -> Array:   # (...) exp(entropy of the normalised spectrum), in [1, rank]
     "Effective rank (Roy & Vetterli 2007) of the covariance spectrum."
     return _entropy_rank(_ratios(X, "effective_rank"))
 
-def top_eigen_ratio(X,  # (..., N, d) embeddings, N >= 2, rows not all identical
-                   ):   # (...) largest eigenvalue / total variance
+def top_eigen_ratio(X: ArrayLike,  # (..., N, d) embeddings, N >= 2, rows not all identical
+                   ) -> Array:   # (...) largest eigenvalue / total variance
     "Share of the total variance along the first principal direction."
     return _ratios(X, "top_eigen_ratio")[..., 0]
 
-# %% ../nbs/02_metrics.ipynb #ceacee7b
+# %% ../nbs/02_metrics.ipynb #0a036833
 def _anisotropy_chunk(x, n, sc):
     xp, N = sc.xp, x.shape[-2]
     u = xp.multiply(x, (1.0 / n)[..., None], out=sc("u", tuple(x.shape)))
     s = u.sum(axis=-2)
     return (xp.einsum("...d,...d->...", s, s) - xp.einsum("...nd,...nd->...", u, u)) / (N * (N - 1))
 
-def anisotropy(X,  # (..., N, d) embeddings, N >= 2, non-zero rows
-              ):   # (...) mean cosine similarity over pairs i != j, in [-1/(N-1), 1]
+def anisotropy(X: ArrayLike,  # (..., N, d) embeddings, N >= 2, non-zero rows
+              ) -> Array:   # (...) mean cosine similarity over pairs i != j, in [-1/(N-1), 1]
     "Mean pairwise cosine similarity of the rows (Ethayarajh 2019)."
     xp = _backend([X], ["X"])
     x = _rows(X, "X", xp, min_rows=2)
     n, sc = _row_norms(x, "X"), _Scratch(xp)
     return _chunked(lambda a, b: _anisotropy_chunk(a, b, sc), [x, n], x.shape[:-2], cost=2 * x.shape[-2] * x.shape[-1])
 
-# %% ../nbs/02_metrics.ipynb #30303dc3
-def spectrum_summary(X,  # (..., N, d) embeddings, N >= 2, non-zero rows not all identical
+# %% ../nbs/02_metrics.ipynb #d21fbee2
+def spectrum_summary(X: ArrayLike,  # (..., N, d) embeddings, N >= 2, non-zero rows not all identical
                     ) -> dict:  # trace, frobenius, effective_rank, participation_ratio, anisotropy, top_eigen_ratio
     "The scalar covariance summaries of `X` in one dict of (...) arrays."
     x = _cov_input(X, "spectrum_summary")
@@ -379,9 +383,9 @@ def _msd_block(a, b, sc):
     diff -= b                                    # float32 b is promoted exactly by the subtraction
     return sc.xp.einsum("...nd,...nd->...", diff, diff) / a.shape[-2]
 
-def expected_squared_distance(X,  # (..., N, d) embeddings from one run
-                              Y,  # (..., N, d) the same probes from another run; leading dims broadcast
-                             ):   # (...) mean over probes of ||x_i - y_i||^2
+def expected_squared_distance(X: ArrayLike,  # (..., N, d) embeddings from one run
+                              Y: ArrayLike,  # (..., N, d) the same probes from another run; leading dims broadcast
+                             ) -> Array:   # (...) mean over probes of ||x_i - y_i||^2
     "Mean squared euclidean distance between matched rows."
     xp = _backend([X, Y], ["X", "Y"])
     x, y = _rows(X, "X", xp), _rows(Y, "Y", xp)
@@ -390,7 +394,7 @@ def expected_squared_distance(X,  # (..., N, d) embeddings from one run
     sc = _Scratch(xp)
     return _chunked(lambda a, b: _msd_block(a, b, sc), [x, y], lead, cost=x.shape[-2] * x.shape[-1], promote=False)
 
-# %% ../nbs/02_metrics.ipynb #1195a1ba
+# %% ../nbs/02_metrics.ipynb #a6276f8c
 def _dispersion_chunk(x, m, nx, nm, sc):
     "(..., 3): mean squared and mean cosine distance to the per-probe mean, across-run variance of the latter."
     xp = sc.xp
@@ -400,7 +404,8 @@ def _dispersion_chunk(x, m, nx, nm, sc):
     cd = _cos_dist_block(x, m[..., None, :, :], nx, nm[..., None, :], sc)   # (..., K, N)
     return xp.stack([msd, cd.mean(axis=(-2, -1)), xp.var(cd, axis=-2, ddof=1).mean(axis=-1)], axis=-1)
 
-def cross_run_dispersion(runs,  # (..., K, N, d) the same N probes embedded by K >= 2 runs
+# %% ../nbs/02_metrics.ipynb #3359a3da
+def cross_run_dispersion(runs: ArrayLike,  # (..., K, N, d) the same N probes embedded by K >= 2 runs
                         ) -> dict:  # mean_sq_distance, mean_cosine_distance, cosine_distance_var: arrays (...)
     "How far the runs spread around their per-probe mean embedding."
     xp = _backend([runs], ["runs"])
@@ -413,8 +418,8 @@ def cross_run_dispersion(runs,  # (..., K, N, d) the same N probes embedded by K
     out = _chunked(lambda *z: _dispersion_chunk(*z, sc), [x, m, nx, nm], x.shape[:-3], cost=3 * K * N * d, promote=False)
     return dict(mean_sq_distance=out[..., 0], mean_cosine_distance=out[..., 1], cosine_distance_var=out[..., 2])
 
-def cosine_distance_variance(runs,  # (..., K, N, d) the same N probes embedded by K >= 2 runs
-                            ):      # (...) mean over probes of Var_k(1 - cos(x_i^k, m_i)), ddof=1
+def cosine_distance_variance(runs: ArrayLike,  # (..., K, N, d) the same N probes embedded by K >= 2 runs
+                            ) -> Array:      # (...) mean over probes of Var_k(1 - cos(x_i^k, m_i)), ddof=1
     "Across-run variance of each probe's cosine distance to its mean embedding, averaged over probes."
     return cross_run_dispersion(runs)["cosine_distance_var"]
 
@@ -432,22 +437,22 @@ def _knn_chunk(x, n, k, sc):
     S[..., i, i] = -np.inf
     return _top_k(S, k)
 
-# %% ../nbs/02_metrics.ipynb #44112fd6
+# %% ../nbs/02_metrics.ipynb #d8726106
 def _knn_sets(x, name, k):
     "(..., N, k) indices of the k cosine-nearest rows, nearest first, self excluded."
     n, sc, (N, d) = _row_norms(x, name), _Scratch(_ops(x)), x.shape[-2:]
     return _chunked(lambda a, b: _knn_chunk(a, b, k, sc), [x, n], x.shape[:-2], cost=3 * N * N + N * d)
 
-def knn_indices(X,  # (..., N, d) embeddings, non-zero rows
+def knn_indices(X: ArrayLike,  # (..., N, d) embeddings, non-zero rows
                 *,
                 k: int = 10,  # neighbours per probe, 1 <= k <= N-1
-               ):  # (..., N, k) int indices, nearest (highest cosine) first, self excluded
+               ) -> Array:  # (..., N, k) int indices, nearest (highest cosine) first, self excluded
     "Indices of each row's k nearest rows by cosine similarity."
     x = _rows(X, "X", _backend([X], ["X"]), min_rows=2)
     _check_k(k, x.shape[-2])
     return _knn_sets(x, "X", k)
 
-# %% ../nbs/02_metrics.ipynb #2282aede
+# %% ../nbs/02_metrics.ipynb #c90ebc64
 def _common_count(ia, ib, N):
     "(..., N) size of the intersection of two index sets (..., N, k)."
     xp, k = _ops(ia), ia.shape[-1]
@@ -455,12 +460,13 @@ def _common_count(ia, ib, N):
     mask = _put_last(xp.zeros(tuple(ia.shape[:-1]) + (N,), dtype=xp.bool), ia, True)   # membership of ia
     return _take_last(mask, ib).sum(axis=-1)
 
-def knn_overlap(X,  # (..., N, dx) embeddings from one run, non-zero rows
-                Y,  # (..., N, dy) the same probes from another run (dy may differ); leading dims broadcast
+# %% ../nbs/02_metrics.ipynb #7402b757
+def knn_overlap(X: ArrayLike,  # (..., N, dx) embeddings from one run, non-zero rows
+                Y: ArrayLike,  # (..., N, dy) the same probes from another run (dy may differ); leading dims broadcast
                 *,
                 k: int = 10,  # neighbours per probe, 1 <= k <= N-1
                 per_point: bool = False,  # return the per-probe overlap (..., N)
-               ):  # (...) mean Jaccard overlap in [0, 1], or (..., N)
+               ) -> Array:  # (...) mean Jaccard overlap in [0, 1], or (..., N)
     "Mean Jaccard overlap of each probe's cosine k-nearest-neighbour sets in `X` and in `Y`."
     xp = _backend([X, Y], ["X", "Y"])
     x, y = _rows(X, "X", xp, min_rows=2), _rows(Y, "Y", xp, min_rows=2)
@@ -490,7 +496,7 @@ def _tied_ranks(v, rtol=_TIE_RTOL):
     last = xp.flip(_running(xp.flip(xp.where(ends, pos, M), -1), min), -1)
     return _put_last(xp.empty(tuple(v.shape)), order, xp.f64(first + last) / 2 + 1)
 
-# %% ../nbs/02_metrics.ipynb #f0f65d24
+# %% ../nbs/02_metrics.ipynb #a91f51ce
 def _rank_vec(x, metric):
     "(..., M) centred, unit-norm ranks of the upper-triangle distances of rows x (..., N, d)."
     xp = _ops(x)
@@ -508,12 +514,12 @@ def _rsa_operand(a, lead, metric):
         return ranks, 1, lambda r: r
     return a, 2, lambda c: _rank_vec(c, metric)
 
-# %% ../nbs/02_metrics.ipynb #495609f6
-def rsa(X,  # (..., N, dx) embeddings, N >= 3
-        Y,  # (..., N, dy) the same probes from another run or layer; leading dims broadcast
+# %% ../nbs/02_metrics.ipynb #05ceccb1
+def rsa(X: ArrayLike,  # (..., N, dx) embeddings, N >= 3
+        Y: ArrayLike,  # (..., N, dy) the same probes from another run or layer; leading dims broadcast
         *,
         metric: str = "cosine",  # distance used for both sets: "cosine" or "euclidean"
-       ):  # (...) Spearman correlation in [-1, 1]
+       ) -> Array:  # (...) Spearman correlation in [-1, 1]
     "Spearman correlation between the pairwise-distance matrices (upper triangles) of `X` and `Y`."
     xp = _backend([X, Y], ["X", "Y"])
     x, y = _set_for_metric(X, metric, "X", xp, min_rows=3), _set_for_metric(Y, metric, "Y", xp, min_rows=3)
@@ -533,6 +539,7 @@ def _centred_unit(x, sc, key):
     c -= c.mean(axis=-2, keepdims=True)
     return c
 
+# %% ../nbs/02_metrics.ipynb #36365e36
 def _hsic(a, b, debiased, sc):
     "(...) HSIC numerator <K, L>_F (debiased if asked) of centred rows a (..., N, da), b (..., N, db)."
     xp, (N, da), db = sc.xp, a.shape[-2:], b.shape[-1]
@@ -552,7 +559,7 @@ def _debias(v, a, b):
     q = r if b is a else xp.einsum("...nd,...nd->...n", b, b)
     return v - N / (N - 2) * xp.einsum("...n,...n->...", r, q) + r.sum(axis=-1) * q.sum(axis=-1) / ((N - 1) * (N - 2))
 
-# %% ../nbs/02_metrics.ipynb #0967ec69
+# %% ../nbs/02_metrics.ipynb #b41b37e1
 def _cka_terms(x, y, debiased, own, sc):
     "(..., 1 + own_x + own_y): HSIC(x, y), then HSIC(x, x) and/or HSIC(y, y) when `own` asks for them."
     cx, cy = _centred_unit(x, sc, "cx"), _centred_unit(y, sc, "cy")
@@ -570,12 +577,12 @@ def _cka_ratio(xy, sx, sy):
     with np.errstate(invalid="ignore", divide="ignore"):
         return xp.where((sx > 0) & (sy > 0), xy / (xp.sqrt(abs(sx)) * xp.sqrt(abs(sy))), np.nan)[()]
 
-# %% ../nbs/02_metrics.ipynb #05cf0b98
-def linear_cka(X,  # (..., N, dx) embeddings
-               Y,  # (..., N, dy) the same probes from another run or layer; leading dims broadcast
+# %% ../nbs/02_metrics.ipynb #68ebb40f
+def linear_cka(X: ArrayLike,  # (..., N, dx) embeddings
+               Y: ArrayLike,  # (..., N, dy) the same probes from another run or layer; leading dims broadcast
                *,
                debiased: bool = False,  # use the unbiased HSIC estimator (needs N >= 4)
-              ):  # (...) CKA, in [0, 1] (debiased: may be slightly negative, or nan)
+              ) -> Array:  # (...) CKA, in [0, 1] (debiased: may be slightly negative, or nan)
     "Linear centered kernel alignment between two representations of the same probes."
     xp, need = _backend([X, Y], ["X", "Y"]), 4 if debiased else 2
     x, y = _rows(X, "X", xp, min_rows=need), _rows(Y, "Y", xp, min_rows=need)
@@ -615,6 +622,7 @@ def _encode_labels(labels, N, name, X_shape):
     codes = np.asarray(codes).reshape(-1)
     return classes, codes, np.bincount(codes, minlength=len(classes))
 
+# %% ../nbs/02_metrics.ipynb #3a45afd0
 def _check_members(classes, counts, name, minimum=2):
     small = np.flatnonzero(counts < minimum)
     if small.size:
@@ -622,7 +630,7 @@ def _check_members(classes, counts, name, minimum=2):
         raise ValueError(f"{name}: expected at least {minimum} members per class, got {int(counts[c])} for class "
                          f"{classes[c]!r} ({small.size} class(es) too small)")
 
-# %% ../nbs/02_metrics.ipynb #76ae50b3
+# %% ../nbs/02_metrics.ipynb #7d81f393
 def _class_chunk(x, onehot, counts, codes):
     "(..., 2C + 1): per-class mean squared distance to the centroid, squared centroid offsets, total."
     xp = _ops(x)
@@ -634,8 +642,9 @@ def _class_chunk(x, onehot, counts, codes):
     total = xp.einsum("...nd,...nd->...", c, c) / x.shape[-2]
     return xp.concatenate([per_class, between, total[..., None]], axis=-1)
 
-def class_variance(X,       # (..., N, d) embeddings
-                   labels,  # (N,) class of each probe: any hashable values
+# %% ../nbs/02_metrics.ipynb #e4a58c61
+def class_variance(X: ArrayLike,  # (..., N, d) embeddings
+                   labels: ArrayLike,  # (N,) class of each probe: any hashable values
                   ) -> dict:  # intra, intra_weighted, inter, total, ratio (...); per_class (..., C); classes; counts (C,)
     "Within-class vs between-class spread (mean squared distances) of labelled embeddings."
     xp = _backend([X], ["X"])
@@ -652,9 +661,9 @@ def class_variance(X,       # (..., N, d) embeddings
         return dict(intra=intra, intra_weighted=per_class @ w, inter=inter, total=out[..., -1], ratio=intra / inter,
                     per_class=per_class, classes=classes, counts=counts)
 
-# %% ../nbs/02_metrics.ipynb #95664394
-def conditional_variance(X,       # (..., N, d) embeddings
-                         groups,  # (N,) group of each probe: any hashable values
+# %% ../nbs/02_metrics.ipynb #530438cc
+def conditional_variance(X: ArrayLike,  # (..., N, d) embeddings
+                         groups: ArrayLike,  # (N,) group of each probe: any hashable values
                         ) -> dict:  # {group: (...) total variance of the group's rows}
     "Total variance (trace of the ddof=1 covariance) of the rows within each group."
     xp = _backend([X], ["X"])

@@ -6,19 +6,21 @@
 from __future__ import annotations
 import inspect, itertools, math, operator, warnings
 from dataclasses import dataclass, fields
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence, Union
 
 import numpy as np
 import pandas as pd
 from scipy import stats as _sps
 from scipy.special import gammaln, ndtr, ndtri
 
-from .checks import as_float_array, check_at_least
+from .checks import ArrayLike, as_float_array, check_at_least
 from ._batching import _rescaled
 
+SeedLike = Union[None, int, np.random.SeedSequence, np.random.Generator]   # anything np.random.default_rng accepts
+
 # %% auto #0
-__all__ = ['CI', 'bootstrap_ci', 'cluster_bootstrap_ci', 'JackknifeResult', 'jackknife', 'PermutationResult', 'permutation_test',
-           'cohens_d', 'hedges_g', 'mean_difference_ci', 'effect_size_table', 'quantile_summary']
+__all__ = ['SeedLike', 'CI', 'bootstrap_ci', 'cluster_bootstrap_ci', 'JackknifeResult', 'jackknife', 'PermutationResult',
+           'permutation_test', 'cohens_d', 'hedges_g', 'mean_difference_ci', 'effect_size_table', 'quantile_summary']
 
 # %% ../nbs/04_stats.ipynb #af0e6ff8
 _CHUNK_ELEMENTS = 2**21
@@ -40,6 +42,7 @@ def _check_n_resamples(n_resamples) -> int:
         raise ValueError(f"n_resamples: expected an integer >= 1, got {n_resamples!r}")
     return n
 
+# %% ../nbs/04_stats.ipynb #adeef364
 def _check_choice(value, name: str, choices: tuple) -> str:
     if not isinstance(value, str) or value.lower() not in choices:
         raise ValueError(f"{name}: expected one of {', '.join(repr(c) for c in choices)}, got {value!r}")
@@ -51,7 +54,7 @@ def _rng(seed) -> np.random.Generator:
         raise ValueError(f"seed: expected None, a non-negative int, a SeedSequence or a numpy Generator, "
                          f"got {seed!r} ({e})") from None
 
-# %% ../nbs/04_stats.ipynb #678d2ba5
+# %% ../nbs/04_stats.ipynb #46a45c32
 def _check_callable(statistic, name: str = "statistic"):
     if not callable(statistic):
         raise ValueError(f"{name}: expected a callable such as np.mean or `lambda x, axis: ...`, "
@@ -65,10 +68,12 @@ def _check_axis(axis, x: np.ndarray, name: str = "values") -> int:
                          f"{tuple(x.shape)}, got {axis!r}")
     return a % x.ndim
 
+# %% ../nbs/04_stats.ipynb #75364985
 def _apply_statistic(statistic: Callable, x: np.ndarray, axis: int, expected_shape: tuple,
                      name: str = "statistic") -> np.ndarray:
     "Call `statistic(x, axis=axis)`; refuse callables without `axis`, results of the wrong shape, NaN or inf."
-    try: out = statistic(x, axis=axis)
+    try:
+        with np.errstate(over="ignore", invalid="ignore"): out = statistic(x, axis=axis)   # checked below
     except TypeError as e:
         raise ValueError(f"{name}: expected a callable accepting an `axis` keyword (np.mean, np.median, or "
                          f"`lambda x, axis: ...`); calling it with axis={axis} raised TypeError: {e}") from None
@@ -81,7 +86,7 @@ def _apply_statistic(statistic: Callable, x: np.ndarray, axis: int, expected_sha
                          f"(values too large for float64, or undefined there?)")
     return out
 
-# %% ../nbs/04_stats.ipynb #f9fcfc12
+# %% ../nbs/04_stats.ipynb #f3aa0c77
 def _sample_1d(x, name: str) -> np.ndarray:
     "A 1-d float64 sample of at least 2 finite values."
     a = as_float_array(x, name, ndim=1, dims="(n,)")
@@ -123,7 +128,9 @@ class CI:
         "The fields as a plain dict (e.g. one row of a `pandas.DataFrame`)."
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-# %% ../nbs/04_stats.ipynb #23fe6d92
+# %% ../nbs/04_stats.ipynb #d0b244e5
+_TIE_ULPS = 64   # resample statistics within this many ulps (of the largest) of the estimate tie with it
+
 def _acceleration(theta_loo: np.ndarray) -> np.ndarray:
     "(...) BCa acceleration from jackknife values (..., n), computed at unit scale; 0 where they are all equal."
     t, _ = _rescaled(np.asarray(theta_loo, dtype=np.float64), axes=-1)
@@ -132,16 +139,18 @@ def _acceleration(theta_loo: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(den > 0, (d ** 3).sum(axis=-1) / (6 * den ** 1.5), 0.0)
 
+# %% ../nbs/04_stats.ipynb #f6be07b1
 def _bca_levels(boot, estimate, theta_loo, alpha: float) -> np.ndarray:
     "(R, 2) BCa percentile levels for rows of the bootstrap distribution boot (R, B); NaN where undefined."
-    B = boot.shape[-1]
-    below = ((boot < estimate[:, None]).sum(-1) + (boot <= estimate[:, None]).sum(-1)) / (2 * B)
+    B, est = boot.shape[-1], estimate[:, None]
+    tie = _TIE_ULPS * np.finfo(np.float64).eps * abs(boot).max(axis=-1, keepdims=True)   # rounding of equal values
+    below = ((boot < est - tie).sum(-1) + (boot <= est + tie).sum(-1)) / (2 * B)
     z0, a = ndtri(below)[:, None], _acceleration(theta_loo)[:, None]
     z = z0 + ndtri(np.array([alpha, 1 - alpha]))
     with np.errstate(invalid="ignore", divide="ignore"):
         return ndtr(z0 + z / (1 - a * z))
 
-# %% ../nbs/04_stats.ipynb #c75621aa
+# %% ../nbs/04_stats.ipynb #8453480f
 def _lerp_quantiles(s: np.ndarray, levels: np.ndarray) -> np.ndarray:
     "(R, L) quantiles of sorted rows s (R, B) at levels (R, L), linear interpolation (numpy's default method)."
     h = levels * (s.shape[-1] - 1)
@@ -149,6 +158,7 @@ def _lerp_quantiles(s: np.ndarray, levels: np.ndarray) -> np.ndarray:
     a, b, g = np.take_along_axis(s, lo, -1), np.take_along_axis(s, np.minimum(lo + 1, s.shape[-1] - 1), -1), h - lo
     return np.where(g >= 0.5, b - (b - a) * (1 - g), a + (b - a) * g)
 
+# %% ../nbs/04_stats.ipynb #837e9f7a
 def _intervals(boot, estimate, method: str, confidence: float, theta_loo=None):
     "(low, high, se), each (R,), from bootstrap distributions boot (R, B) at unit scale; NaN bounds where BCa is undefined."
     alpha = (1 - confidence) / 2
@@ -164,7 +174,7 @@ def _intervals(boot, estimate, method: str, confidence: float, theta_loo=None):
     se = s.std(axis=-1, ddof=1) if boot.shape[-1] > 1 else np.zeros(boot.shape[0])
     return np.ldexp(q[:, 0], e[:, 0]), np.ldexp(q[:, 1], e[:, 0]), np.ldexp(se, e[:, 0])
 
-# %% ../nbs/04_stats.ipynb #325200ee
+# %% ../nbs/04_stats.ipynb #6fe02f4c
 def _leave_one_out_index(n: int, start: int = 0, stop: int | None = None) -> np.ndarray:
     "(stop - start, n-1) index array: row i lists 0..n-1 without unit start + i."
     i = np.arange(start, n if stop is None else stop)[:, None]
@@ -182,20 +192,22 @@ def _jackknife_values(rows: np.ndarray, statistic: Callable) -> np.ndarray:
 def _scipy_distribution(data: np.ndarray, statistic: Callable, n_resamples: int, rng) -> np.ndarray:
     "(R, B) bootstrap distribution of each row of data (R, n) or (n,), drawn by scipy.stats.bootstrap."
     m, n = (1, data.shape[-1]) if data.ndim == 1 else data.shape
-    res = _sps.bootstrap((data,), statistic, n_resamples=n_resamples, vectorized=True, axis=-1, method="percentile",
-                         rng=rng, batch=max(1, min(n_resamples, _CHUNK_ELEMENTS // (m * n))))
+    with np.errstate(over="ignore"):          # scipy's own standard error may overflow; ours is computed at unit scale
+        res = _sps.bootstrap((data,), statistic, n_resamples=n_resamples, vectorized=True, axis=-1, method="percentile",
+                             rng=rng, batch=max(1, min(n_resamples, _CHUNK_ELEMENTS // (m * n))))
     boot = np.asarray(res.bootstrap_distribution, dtype=np.float64).reshape(m, n_resamples)
     if not np.isfinite(boot).all():
         raise ValueError(f"statistic: returned NaN/inf on {int((~np.isfinite(boot)).sum())} bootstrap resample(s)")
     return boot
 
-def bootstrap_ci(values,                       # (..., n, ...) samples; the sample axis is `axis`
+# %% ../nbs/04_stats.ipynb #6b490f41
+def bootstrap_ci(values: ArrayLike,            # (..., n, ...) samples; the sample axis is `axis`
                  statistic: Callable = np.mean, # callable(x, axis) reducing `axis`: np.mean, np.median, ...
                  *,
                  n_resamples: int = 9999,      # bootstrap resamples B
                  confidence: float = 0.95,     # nominal coverage, in (0, 1)
                  method: str = "bca",          # 'bca' | 'percentile' | 'basic'
-                 seed=None,                    # int, SeedSequence or Generator, fed to np.random.default_rng
+                 seed: SeedLike = None,        # int, SeedSequence or Generator, fed to np.random.default_rng
                  axis: int = -1,               # the sample axis of `values`
                 ) -> CI:                       # floats, or arrays of `values.shape` without `axis`
     "Bootstrap confidence interval of `statistic(values, axis=axis)`, one per slice (resampled by scipy.stats.bootstrap)."
@@ -227,6 +239,7 @@ def _draw_cluster_indices(rng: np.random.Generator, n_resamples: int, n_clusters
     dtype = np.uint16 if n_items <= 2**16 else np.int64
     return cluster_idx, rng.integers(0, n_items, size=(n_resamples, n_clusters, n_items), dtype=dtype)
 
+# %% ../nbs/04_stats.ipynb #50c3551b
 def _gather_cluster_resamples(x: np.ndarray,              # (C, I) values
                               cluster_idx: np.ndarray,    # (B, C) drawn clusters
                               item_idx: np.ndarray | None # (B, C, I) drawn items within each drawn cluster
@@ -238,7 +251,7 @@ def _gather_cluster_resamples(x: np.ndarray,              # (C, I) values
     flat_idx = np.add(item_idx, (cluster_idx * I)[..., None])   # positions in x.ravel(), (B, C, I) int64
     return np.take(x.ravel(), flat_idx.reshape(B, C * I))
 
-# %% ../nbs/04_stats.ipynb #d33bf9f5
+# %% ../nbs/04_stats.ipynb #afc0abfa
 def _cluster_bootstrap_distribution(x: np.ndarray, statistic: Callable, n_resamples: int,
                                     rng: np.random.Generator, resample_items: bool) -> np.ndarray:
     "The (n_resamples,) bootstrap distribution of `statistic` under the two-stage cluster bootstrap."
@@ -256,13 +269,13 @@ def _cluster_bootstrap_distribution(x: np.ndarray, statistic: Callable, n_resamp
                                                     -1, (b,))
     return out
 
-# %% ../nbs/04_stats.ipynb #5a3d34da
-def cluster_bootstrap_ci(values,                       # (n_clusters, n_items), e.g. (seeds, probes)
+# %% ../nbs/04_stats.ipynb #ac79ad1c
+def cluster_bootstrap_ci(values: ArrayLike,            # (n_clusters, n_items), e.g. (seeds, probes)
                          statistic: Callable = np.mean, # callable(x, axis) applied to the flattened (C*I,) resample
                          *,
                          n_resamples: int = 9999,      # bootstrap resamples B
                          confidence: float = 0.95,     # nominal coverage, in (0, 1)
-                         seed=None,                    # int, SeedSequence or Generator, fed to np.random.default_rng
+                         seed: SeedLike = None,        # int, SeedSequence or Generator, fed to np.random.default_rng
                          resample_items: bool = True,  # also resample items within each drawn cluster (two-stage)
                          method: str = "percentile",   # 'percentile' | 'basic' | 'bca' (jackknife over clusters)
                         ) -> CI:                       # floats
@@ -299,12 +312,12 @@ class JackknifeResult:
                     f"se={self.standard_error:.3g}, n={len(self.leave_one_out)})")
         return f"JackknifeResult(shape {np.shape(self.estimate)}, n={len(self.leave_one_out)})"
 
+# %% ../nbs/04_stats.ipynb #762b2a5a
 def _accepts_axis(statistic: Callable) -> bool:
     try: params = inspect.signature(statistic).parameters.values()
     except (TypeError, ValueError): return True          # numpy builtins without a signature take `axis`
     return any(p.name == "axis" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
-# %% ../nbs/04_stats.ipynb #cb45111b
 def _leave_one_out_values(statistic: Callable, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     "(estimate, leave-one-out values (n, ...)) of `statistic` over the units on axis 0 of x."
     n, index = x.shape[0], _leave_one_out_index(x.shape[0])
@@ -317,7 +330,8 @@ def _leave_one_out_values(statistic: Callable, x: np.ndarray) -> tuple[np.ndarra
                          f"{estimate.shape} and {loo.shape[1:]}")
     return estimate, loo
 
-def jackknife(values,                        # (n, ...) with the n units (e.g. runs) along `axis`
+# %% ../nbs/04_stats.ipynb #54f1eb73
+def jackknife(values: ArrayLike,             # (n, ...) with the n units (e.g. runs) along `axis`
               statistic: Callable = np.mean, # callable(x, axis) reducing `axis`, or callable(x) on a whole sample
               *,
               axis: int = 0,                 # the unit axis: one unit is left out at a time
@@ -354,15 +368,15 @@ def _mean_diff(a, b, axis=-1): return np.mean(a, axis=axis) - np.mean(b, axis=ax
 def _median_diff(a, b, axis=-1): return np.median(a, axis=axis) - np.median(b, axis=axis)
 _TEST_STATISTICS = {"mean_diff": _mean_diff, "median_diff": _median_diff}
 
-# %% ../nbs/04_stats.ipynb #b2583b7e
-def permutation_test(a,                            # (n_a,) sample of condition A
-                     b,                            # (n_b,) sample of condition B; n_b == n_a when paired
+# %% ../nbs/04_stats.ipynb #222734de
+def permutation_test(a: ArrayLike,                 # (n_a,) sample of condition A
+                     b: ArrayLike,                 # (n_b,) sample of condition B; n_b == n_a when paired
                      *,
                      paired: bool = False,         # pairs (a[i], b[i]): sign-flip null instead of relabelling
-                     statistic="mean_diff",        # 'mean_diff' | 'median_diff' | callable(a, b, axis)
+                     statistic: str | Callable = "mean_diff",  # 'mean_diff' | 'median_diff' | callable(a, b, axis)
                      n_resamples: int = 9999,      # random relabellings (exact test if more than exist)
                      alternative: str = "two-sided", # 'two-sided' | 'less' | 'greater' (for statistic(a, b))
-                     seed=None,                    # int, SeedSequence or Generator, fed to np.random.default_rng
+                     seed: SeedLike = None,        # int, SeedSequence or Generator, fed to np.random.default_rng
                     ) -> PermutationResult:
     "Two-sample permutation test (scipy.stats.permutation_test, vectorized)."
     a, b = _two_samples(a, b, paired)
@@ -383,8 +397,8 @@ def _safe_ratio(num: float, den: float) -> float:
     if den > 0: return float(num / den)
     return math.nan if num == 0 else math.copysign(math.inf, num)
 
-def cohens_d(a,                      # (n_a,) sample
-             b,                      # (n_b,) sample; n_b == n_a when paired
+def cohens_d(a: ArrayLike,           # (n_a,) sample
+             b: ArrayLike,           # (n_b,) sample; n_b == n_a when paired
              *,
              paired: bool = False,   # d_z: mean difference over SD of the differences
             ) -> float:              # standardised mean difference of a - b
@@ -397,12 +411,13 @@ def cohens_d(a,                      # (n_a,) sample
     pooled = math.sqrt(((na - 1) * a.var(ddof=1) + (nb - 1) * b.var(ddof=1)) / (na + nb - 2))
     return _safe_ratio(a.mean() - b.mean(), pooled)
 
+# %% ../nbs/04_stats.ipynb #8de93fa3
 def _hedges_j(df: int) -> float:
     "Exact small-sample correction J(df) = Gamma(df/2) / (sqrt(df/2) Gamma((df-1)/2))."
     return float(np.exp(gammaln(df / 2) - gammaln((df - 1) / 2)) / math.sqrt(df / 2))
 
-def hedges_g(a,                      # (n_a,) sample
-             b,                      # (n_b,) sample; n_b == n_a when paired
+def hedges_g(a: ArrayLike,           # (n_a,) sample
+             b: ArrayLike,           # (n_b,) sample; n_b == n_a when paired
              *,
              paired: bool = False,   # correct d_z (df = n - 1) instead of d (df = n_a + n_b - 2)
             ) -> float:              # bias-corrected standardised mean difference of a - b
@@ -411,14 +426,14 @@ def hedges_g(a,                      # (n_a,) sample
     df = a.size - 1 if paired else a.size + b.size - 2
     return _hedges_j(df) * cohens_d(a, b, paired=paired)
 
-# %% ../nbs/04_stats.ipynb #a27c28bd
-def mean_difference_ci(a,                         # (n_a,) sample
-                       b,                         # (n_b,) sample; n_b == n_a when paired
+# %% ../nbs/04_stats.ipynb #1f1c6e07
+def mean_difference_ci(a: ArrayLike,              # (n_a,) sample
+                       b: ArrayLike,              # (n_b,) sample; n_b == n_a when paired
                        *,
                        paired: bool = False,      # resample pairs (a[i], b[i]) together
                        n_resamples: int = 9999,   # bootstrap resamples
                        confidence: float = 0.95,  # nominal coverage, in (0, 1)
-                       seed=None,                 # int, SeedSequence or Generator, fed to np.random.default_rng
+                       seed: SeedLike = None,     # int, SeedSequence or Generator, fed to np.random.default_rng
                        method: str = "bca",       # 'bca' | 'percentile' | 'basic'
                       ) -> CI:                    # CI of mean(a) - mean(b)
     "Bootstrap CI of mean(a) - mean(b) (scipy.stats.bootstrap with two samples)."
@@ -434,7 +449,7 @@ def mean_difference_ci(a,                         # (n_a,) sample
     return CI(estimate, float(res.confidence_interval.low), float(res.confidence_interval.high), confidence,
               method, n_resamples, float(res.standard_error))
 
-# %% ../nbs/04_stats.ipynb #582adaf9
+# %% ../nbs/04_stats.ipynb #d5ff4c33
 def _holm(pvalues: np.ndarray) -> np.ndarray:
     "Holm step-down adjusted p-values (family-wise error control)."
     m = pvalues.size
@@ -451,16 +466,9 @@ def _comparison_row(ka, kb, a, b, paired, n_resamples, confidence, rng) -> dict:
                 diff_low=ci.low, diff_high=ci.high, cohens_d=cohens_d(a, b, paired=paired),
                 hedges_g=hedges_g(a, b, paired=paired), pvalue=test.pvalue)
 
-# %% ../nbs/04_stats.ipynb #33a85377
-def effect_size_table(groups: Mapping,              # name -> (n,) sample, e.g. run-level drift per condition
-                      *,
-                      reference: str | None = None, # compare each group with this one; None: all pairs
-                      seed=None,                    # int, SeedSequence or Generator shared by all comparisons
-                      paired: bool = False,         # samples are paired (same units, same order) in every group
-                      n_resamples: int = 9999,      # resamples for the CIs and the permutation tests
-                      confidence: float = 0.95,     # nominal coverage of the difference CIs
-                     ) -> pd.DataFrame:             # one row per comparison a - b
-    "Pairwise effect sizes: difference with CI, Cohen's d, Hedges' g, permutation and Holm p-values."
+# %% ../nbs/04_stats.ipynb #35d9ccc4
+def _group_samples(groups, reference, paired: bool) -> dict:
+    "{name: 1-d sample} of a mapping of at least 2 groups, with the reference among them and equal sizes if paired."
     if not isinstance(groups, Mapping):
         raise ValueError(f"groups: expected a dict name -> 1-d sample, got {type(groups).__name__}")
     check_at_least(len(groups), 2, "groups", "groups")
@@ -470,6 +478,19 @@ def effect_size_table(groups: Mapping,              # name -> (n,) sample, e.g. 
     if paired and len({s.size for s in samples.values()}) > 1:
         raise ValueError(f"groups: paired=True needs samples of equal length, got lengths "
                          f"{ {k: s.size for k, s in samples.items()} }")
+    return samples
+
+# %% ../nbs/04_stats.ipynb #a3ea059f
+def effect_size_table(groups: Mapping,              # name -> (n,) sample, e.g. run-level drift per condition
+                      *,
+                      reference: str | None = None, # compare each group with this one; None: all pairs
+                      seed: SeedLike = None,        # int, SeedSequence or Generator shared by all comparisons
+                      paired: bool = False,         # samples are paired (same units, same order) in every group
+                      n_resamples: int = 9999,      # resamples for the CIs and the permutation tests
+                      confidence: float = 0.95,     # nominal coverage of the difference CIs
+                     ) -> pd.DataFrame:             # one row per comparison a - b
+    "Pairwise effect sizes: difference with CI, Cohen's d, Hedges' g, permutation and Holm p-values."
+    samples = _group_samples(groups, reference, paired)
     n_resamples, confidence, rng = _check_n_resamples(n_resamples), _check_confidence(confidence), _rng(seed)
     pairs = ([(k, reference) for k in samples if k != reference] if reference is not None
              else list(itertools.combinations(samples, 2)))
@@ -489,9 +510,10 @@ def _quantile_levels(quantiles) -> tuple[np.ndarray, list]:
     if len(set(keys)) != len(keys): raise ValueError(f"quantiles: expected distinct levels, got {quantiles!r}")
     return q, keys
 
-def quantile_summary(values,                # (..., n, ...) samples along `axis`
+# %% ../nbs/04_stats.ipynb #d5a59339
+def quantile_summary(values: ArrayLike,     # (..., n, ...) samples along `axis`
                      *,
-                     quantiles=(0.05, 0.25, 0.5, 0.75, 0.95),  # levels in [0, 1]
+                     quantiles: Sequence[float] = (0.05, 0.25, 0.5, 0.75, 0.95),  # levels in [0, 1]
                      axis: int = -1,        # the sample axis
                     ) -> dict:              # n, mean, std, min, q.., max: floats, or arrays of the batch shape
     "n, mean, std (ddof=1), min, quantiles and max along `axis`."

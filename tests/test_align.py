@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 import scipy.linalg
 import scipy.spatial
-from scipy.stats import ortho_group, special_ortho_group
+from scipy.stats import special_ortho_group
 from hypothesis import given, settings, assume, strategies as st
 from hypothesis.extra.numpy import arrays
 

@@ -15,7 +15,7 @@ except ImportError:  # package not installed: run from the repository checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from embvar_study import stats
-from embvar_study.stats import (CI, bootstrap_ci, cluster_bootstrap_ci, cohens_d, effect_size_table, hedges_g,
+from embvar_study.stats import (bootstrap_ci, cluster_bootstrap_ci, cohens_d, effect_size_table, hedges_g,
                                 jackknife, mean_difference_ci, permutation_test, quantile_summary)
 
 finite = st.floats(-1e3, 1e3, allow_nan=False, allow_infinity=False)
@@ -65,11 +65,12 @@ def test_bootstrap_ci_degenerate():
         warnings.simplefilter("error")
         ci = bootstrap_ci([3.0, 3.0, 3.0], seed=0)
         assert (ci.estimate, ci.low, ci.high, ci.standard_error) == (3.0, 3.0, 3.0, 0.0)
-        mixed = bootstrap_ci(np.stack([np.full(20, 1.0), np.linspace(0, 1, 20)]), seed=0, n_resamples=199)
+        live = np.random.default_rng(1).uniform(size=20)     # continuous: no resample mean ties with the estimate
+        mixed = bootstrap_ci(np.stack([np.full(20, 1.0), live]), seed=0, n_resamples=199)
     assert mixed.low[0] == mixed.high[0] == 1.0
     assert mixed.low[1] < mixed.estimate[1] < mixed.high[1]
     # the live row equals scipy on that row alone (same resample indices)
-    ref = sps.bootstrap((np.linspace(0, 1, 20),), np.mean, n_resamples=199, rng=np.random.default_rng(0))
+    ref = sps.bootstrap((live,), np.mean, n_resamples=199, rng=np.random.default_rng(0))
     assert mixed.low[1] == pytest.approx(ref.confidence_interval.low, rel=1e-12)
 
 
@@ -98,6 +99,28 @@ def test_ci_repr_and_dict():
     with pytest.raises(AttributeError):
         ci.low = 0.0                                                     # frozen
     assert "shape (2,)" in repr(bootstrap_ci(np.ones((2, 5)) * np.arange(5), n_resamples=9))
+
+
+def test_bca_counts_rounding_ties_with_the_estimate_as_ties():
+    # linspace data: many resample means equal the estimate 0.5 in exact arithmetic, a few ulps off in floating point;
+    # scipy's z0 depends on those rounding errors (and on the units), ours counts them as ties
+    x = np.linspace(0, 1, 20)
+    res = sps.bootstrap((x,), np.mean, n_resamples=199, rng=np.random.default_rng(0), method="percentile")
+    boot = res.bootstrap_distribution
+    tie = np.abs(boot - 0.5) <= 64 * np.finfo(float).eps
+    assert tie.sum() > 0
+    below = ((boot < 0.5) & ~tie).sum() + 0.5 * tie.sum()
+    ci = bootstrap_ci(x, seed=0, n_resamples=199)
+    z0 = sps.norm.ppf(below / 199)
+    z = z0 + sps.norm.ppf([0.025, 0.975])
+    loo = (x.sum() - x) / 19
+    d = loo.mean() - loo
+    a = (d ** 3).sum() / (6 * (d ** 2).sum() ** 1.5)
+    lo, hi = np.quantile(boot, sps.norm.cdf(z0 + z / (1 - a * z)))
+    assert (ci.low, ci.high) == pytest.approx((lo, hi), rel=1e-12)
+    for s in (1e-30, 3.7, 1e30):
+        scaled = bootstrap_ci(x * s, seed=0, n_resamples=199)
+        assert (scaled.low / s, scaled.high / s) == pytest.approx((ci.low, ci.high), rel=1e-12)
 
 
 # -------------------------------------------------------------------------------------- cluster_bootstrap_ci
