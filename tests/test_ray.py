@@ -131,12 +131,12 @@ def test_finished_runs_are_never_recomputed(ray_sweep):
 
 
 def test_a_run_that_fails_for_its_own_reasons_is_recorded_not_retried(cluster, tmp_path):
-    missing = tmp_path / "no_such_data.csv"
+    bad = "no-such-org/no-such-model"                # fails inside the task (offline), not at planning
     t = time.perf_counter()
-    m = run_sweep("fail", BASE, [{"lr": 5e-5, "seed": 0, "dataset": str(missing)}], tmp_path, executor="ray",
+    m = run_sweep("fail", BASE, [{"lr": 5e-5, "seed": 0, "model": bad}], tmp_path, executor="ray",
                   ray_options={"max_retries": 3}, say=None)
     assert list(m["status"]) == ["failed"]
-    assert m["error"][0].startswith("FileNotFoundError") and str(missing) in m["error"][0]
+    assert m["error"][0].startswith("HubUnavailableError") and bad in m["error"][0]
     assert not is_complete(tmp_path / m["path"][0])
     assert list(load_manifest(tmp_path, "fail")["status"]) == ["failed"]
     assert time.perf_counter() - t < 60
@@ -187,6 +187,7 @@ def test_a_killed_worker_is_retried_and_leaves_no_corrupt_run(cluster, tmp_path)
     while killed is None and th.is_alive():
         assert time.monotonic() < deadline, "no run was caught in the middle of training"
         for p in (runs.iterdir() if runs.exists() else []):
+            if p.name.startswith("."): continue                    # a run's hidden lock files
             if is_complete(p) or len(_saved_steps(p)) < 2: continue
             pid = _worker_pid(p.name)
             if pid is None: continue
