@@ -1,0 +1,136 @@
+"""The command line as a user meets it: `--version`, a misspelt profile refused at once with a suggestion, negative
+numbers reaching validation, help in groups, defaults that fit a small dataset, run identity from content (a changed
+CSV or probe file is a new run), and every failure one line on stderr with exit code 2 naming the flag or file."""
+import os, subprocess, sys, time
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY, cli_args
+from embvar_study.cli import main
+from embvar_study.runs import load_run
+from embvar_study.train import TrainConfig
+
+
+def embvar(*args, cwd=None, timeout=300) -> subprocess.CompletedProcess:
+    "`embvar ARGS` in a fresh process, as a user runs it."
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([sys.executable, "-c", "from embvar_study.cli import main; main()", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def one_line_error(r, command="train") -> str:
+    assert r.returncode == 2, (r.returncode, r.stdout[-1500:], r.stderr[-1500:])
+    lines = [l for l in r.stderr.strip().splitlines() if l.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert lines[0].startswith(f"embvar {command}: error: "), lines[0]
+    return lines[0]
+
+
+def run_cli(argv, capsys):
+    "main(argv) in this process: (exit code, stdout, stderr)."
+    try: main(argv); code = 0
+    except SystemExit as e: code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def write_csv(path: Path, rows: int = 64, flip: bool = False) -> Path:
+    words = ["good", "great", "fine", "nice", "bad", "poor", "dull", "awful"]
+    lines = ["text,label"] + [f"review number {i} was {words[i % 8]} and {words[(i * 3) % 8]},{int((i % 8 < 4) != flip)}" for i in range(rows)]
+    path.write_text("\n".join(lines) + "\n"); return path
+
+
+def test_version():
+    r = embvar("--version")
+    assert r.returncode == 0 and r.stdout.startswith("embvar-study ")
+
+
+def test_misspelt_profile_is_refused_at_once_with_a_suggestion(tmp_path):
+    t = time.perf_counter()
+    r = embvar("report", "--profile", "smok", "--out", str(tmp_path / "x"))
+    took = time.perf_counter() - t
+    line = one_line_error(r, "report")
+    assert "--profile: unknown profile 'smok' (did you mean 'smoke'?)" in line
+    assert took < 3, f"{took:.1f}s"
+    assert not (tmp_path / "x").exists()
+
+
+def test_negative_numbers_reach_validation(tmp_path, capsys):
+    code, _, err = run_cli(["train", *cli_args(TINY), "--lr", "-1e-4", "--out", str(tmp_path / "r")], capsys)
+    assert code == 2 and "embvar train: error: --lr: expected a positive finite learning rate, got -0.0001" in err
+
+
+def test_train_help_is_grouped(capsys):
+    with pytest.raises(SystemExit): main(["train", "--help"])
+    out = capsys.readouterr().out
+    heads = [h for h in ("data:", "model:", "optimisation:", "tracking:", "seeds:", "perturbations:", "output:") if h in out]
+    assert len(heads) == 7, heads
+    assert out.index("data:") < out.index("--dataset") < out.index("model:") < out.index("--model") < out.index("optimisation:")
+    for name in TrainConfig.__dataclass_fields__: assert "--" + name.replace("_", "-") in out, name
+    assert "peak learning rate" in out
+
+
+def test_defaults_fit_a_small_dataset_and_say_what_was_used(tmp_path, capsys):
+    data = write_csv(tmp_path / "reviews.csv", rows=64)
+    code, out, err = run_cli(["train", "--model", "tiny-distilbert", "--dataset", str(data), "--max-steps", "2", "--track-every", "1",
+                              "--n-probes", "8", "--out", str(tmp_path / "r"), "--no-progress"], capsys)
+    assert code == 0, err
+    assert "data: 51 training / 13 held-out examples of" in out and "(64 rows)" in out
+    run = load_run(tmp_path / "r")
+    assert run.marker["derived"]["n_train"] == 51 and run.marker["derived"]["n_eval"] == 13
+
+
+def test_a_changed_dataset_is_a_new_run_and_the_same_content_elsewhere_is_the_same(tmp_path, capsys):
+    data = write_csv(tmp_path / "d.csv")
+    base = ["train", "--model", "tiny-distilbert", "--dataset", str(data), "--max-steps", "1", "--n-probes", "8", "--no-progress"]
+    assert run_cli([*base, "--out", str(tmp_path / "a")], capsys)[0] == 0
+    first = load_run(tmp_path / "a")
+    assert first.config["resolved"]["dataset"]["sha256"] and first.config["resolved"]["dataset"]["path"] == str(data.resolve())
+    write_csv(data, flip=True)                                         # every label swapped
+    code, out, err = run_cli([*base, "--out", str(tmp_path / "a")], capsys)
+    assert code == 2 and "--out: " in err and "holds a run with config_hash" in err   # not a stale "complete"
+    assert TrainConfig(model="tiny-distilbert", dataset=str(data), max_steps=1, n_probes=8).run_id() != first.config_hash
+    copy = write_csv(tmp_path / "elsewhere.csv")                       # the first content again, under another name
+    assert TrainConfig(model="tiny-distilbert", dataset=str(copy), max_steps=1, n_probes=8).run_id() == first.config_hash
+
+
+def test_a_changed_probe_file_is_a_new_run(tmp_path):
+    probes = tmp_path / "probes.csv"; probes.write_text("text\nthe film was long\nthe film was short\n")
+    a = TrainConfig(model="tiny-distilbert", dataset="bundled", probes=str(probes)).run_id()
+    probes.write_text("text\nthe film was long\nthe film was brief\n")
+    assert TrainConfig(model="tiny-distilbert", dataset="bundled", probes=str(probes)).run_id() != a
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"text,label\n", "no rows"),                                   # header only
+    (b"text,label\ncaf\xe9 au lait,1\ngood,0\n", "UTF-8"),          # not UTF-8
+    (b'text,label\n"unclosed,1\ngood,0\n', "bad.csv"),              # unparseable
+])
+def test_bad_data_files_are_one_line_naming_the_file(tmp_path, content, expected):
+    f = tmp_path / "bad.csv"; f.write_bytes(content)
+    line = one_line_error(embvar("train", "--model", "tiny-distilbert", "--dataset", str(f), "--out", str(tmp_path / "r")))
+    assert "--dataset: " in line and str(f) in line and expected in line
+
+
+def test_a_folder_as_dataset_is_refused_not_sent_to_the_hub(tmp_path):
+    (tmp_path / "data").mkdir()
+    line = one_line_error(embvar("train", "--model", "tiny-distilbert", "--dataset", str(tmp_path / "data"), "--out", str(tmp_path / "r")))
+    assert "--dataset: " in line and "is a folder" in line and "Hub" not in line.split("is a folder")[0]
+
+
+def test_report_errors_are_one_line(tmp_path):
+    line = one_line_error(embvar("report", "--profile", "smoke", "--set", "dataset=missing.csv", "--out", str(tmp_path / "s")), "report")
+    assert "--set dataset: no such file" in line and "missing.csv" in line
+    assert not (tmp_path / "s" / "runs").exists()
+    line = one_line_error(embvar("report", "--profile", "smoke", "--only-report", "--out", str(tmp_path / "empty")), "report")
+    assert "holds no study.json" in line
+    line = one_line_error(embvar("report", "--profile", "smoke", "--set", "lr_s=[1e-4]", "--out", str(tmp_path / "t")), "report")
+    assert "--set lr_s: unknown key (did you mean 'lrs'?)" in line
+    line = one_line_error(embvar("report", "--runs", str(tmp_path / "nowhere")), "report")
+    assert "nowhere" in line and "is not a folder" in line
+
+
+def test_unknown_command_suggests():
+    r = embvar("trian")
+    assert r.returncode == 2 and "unknown command 'trian' (did you mean 'train'?)" in r.stderr

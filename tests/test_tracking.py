@@ -1,0 +1,115 @@
+"""Tracking inside anyone's loop: the `Trainer` callback's run folder is a run folder like `embvar train`'s (loadable,
+drift 0 at step 0, the steps asked for), its embeddings are those of the saved checkpoints embedded by hand, the
+losses are those of the same training without the callback, and the plain-loop example from the README runs."""
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from embvar_study.extract import embed_texts
+from embvar_study.metrics import drift_curve
+from embvar_study.models import load_model_and_tokenizer
+from embvar_study.runs import FolderLockedError, load_run
+from embvar_study.tracking import EmbeddingTracker, EmbvarCallback, probe_table
+
+transformers = pytest.importorskip("transformers")
+datasets = pytest.importorskip("datasets")
+
+TEXTS = ["a good film", "a bad film", "great acting", "dull plot", "loved it", "hated it", "fine work", "poor script"] * 2
+LABELS = [1, 0, 1, 0, 1, 0, 1, 0] * 2
+PROBES = ["the movie was wonderful", "the movie was terrible", "an average evening", "the plot made no sense",
+          "the cast did well", "i would not watch it again"]
+
+
+def make_trainer(out: Path, callbacks, *, steps_per_save=None, seed=0):
+    model, tok = load_model_and_tokenizer("tiny-distilbert", num_labels=2, init_seed=0)
+    enc = tok(TEXTS, padding="max_length", max_length=12, truncation=True)
+    ds = datasets.Dataset.from_dict({**enc, "labels": LABELS})
+    args = transformers.TrainingArguments(
+        output_dir=str(out), per_device_train_batch_size=4, num_train_epochs=3, learning_rate=1e-3, logging_steps=1,
+        save_strategy="steps" if steps_per_save else "no", save_steps=steps_per_save or 500, report_to=[], seed=seed,
+        use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)
+    return transformers.Trainer(model=model, args=args, train_dataset=ds, processing_class=tok, callbacks=callbacks), tok
+
+
+def losses(trainer) -> list:
+    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory):
+    out = tmp_path_factory.mktemp("trainer")
+    plain, _ = make_trainer(out / "plain", [])
+    plain.train()
+    cb = EmbvarCallback(PROBES, out / "run", every=4, poolings=("mean", "cls"))
+    trainer, tok = make_trainer(out / "tracked", [cb], steps_per_save=4)
+    trainer.train()
+    return {"out": out, "plain": plain, "trainer": trainer, "tok": tok, "run": load_run(out / "run")}
+
+
+def test_the_callback_run_folder_loads_and_starts_at_zero_drift(tracked):
+    run = tracked["run"]
+    assert run.status == "completed" and run.poolings == ["cls", "mean"]
+    assert run.steps.tolist() == [0, 4, 8, 12]                      # step 0, every 4th step, and the last (12)
+    curve = drift_curve(run.embeddings(-1, "mean"))
+    assert curve[0] == 0.0 and (curve[1:] > 0).all()
+    assert run.config["trainer"]["learning_rate"] == 1e-3 and run.config["seed"] == 0
+    assert run.config["tracker"]["every"] == 4
+    assert list(run.probes["text"]) == PROBES
+
+
+def test_the_losses_are_those_of_training_without_the_callback(tracked):
+    assert losses(tracked["trainer"]) == losses(tracked["plain"])
+    assert tracked["run"].history.dropna(subset=["train_loss"])["train_loss"].tolist() == losses(tracked["plain"])
+
+
+def test_the_embeddings_are_the_saved_checkpoints_embedded_by_hand(tracked):
+    run, tok = tracked["run"], tracked["tok"]
+    for step in (4, 8, 12):
+        ckpt = tracked["out"] / "tracked" / f"checkpoint-{step}"
+        model = transformers.AutoModelForSequenceClassification.from_pretrained(ckpt)
+        by_hand = embed_texts(model, tok, PROBES, pooling=("mean", "cls"), layers="all", batch_size=16, max_length=128, return_dict=True)
+        for pooling in ("mean", "cls"):
+            np.testing.assert_array_equal(run.embeddings_all_layers(pooling, steps=[step])[0], by_hand[pooling])
+
+
+def test_the_readme_plain_loop_example_runs(tmp_path):
+    # the README's plain-PyTorch example, verbatim in substance
+    model, tok = load_model_and_tokenizer("tiny-distilbert", num_labels=2, init_seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batch = tok(TEXTS, padding=True, return_tensors="pt"); labels = torch.tensor(LABELS)
+    with EmbeddingTracker(model, tok, "builtin", tmp_path / "run", every=2, config={"lr": 1e-3}) as tracker:
+        tracker.step(0)
+        for step in range(1, 6):
+            loss = model(**batch, labels=labels).loss
+            loss.backward(); opt.step(); opt.zero_grad()
+            tracker.step(step); tracker.log(step, train_loss=loss.item())
+    run = load_run(tmp_path / "run")
+    assert run.steps.tolist() == [0, 2, 4] and len(run.probes) == 128 and run.history["step"].tolist() == [1, 2, 3, 4, 5]
+
+
+def test_tracking_restores_mode_and_rng(tmp_path):
+    model, tok = load_model_and_tokenizer("tiny-distilbert", num_labels=2, init_seed=0)
+    model.train()
+    tr = EmbeddingTracker(model, tok, PROBES, tmp_path / "r", every=1)
+    torch.manual_seed(123); expected = torch.rand(3)
+    torch.manual_seed(123); tr.step(0); got = torch.rand(3)
+    assert torch.equal(expected, got) and model.training
+    tr.close()
+
+
+def test_a_second_tracker_on_a_live_folder_is_refused(tmp_path):
+    model, tok = load_model_and_tokenizer("tiny-distilbert", num_labels=2, init_seed=0)
+    first = EmbeddingTracker(model, tok, PROBES, tmp_path / "r", every=1)
+    with pytest.raises(FolderLockedError, match="is being written by pid"):
+        EmbeddingTracker(model, tok, PROBES, tmp_path / "r", every=1)
+    first.close()
+
+
+def test_probe_table_forms():
+    assert probe_table(["a", "b"])["text"].tolist() == ["a", "b"]
+    assert len(probe_table("builtin")) == 128
+    with pytest.raises(ValueError, match="probes: expected a list of texts"):
+        probe_table(42)
