@@ -57,6 +57,7 @@ def _design_two_way(A: int, B: int, R: int, names=("A", "B")) -> tuple[list, lis
            f"σ²_error + {R}σ²_{a}:{b}", "σ²_error"]
     return [A - 1, B - 1, (A - 1) * (B - 1), A * B * (R - 1)], ems, K
 
+# %% ../nbs/16_components.ipynb #3c32d1ef
 def _design_three_way(A: int, B: int, P: int, names=("A", "B", "P")) -> tuple[list, list, np.ndarray]:  # df, EMS, K (7, 7)
     "Degrees of freedom, expected mean squares and estimator matrix of the crossed three-way design."
     a, b, p = names
@@ -104,6 +105,7 @@ def _check_names(names, k: int, default: tuple) -> tuple:
         raise ValueError(f"names: expected {k} distinct non-empty strings (one per factor), got {names!r}")
     return names
 
+# %% ../nbs/16_components.ipynb #d542a3ec
 def _balanced(values, ndim: int | None, dims: str, axes_what: list, min_ndim: int = 1) -> np.ndarray:
     "Validated float64 array of a balanced design; clear errors for ragged input, NaN cells and too few levels."
     try: x = as_float_array(values, "values", ndim=ndim, min_ndim=min_ndim, dims=dims, finite=False)
