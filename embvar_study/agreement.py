@@ -9,6 +9,8 @@ import itertools, math
 import numpy as np
 import pandas as pd
 
+from numpy.typing import ArrayLike
+
 from .checks import as_float_array, check_at_least
 from .metrics import cosine_drift, cross_run_dispersion, total_variance
 from .align import PAIR_MEASURES, pairwise_run_table
@@ -40,9 +42,9 @@ def _weighted_ranks(v: np.ndarray, W: np.ndarray) -> np.ndarray:
     return ranks
 
 # %% ../nbs/18_agreement.ipynb #e1819b95
-def weighted_spearman(x,   # (P,) values of measure 1
-                      y,   # (P,) values of measure 2
-                      W,   # (B, P) non-negative integer weights (copies of each value pair); (P,) for one
+def weighted_spearman(x: ArrayLike,  # (P,) values of measure 1
+                      y: ArrayLike,  # (P,) values of measure 2
+                      W: ArrayLike,  # (B, P) non-negative integer weights (copies of each value pair); (P,) for one
                      ) -> np.ndarray:  # (B,) Spearman correlation of each expanded sample (nan if undefined)
     "Spearman correlation of the samples in which pair p appears W[b, p] times, for every row b at once."
     x, y = as_float_array(x, "x", ndim=1), as_float_array(y, "y", ndim=1)
@@ -69,7 +71,7 @@ def _boot_weights(i: np.ndarray, j: np.ndarray, K: int, n_resamples: int, rng: n
 def measure_agreement(pairs: pd.DataFrame,        # align.pairwise_run_table(...)
                       *,
                       n_resamples: int = 2000,    # bootstrap resamples
-                      seed=0,                     # int, SeedSequence or Generator
+                      seed: int | np.random.Generator | None = 0,  # int, SeedSequence or Generator
                       confidence: float = 0.95,   # nominal coverage of the percentile intervals
                       resample: str = "runs",     # 'runs' (default, honest) or 'pairs' (treats pairs as independent)
                      ) -> pd.DataFrame:           # measure_a, measure_b, spearman, ci_low, ci_high, n_pairs, n_valid, resample
@@ -136,10 +138,10 @@ def _under_transforms(X: np.ndarray, Y: np.ndarray, rng: np.random.Generator, k:
     return p[p["i"] == 0].set_index("j")[list(PAIR_MEASURES)].T.set_axis(["none", *TRANSFORMS], axis=1)
 
 # %% ../nbs/18_agreement.ipynb #c24cb242
-def invariance_table(X,                      # (N, d) embeddings of run 1
-                     Y=None,                 # (N, d) the same probes from run 2; None: X + 0.3 sd(X) noise
+def invariance_table(X: ArrayLike,           # (N, d) embeddings of run 1
+                     Y: ArrayLike | None = None,  # (N, d) the same probes from run 2; None: X + 0.3 sd(X) noise
                      *,
-                     seed=0,                 # seeds the random transformations (and the synthetic Y)
+                     seed: int | np.random.Generator | None = 0,  # seeds the random transformations (and the synthetic Y)
                      k: int = 10,            # neighbours for knn_overlap (capped at N-1)
                      rtol: float = 1e-6,     # relative change below which a value counts as unchanged
                      atol: float = 1e-12,    # absolute tolerance, for values at 0
@@ -181,7 +183,7 @@ def agreement_tables(rs: RunSet,               # e.g. study.runs("seed_sweep")
                      step: int | None = None,  # default: the last tracked step common to all runs
                      k: int = 10,              # neighbours for knn_overlap
                      n_resamples: int = 2000,  # bootstrap resamples of measure_agreement
-                     seed=0,                   # seed of the bootstrap and of the random transformations
+                     seed: int | np.random.Generator | None = 0,  # seed of the bootstrap and of the random transformations
                     ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:  # pairs, agreement, invariance
     "Pairwise measures, their rank agreement (run bootstrap) and the live invariance table, from a run set."
     X = _check_runs(rs, 3, "ranking run pairs").stack(layer, pooling, _last_step(rs, step)).astype(np.float64)   # (K, N, d)
@@ -205,10 +207,10 @@ def _pooling_rows(rs: RunSet, pooling: str, first: int, last: int, n_resamples: 
 # %% ../nbs/18_agreement.ipynb #b585fb38
 def pooling_sensitivity(rs: RunSet,              # e.g. study.runs("seed_sweep") (or one lr of the lr sweep)
                         *,
-                        poolings=None,           # default: every pooling stored by all runs
+                        poolings: list[str] | None = None,  # default: every pooling stored by all runs
                         step: int | None = None, # default: the last tracked step common to all runs
                         n_resamples: int = 1000, # cluster-bootstrap resamples of the drift CI
-                        seed=0,                  # bootstrap seed
+                        seed: int | np.random.Generator | None = 0,  # bootstrap seed
                        ) -> pd.DataFrame:        # pooling, layer, step, n_runs, drift, drift_low, drift_high, seed_cos, seed_share
     "Drift and seed variance per pooling and layer, on the same runs and probes."
     last = _last_step(_check_runs(rs, 2, "seed variance per pooling"), step)

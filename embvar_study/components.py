@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from numpy.typing import ArrayLike
+
 from .checks import as_float_array, check_at_least
 from .metrics import cosine_drift
 from .align import generalized_procrustes
@@ -158,11 +160,11 @@ def _gather_boot(x: np.ndarray, ms_fn, draw, n_resamples: int, rng: np.random.Ge
     return np.concatenate([ms_fn(x[draw(rng, n)]) for n in sizes], axis=0)
 
 # %% ../nbs/16_components.ipynb #785e1176
-def variance_components(values,                    # (A, B, R): A levels x B levels x R replicates nested in each cell
+def variance_components(values: ArrayLike,         # (A, B, R): A levels x B levels x R replicates nested in each cell
                         *,
-                        names=None,                # two factor names, default ("A", "B")
+                        names: tuple[str, str] | None = None,  # two factor names, default ("A", "B")
                         n_resamples: int = 2000,   # bootstrap resamples (levels of A and B)
-                        seed=None,                 # int, SeedSequence or Generator
+                        seed: int | np.random.Generator | None = None,  # int, SeedSequence or Generator
                         confidence: float = 0.95,  # nominal coverage of the percentile intervals
                        ) -> VarianceComponents:    # components A, B, A:B, error
     "Two-way crossed random-effects variance components (EMS method of moments) with level-bootstrap CIs."
@@ -183,11 +185,11 @@ def variance_components(values,                    # (A, B, R): A levels x B lev
                    f"levels of {a} and of {b}, independently with replacement; replicates kept within cells")
 
 # %% ../nbs/16_components.ipynb #ebfaf5b6
-def variance_components_3way(values,                    # (A, B, P): three fully crossed random factors, one value per cell
+def variance_components_3way(values: ArrayLike,         # (A, B, P): three fully crossed random factors, one value per cell
                              *,
-                             names=None,                # three factor names, default ("A", "B", "P")
+                             names: tuple[str, str, str] | None = None,  # three factor names, default ("A", "B", "P")
                              n_resamples: int = 2000,   # bootstrap resamples (levels of A, B and P)
-                             seed=None,                 # int, SeedSequence or Generator
+                             seed: int | np.random.Generator | None = None,  # int, SeedSequence or Generator
                              confidence: float = 0.95,  # nominal coverage of the percentile intervals
                             ) -> VarianceComponents:    # components A, B, P, A:B, A:P, B:P, residual
     "Three-way fully crossed random-effects variance components (EMS method of moments) with level-bootstrap CIs."
@@ -222,11 +224,11 @@ def _pooled_boot(gram: np.ndarray,  # (N, AB, AB) per-probe Gram matrices of the
     return np.concatenate(out)
 
 # %% ../nbs/16_components.ipynb #3517efa4
-def embedding_variance_components(values,                    # (A, B, N, ...) e.g. (init seeds, data seeds, probes, d) aligned embeddings
+def embedding_variance_components(values: ArrayLike,         # (A, B, N, ...) e.g. (init seeds, data seeds, probes, d) aligned embeddings
                                   *,
-                                  names=None,                # two factor names, default ("A", "B")
+                                  names: tuple[str, str] | None = None,  # two factor names, default ("A", "B")
                                   n_resamples: int = 2000,   # bootstrap resamples (levels of A, B and the N probes)
-                                  seed=None,                 # int, SeedSequence or Generator
+                                  seed: int | np.random.Generator | None = None,  # int, SeedSequence or Generator
                                   confidence: float = 0.95,  # nominal coverage of the percentile intervals
                                  ) -> VarianceComponents:    # components A, B, residual in squared-distance units
     "Variance components of vectors (per-probe two-way ANOVA without replication, summed over coordinates, averaged over probes)."
@@ -293,7 +295,7 @@ def components_table(rs: RunSet,                    # a crossed sweep, e.g. stud
                      *,
                      design: str | None = None,     # final_drift: '3way' (default) or 'replicated'; aligned_distance: 'pooled'
                      n_resamples: int = 2000,       # bootstrap resamples
-                     seed=0,                        # bootstrap seed
+                     seed: int | np.random.Generator | None = 0,  # bootstrap seed
                      confidence: float = 0.95,      # nominal coverage
                     ) -> pd.DataFrame:              # measure, design, step, component, estimate, ..., share, CIs, level counts
     "Variance components of a crossed (init_seed x data_seed) sweep for final per-probe drift or the aligned embeddings."

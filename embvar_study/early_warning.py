@@ -11,6 +11,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as _sps
 
+from numpy.typing import ArrayLike
+
 from .checks import as_float_array
 from .metrics import cosine_drift, drift_curve
 from .stats import _check_confidence, _check_n_resamples
@@ -90,11 +92,11 @@ def _positive(v, name: str) -> float:
     return float(v)
 
 # %% ../nbs/17_early_warning.ipynb #981f7c8c
-def drift_threshold(noise_floor_drifts,        # (n,) drift between identical-seed reruns (replicate_distances); may be empty
+def drift_threshold(noise_floor_drifts: ArrayLike,  # (n,) drift between identical-seed reruns (replicate_distances); may be empty
                     *,
                     quantile: float = 0.99,    # quantile of the sample that the threshold sits on
                     margin: float = 1.0,       # multiplier (> 0) applied to that quantile
-                    fallback_drifts=None,      # (m,) used when the noise floor is exactly 0 or empty, e.g. seed_distances(...)
+                    fallback_drifts: ArrayLike | None = None,  # (m,) used when the noise floor is exactly 0 or empty, e.g. seed_distances(...)
                     minimum: float = 1e-6,     # used when both samples are 0 (or no fallback was given)
                    ) -> DriftThreshold:
     "Threshold = margin x quantile of the noise floor; documented fallbacks when the noise floor is exactly 0 or not measured."
@@ -112,9 +114,9 @@ def drift_threshold(noise_floor_drifts,        # (n,) drift between identical-se
     return DriftThreshold(minimum, "minimum", note=f"{why} and no positive fallback; minimum {minimum:g} used", **common)
 
 # %% ../nbs/17_early_warning.ipynb #6f1a6d36
-def first_crossing(steps,       # (T,) tracked steps, increasing
-                   curve,       # (T,) drift at those steps
-                   threshold,   # float or DriftThreshold
+def first_crossing(steps: ArrayLike,  # (T,) tracked steps, increasing
+                   curve: ArrayLike,  # (T,) drift at those steps
+                   threshold: float | DriftThreshold,  # a threshold on drift
                   ) -> int | None:  # first step with curve > threshold, None if never
     "First tracked step at which the curve is strictly above the threshold."
     s = as_float_array(steps, "steps", ndim=1, dims="(T,)")
@@ -233,11 +235,11 @@ def _outcomes(failed, n: int) -> np.ndarray:  # (n,) bool; NotComputed when one 
     return y.astype(bool)
 
 # %% ../nbs/17_early_warning.ipynb #a58fc367
-def auc_ci(scores,                    # (n,) a score per run, e.g. drift at step k
-           failed,                    # (n,) bool / 0-1 outcome per run (1 = failed)
+def auc_ci(scores: ArrayLike,         # (n,) a score per run, e.g. drift at step k
+           failed: ArrayLike,         # (n,) bool / 0-1 outcome per run (1 = failed)
            *,
            n_resamples: int = 2000,   # bootstrap resamples
-           seed=0,                    # int, SeedSequence or Generator
+           seed: int | np.random.Generator | None = 0,  # int, SeedSequence or Generator
            confidence: float = 0.95,  # nominal coverage of the percentile interval
            step: int | None = None,   # recorded in the result
           ) -> OutcomeAUC:
@@ -267,12 +269,12 @@ def _outcome_frame(rs: RunSet, layer: int, pooling: str, rule: str, **kw) -> pd.
 _OUTCOME_KW = ("chance", "delta", "loss_delta", "window")
 
 def early_warning_table(rs: RunSet,               # e.g. study.runs("lr_extended")
-                        threshold,                # float or DriftThreshold (see drift_threshold)
+                        threshold: float | DriftThreshold,  # see drift_threshold
                         layer: int = -1,          # hidden-state index
                         pooling: str = "mean",    # stored pooling
                         *,
                         rule: str = "accuracy",   # failure rule, see failure_step
-                        **rule_kw,                # chance, delta, patience, loss_delta, window, min_step
+                        **rule_kw: float,         # chance, delta, patience, loss_delta, window, min_step
                        ) -> pd.DataFrame:         # one row per run, sorted by lr and seed
     "Per run: drift crossing step, failure step, lead time and final outcome."
     tab = _outcome_frame(rs, layer, pooling, rule, **{k: v for k, v in rule_kw.items() if k in _OUTCOME_KW})
@@ -288,15 +290,15 @@ def early_warning_table(rs: RunSet,               # e.g. study.runs("lr_extended
 def _drift_at(steps: np.ndarray, drift: np.ndarray, k: int) -> float:  # drift at the last tracked step <= k
     return float(drift[max(np.searchsorted(steps, k, side="right") - 1, 0)])
 
-def drift_predicts_outcome(table_or_runs,               # early_warning_table(...) or a RunSet
+def drift_predicts_outcome(table_or_runs: pd.DataFrame | RunSet,  # early_warning_table(...) or a RunSet
                            *,
                            step: int,                   # k: drift at this step (last tracked step <= k per run)
                            n_resamples: int = 2000,     # bootstrap resamples
-                           seed=0,                      # bootstrap seed
+                           seed: int | np.random.Generator | None = 0,  # bootstrap seed
                            confidence: float = 0.95,    # nominal coverage
                            layer: int = -1, pooling: str = "mean",  # used when given runs
                            rule: str = "accuracy",      # failure rule, used when given runs
-                           **rule_kw,                   # chance, delta, loss_delta, window (when given runs)
+                           **rule_kw: float,            # chance, delta, loss_delta, window (when given runs)
                           ) -> OutcomeAUC:
     "ROC AUC of drift at step k for the runs' final outcome, with a stratified bootstrap CI over runs."
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0: raise ValueError(f"step: expected a non-negative int, got {step!r}")
@@ -313,7 +315,7 @@ def _check_table(table, name: str = "table") -> pd.DataFrame:
 def outcome_auc_table(table: pd.DataFrame,        # early_warning_table(...)
                       *,
                       n_resamples: int = 2000,    # bootstrap resamples per step
-                      seed=0,                     # bootstrap seed
+                      seed: int | np.random.Generator | None = 0,  # bootstrap seed
                       confidence: float = 0.95,   # nominal coverage
                      ) -> pd.DataFrame:           # step, auc, low, high, n_failed, n_ok (one row per common step after the first)
     "AUC of drift at every tracked step common to all runs (NotComputed when one outcome class is missing)."
