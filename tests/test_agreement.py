@@ -168,7 +168,8 @@ def test_agreement_tables_from_runs(seed_runs):
     for _, r in pairs.iterrows():                            # every measure against a direct call of its metric
         A, B = X[r["i"]], X[r["j"]]
         ref = {"raw_msd": expected_squared_distance(A, B), "aligned_msd": aligned_distance(A, B), "cka": linear_cka(A, B),
-               "rsa": rsa(A, B), "knn_overlap": knn_overlap(A, B, k=5), "cos_dist": cosine_drift(A, B)}
+               "cka_debiased": linear_cka(A, B, debiased=True), "rsa": rsa(A, B), "knn_overlap": knn_overlap(A, B, k=5),
+               "cos_dist": cosine_drift(A, B)}
         for m, v in ref.items():
             assert r[m] == pytest.approx(float(v), rel=1e-6, abs=1e-9), m
     assert list(pairs[["run_a", "run_b"]].iloc[0]) == seed_runs.labels()[:2]
