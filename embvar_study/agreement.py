@@ -4,129 +4,102 @@
 
 # %% ../nbs/18_agreement.ipynb #0e0f338e
 from __future__ import annotations
-import itertools, math, warnings
+import itertools, math
 
 import numpy as np
 import pandas as pd
-from scipy import stats as _sps
+
+from numpy.typing import ArrayLike
 
 from .checks import as_float_array, check_at_least
-from .metrics import (cosine_drift, expected_squared_distance, knn_overlap, linear_cka, rsa,
-                                  cross_run_dispersion)
-from .align import aligned_distance
-from .stats import cluster_bootstrap_ci
+from .metrics import cosine_drift, cross_run_dispersion, total_variance
+from .align import PAIR_MEASURES, pairwise_run_table
+from .stats import _check_confidence, _check_n_resamples, cluster_bootstrap_ci
+from .study import RunSet, NotComputed
 
 # %% auto #0
-__all__ = ['MEASURES', 'TRANSFORMS', 'pair_measures', 'dissimilarities', 'weighted_spearman', 'measure_agreement',
-           'agreement_matrix', 'expected_invariances', 'invariance_table', 'agreement_tables', 'pooling_sensitivity']
+__all__ = ['TRANSFORMS', 'dissimilarities', 'weighted_spearman', 'measure_agreement', 'agreement_matrix', 'expected_invariances',
+           'invariance_table', 'agreement_tables', 'pooling_sensitivity']
 
 # %% ../nbs/18_agreement.ipynb #d43015e8
-MEASURES = {"raw_msd": "distance", "aligned_msd": "distance", "cka": "similarity", "rsa": "similarity",
-            "knn_overlap": "similarity", "cos_drift": "distance"}
-
-def _measure_values(X, Y, k):
-    "dict measure -> (...) values for matched (..., N, d) batches."
-    return {"raw_msd": expected_squared_distance(X, Y), "aligned_msd": aligned_distance(X, Y),
-            "cka": linear_cka(X, Y), "rsa": rsa(X, Y), "knn_overlap": knn_overlap(X, Y, k=k), "cos_drift": cosine_drift(X, Y)}
-
-def pair_measures(runs_embeddings,        # (K, N, d) the same N probes embedded by K >= 2 runs
-                  labels=None,            # K run names (default 0..K-1)
-                  *,
-                  k: int = 10,            # neighbours for knn_overlap (capped at N-1)
-                 ) -> pd.DataFrame:       # K(K-1)/2 rows: a, b, i, j and the six measures (native orientation)
-    "Raw and aligned MSD, linear CKA, RSA, kNN overlap and cosine drift for every pair of runs i < j."
-    X = as_float_array(runs_embeddings, "runs_embeddings", ndim=3, dims="(K, N, d)")
-    K, N, d = X.shape
-    check_at_least(K, 2, "runs_embeddings", "runs (K)"); check_at_least(N, 3, "runs_embeddings", "probes (N)")
-    labels = list(range(K)) if labels is None else list(labels)
-    if len(labels) != K: raise ValueError(f"labels: expected {K} run names (one per run), got {len(labels)}")
-    i, j = np.triu_indices(K, k=1)
-    vals = _measure_values(X[i], X[j], min(k, N - 1))            # batched over the pairs
-    out = pd.DataFrame({"a": [labels[t] for t in i], "b": [labels[t] for t in j], "i": i, "j": j})
-    for m in MEASURES: out[m] = np.asarray(vals[m], dtype=np.float64)
-    return out
-
-def dissimilarities(pairs: pd.DataFrame,  # pair_measures(...)
-                   ) -> pd.DataFrame:     # the measure columns with similarities replaced by 1 - s
-    "The six measures in dissimilarity orientation (larger = more different)."
-    missing = [m for m in MEASURES if m not in pairs]
-    if missing: raise ValueError(f"pairs: expected the columns of pair_measures, missing {missing}")
-    return pd.DataFrame({m: (1.0 - pairs[m]) if o == "similarity" else pairs[m] for m, o in MEASURES.items()})
+def dissimilarities(pairs: pd.DataFrame,  # align.pairwise_run_table(...)
+                   ) -> pd.DataFrame:     # the PAIR_MEASURES columns with similarities replaced by 1 - s
+    "The pairwise measures in dissimilarity orientation (larger = more different)."
+    missing = [m for m in PAIR_MEASURES if m not in pairs]
+    if missing: raise ValueError(f"pairs: expected the columns of align.pairwise_run_table, missing {missing}")
+    return pd.DataFrame({m: (1.0 - pairs[m]) if o == "similarity" else pairs[m] for m, o in PAIR_MEASURES.items()})
 
 # %% ../nbs/18_agreement.ipynb #6afddd4d
 def _weighted_ranks(v: np.ndarray, W: np.ndarray) -> np.ndarray:
     "(B, P) mid-ranks of values v (P,) in the expanded samples with integer weights W (B, P)."
     order = np.argsort(v, kind="stable")
     vs = v[order]
-    starts = np.flatnonzero(np.r_[True, vs[1:] != vs[:-1]])             # tie groups of the sorted values
-    group = np.cumsum(np.r_[True, vs[1:] != vs[:-1]]) - 1                 # group id of each sorted position
-    G = np.add.reduceat(W[:, order], starts, axis=1)                      # (B, groups) total weight per group
+    new = np.r_[True, vs[1:] != vs[:-1]]                                  # first position of each tie group
+    G = np.add.reduceat(W[:, order], np.flatnonzero(new), axis=1)        # (B, groups) total weight per group
     mid = np.cumsum(G, axis=1) - G + (G + 1) / 2.0                        # mean rank of each group
     ranks = np.empty(W.shape)
-    ranks[:, order] = mid[:, group]
+    ranks[:, order] = mid[:, np.cumsum(new) - 1]
     return ranks
 
-def weighted_spearman(x,   # (P,) values of measure 1
-                      y,   # (P,) values of measure 2
-                      W,   # (B, P) non-negative integer weights (copies of each value pair); (P,) for one
+# %% ../nbs/18_agreement.ipynb #e1819b95
+def weighted_spearman(x: ArrayLike,  # (P,) values of measure 1
+                      y: ArrayLike,  # (P,) values of measure 2
+                      W: ArrayLike,  # (B, P) non-negative integer weights (copies of each value pair); (P,) for one
                      ) -> np.ndarray:  # (B,) Spearman correlation of each expanded sample (nan if undefined)
     "Spearman correlation of the samples in which pair p appears W[b, p] times, for every row b at once."
-    x = as_float_array(x, "x", ndim=1); y = as_float_array(y, "y", ndim=1)
+    x, y = as_float_array(x, "x", ndim=1), as_float_array(y, "y", ndim=1)
     W = np.atleast_2d(np.asarray(W, dtype=np.float64))
     if x.shape != y.shape or W.shape[1] != x.size:
         raise ValueError(f"x, y, W: expected (P,), (P,) and (B, P), got {x.shape}, {y.shape}, {W.shape}")
-    rx, ry = _weighted_ranks(x, W), _weighted_ranks(y, W)
-    tot = W.sum(axis=1, keepdims=True)
+    rx, ry, tot = _weighted_ranks(x, W), _weighted_ranks(y, W), W.sum(axis=1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
-        mx, my = (W * rx).sum(1, keepdims=True) / tot, (W * ry).sum(1, keepdims=True) / tot
-        cov = (W * (rx - mx) * (ry - my)).sum(1)
-        vx, vy = (W * (rx - mx) ** 2).sum(1), (W * (ry - my) ** 2).sum(1)
-        r = cov / np.sqrt(vx * vy)
-    small = (vx <= 1e-12 * np.maximum(tot[:, 0], 1) ** 3) | (vy <= 1e-12 * np.maximum(tot[:, 0], 1) ** 3)
+        dx, dy = rx - (W * rx).sum(1, keepdims=True) / tot, ry - (W * ry).sum(1, keepdims=True) / tot
+        vx, vy = (W * dx ** 2).sum(1), (W * dy ** 2).sum(1)
+        r = (W * dx * dy).sum(1) / np.sqrt(vx * vy)
+    small = np.minimum(vx, vy) <= 1e-12 * np.maximum(tot[:, 0], 1) ** 3             # a constant sample: no correlation
     return np.where(small, np.nan, np.clip(r, -1.0, 1.0))
 
-def _boot_weights(i, j, K, n_boot, rng, resample):
-    P = i.size
+# %% ../nbs/18_agreement.ipynb #aa3839d2
+def _boot_weights(i: np.ndarray, j: np.ndarray, K: int, n_resamples: int, rng: np.random.Generator, resample: str) -> np.ndarray:
+    "(n_resamples, P) weight of each pair (i, j) in each resample: c_i c_j for K runs drawn with counts c, or pair counts."
     if resample == "runs":
-        c = rng.multinomial(K, np.full(K, 1.0 / K), size=n_boot)          # (B, K) run counts
+        c = rng.multinomial(K, np.full(K, 1.0 / K), size=n_resamples)     # (B, K) run counts
         return c[:, i] * c[:, j]
-    return rng.multinomial(P, np.full(P, 1.0 / P), size=n_boot)           # (B, P) pair counts
+    return rng.multinomial(i.size, np.full(i.size, 1.0 / i.size), size=n_resamples)
 
-def measure_agreement(pairs: pd.DataFrame,      # pair_measures(...)
+# %% ../nbs/18_agreement.ipynb #2b9989ad
+def measure_agreement(pairs: pd.DataFrame,        # align.pairwise_run_table(...)
                       *,
-                      n_boot: int = 2000,       # bootstrap resamples
-                      seed=0,                   # int, SeedSequence or Generator
-                      confidence: float = 0.95, # nominal coverage of the percentile intervals
-                      resample: str = "runs",   # 'runs' (default, honest) or 'pairs' (treats pairs as independent)
-                     ) -> pd.DataFrame:         # measure_a, measure_b, spearman, ci_low, ci_high, n_pairs, n_valid, resample
+                      n_resamples: int = 2000,    # bootstrap resamples
+                      seed: int | np.random.Generator | None = 0,  # int, SeedSequence or Generator
+                      confidence: float = 0.95,   # nominal coverage of the percentile intervals
+                      resample: str = "runs",     # 'runs' (default, honest) or 'pairs' (treats pairs as independent)
+                     ) -> pd.DataFrame:           # measure_a, measure_b, spearman, ci_low, ci_high, n_pairs, n_valid, resample
     "Spearman rank correlation between every two measures across run pairs, with bootstrap CIs."
     D = dissimilarities(pairs)
-    if not {"i", "j"} <= set(pairs): raise ValueError("pairs: expected the columns i and j of pair_measures")
+    D = D[[m for m in D if np.isfinite(D[m]).all()]]                    # cka_debiased is undefined with N = 3 probes
+    if not {"i", "j"} <= set(pairs): raise ValueError("pairs: expected the columns i and j of align.pairwise_run_table")
     if resample not in ("runs", "pairs"): raise ValueError(f"resample: expected 'runs' or 'pairs', got {resample!r}")
-    if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 1:
-        raise ValueError(f"n_boot: expected an integer >= 1, got {n_boot!r}")
-    if not 0 < confidence < 1: raise ValueError(f"confidence: expected a number in (0, 1), got {confidence!r}")
+    n_resamples, confidence = _check_n_resamples(n_resamples), _check_confidence(confidence)
     check_at_least(len(D), 3, "pairs", "run pairs (3 runs give 3 pairs)")
     i, j = pairs["i"].to_numpy(int), pairs["j"].to_numpy(int)
-    K = int(max(i.max(), j.max())) + 1
-    W = _boot_weights(i, j, K, n_boot, np.random.default_rng(seed), resample)
-    ones = np.ones((1, len(D)))
+    W = _boot_weights(i, j, int(max(i.max(), j.max())) + 1, n_resamples, np.random.default_rng(seed), resample)
     rows = []
-    for a, b in itertools.combinations(MEASURES, 2):
-        x, y = D[a].to_numpy(float), D[b].to_numpy(float)
-        est = float(weighted_spearman(x, y, ones)[0])
-        boot = weighted_spearman(x, y, W)
-        ok = np.isfinite(boot)
-        lo, hi = (np.quantile(boot[ok], [(1 - confidence) / 2, (1 + confidence) / 2]) if ok.any() else (np.nan, np.nan))
-        rows.append({"measure_a": a, "measure_b": b, "spearman": est, "ci_low": float(lo), "ci_high": float(hi),
+    for a, b in itertools.combinations(D, 2):
+        r = weighted_spearman(D[a], D[b], np.vstack([np.ones(len(D)), W]))  # row 0: the estimate, then the resamples
+        ok = np.isfinite(r[1:])
+        lo, hi = np.quantile(r[1:][ok], [(1 - confidence) / 2, (1 + confidence) / 2]) if ok.any() else (np.nan, np.nan)
+        rows.append({"measure_a": a, "measure_b": b, "spearman": float(r[0]), "ci_low": float(lo), "ci_high": float(hi),
                      "n_pairs": len(D), "n_valid": int(ok.sum()), "resample": resample})
     return pd.DataFrame(rows)
 
+# %% ../nbs/18_agreement.ipynb #7650aab7
 def agreement_matrix(agreement: pd.DataFrame,  # measure_agreement(...)
                     ) -> pd.DataFrame:         # square Spearman matrix over the measures (1 on the diagonal)
     "The Spearman correlations of `measure_agreement` as a symmetric matrix."
-    m = pd.DataFrame(np.eye(len(MEASURES)), index=list(MEASURES), columns=list(MEASURES))
-    for _, r in agreement.iterrows(): m.loc[r["measure_a"], r["measure_b"]] = m.loc[r["measure_b"], r["measure_a"]] = r["spearman"]
+    names = list(dict.fromkeys([*agreement["measure_a"], *agreement["measure_b"]]))
+    m = pd.DataFrame(np.eye(len(names)), index=names, columns=names)
+    for r in agreement.itertuples(): m.loc[r.measure_a, r.measure_b] = m.loc[r.measure_b, r.measure_a] = r.spearman
     return m
 
 # %% ../nbs/18_agreement.ipynb #4cbb983f
@@ -134,16 +107,19 @@ TRANSFORMS = ("rotation", "scaling", "translation", "linear", "permutation")
 
 def expected_invariances() -> pd.DataFrame:  # measures x transforms, True where the theory says invariant
     "Theoretical invariance of each measure when a transformation is applied to the second run only."
-    t = {"raw_msd":     (False, False, False, False, False),
-         "aligned_msd": (True,  False, True,  False, True),
-         "cka":         (True,  True,  True,  False, True),
-         "rsa":         (True,  True,  False, False, True),
-         "knn_overlap": (True,  True,  False, False, True),
-         "cos_drift":   (False, True,  False, False, False)}
+    t = {"raw_msd":      (False, False, False, False, False),
+         "aligned_msd":  (True,  False, True,  False, True),
+         "cos_dist":     (False, True,  False, False, False),
+         "cka":          (True,  True,  True,  False, True),
+         "cka_debiased": (True,  True,  True,  False, True),
+         "rsa":          (True,  True,  False, False, True),
+         "knn_overlap":  (True,  True,  False, False, True)}
     return pd.DataFrame.from_dict(t, orient="index", columns=list(TRANSFORMS))
 
-def _transforms(Y, rng):
-    "dict name -> transformed copy of Y (N, d)."
+# %% ../nbs/18_agreement.ipynb #461e2dd7
+def _transforms(Y: np.ndarray,  # (N, d) the second run
+                rng: np.random.Generator) -> dict:  # name -> transformed copy of Y (N, d)
+    "A Haar rotation, a scaling, a translation of mean-row-norm length, a general linear map (condition <= 9), a permutation."
     d = Y.shape[1]
     def haar():
         q, r = np.linalg.qr(rng.normal(size=(d, d)))
@@ -154,10 +130,18 @@ def _transforms(Y, rng):
     M = haar() @ np.diag(np.exp(rng.uniform(np.log(1 / 3), np.log(3), size=d))) @ haar()
     return {"rotation": Y @ haar(), "scaling": 3.7 * Y, "translation": Y + t, "linear": Y @ M, "permutation": Y[:, perm]}
 
-def invariance_table(X,                      # (N, d) embeddings of run 1
-                     Y=None,                 # (N, d) the same probes from run 2; None: X + 0.3 sd(X) noise
+# %% ../nbs/18_agreement.ipynb #89b697d5
+def _under_transforms(X: np.ndarray, Y: np.ndarray, rng: np.random.Generator, k: int) -> pd.DataFrame:  # measures x (none, *TRANSFORMS)
+    "m(X, T(Y)) for every pair measure and transformation T (the identity first), from one pairwise_run_table call."
+    T = _transforms(Y, rng)
+    p = pairwise_run_table(np.stack([X, Y, *(T[t] for t in TRANSFORMS)]), k=k)
+    return p[p["i"] == 0].set_index("j")[list(PAIR_MEASURES)].T.set_axis(["none", *TRANSFORMS], axis=1)
+
+# %% ../nbs/18_agreement.ipynb #c24cb242
+def invariance_table(X: ArrayLike,           # (N, d) embeddings of run 1
+                     Y: ArrayLike | None = None,  # (N, d) the same probes from run 2; None: X + 0.3 sd(X) noise
                      *,
-                     seed=0,                 # seeds the random transformations (and the synthetic Y)
+                     seed: int | np.random.Generator | None = 0,  # seeds the random transformations (and the synthetic Y)
                      k: int = 10,            # neighbours for knn_overlap (capped at N-1)
                      rtol: float = 1e-6,     # relative change below which a value counts as unchanged
                      atol: float = 1e-12,    # absolute tolerance, for values at 0
@@ -166,89 +150,73 @@ def invariance_table(X,                      # (N, d) embeddings of run 1
     X = as_float_array(X, "X", ndim=2, dims="(N, d)")
     check_at_least(X.shape[0], 4, "X", "probes (N)"); check_at_least(X.shape[1], 2, "X", "dimensions (d)")
     rng = np.random.default_rng(seed)
-    if Y is None: Y = X + 0.3 * X.std() * rng.normal(size=X.shape)
-    Y = as_float_array(Y, "Y", ndim=2, dims="(N, d)")
+    Y = as_float_array(X + 0.3 * X.std() * rng.normal(size=X.shape) if Y is None else Y, "Y", ndim=2, dims="(N, d)")
     if Y.shape != X.shape: raise ValueError(f"X and Y: expected the same shape (N, d), got {X.shape} and {Y.shape}")
-    k = min(k, X.shape[0] - 1)
-    T = _transforms(Y, rng)
-    Ys = np.stack([Y] + [T[t] for t in TRANSFORMS])                          # (1 + 5, N, d)
-    vals = {m: np.asarray(v, dtype=np.float64) for m, v in _measure_values(np.broadcast_to(X, Ys.shape), Ys, k).items()}
-    exp = expected_invariances()
-    rows = []
-    for m in MEASURES:
-        v0 = float(vals[m][0])
-        for n, t in enumerate(TRANSFORMS, start=1):
-            v1 = float(vals[m][n])
-            change = abs(v1 - v0)
-            inv = bool(change <= atol + rtol * abs(v0))
-            rows.append({"measure": m, "transform": t, "value": v0, "transformed": v1,
-                         "rel_change": change / abs(v0) if v0 != 0 else (0.0 if change == 0 else math.inf),
-                         "invariant": inv, "expected": bool(exp.loc[m, t]), "agrees": inv == bool(exp.loc[m, t])})
-    return pd.DataFrame(rows)
+    v = _under_transforms(X, Y, rng, min(k, X.shape[0] - 1))
+    v0, v1 = v[["none"]].to_numpy(), v[list(TRANSFORMS)].to_numpy()              # (M, 1), (M, transforms)
+    change, exp = np.abs(v1 - v0), expected_invariances().loc[v.index, list(TRANSFORMS)].to_numpy()
+    inv, rel = change <= atol + rtol * np.abs(v0), np.divide(change, np.abs(v0), out=np.where(change == 0, 0.0, math.inf), where=v0 != 0)
+    n = len(TRANSFORMS)
+    return pd.DataFrame({"measure": np.repeat(v.index, n), "transform": np.tile(TRANSFORMS, len(v)), "value": np.repeat(v0[:, 0], n),
+                         "transformed": v1.ravel(), "rel_change": rel.ravel(), "invariant": inv.ravel(), "expected": exp.ravel(),
+                         "agrees": (inv == exp).ravel()})
 
 # %% ../nbs/18_agreement.ipynb #441890d5
-def _unique_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    if not isinstance(runs, pd.DataFrame) or "run" not in runs:
-        raise ValueError(f"runs: expected the DataFrame of analysis.sweep_runs (with a 'run' column), got {type(runs).__name__}")
-    keys = [str(getattr(r, "path", id(r))) for r in runs["run"]]
-    return runs.loc[~pd.Series(keys, index=runs.index).duplicated()].reset_index(drop=True)
+def _check_runs(rs, minimum: int, what: str) -> RunSet:
+    if not isinstance(rs, RunSet): raise ValueError(f"rs: expected a study.RunSet (e.g. study.runs('seed_sweep')), got {type(rs).__name__}")
+    if len(rs) < minimum: raise NotComputed(f"{what} needs at least {minimum} runs, got {len(rs)}")
+    return rs
 
-def _common_steps(rs) -> list:
-    return sorted(set.intersection(*[set(map(int, r.steps)) for r in rs]))
+def _last_step(rs: RunSet, step: int | None) -> int:
+    "`step`, checked to be tracked by every run after the first common step; default the last common step."
+    steps = rs.common_steps()
+    if step is None and len(steps) < 2: raise NotComputed(f"the runs share no tracked step after the first (common steps: {steps.tolist()})")
+    if step is not None and step not in steps[1:]:
+        raise ValueError(f"step: expected a step after the first tracked by every run, one of {steps[1:].tolist()}, got {step!r}")
+    return int(steps[-1] if step is None else step)
 
-def agreement_tables(runs: pd.DataFrame,       # analysis.sweep_runs(out_dir, "seed_sweep")
-                     *,
+# %% ../nbs/18_agreement.ipynb #91030529
+def agreement_tables(rs: RunSet,               # e.g. study.runs("seed_sweep")
                      layer: int = -1,          # hidden-state index
                      pooling: str = "mean",    # stored pooling
+                     *,
                      step: int | None = None,  # default: the last tracked step common to all runs
                      k: int = 10,              # neighbours for knn_overlap
-                     n_boot: int = 2000,       # bootstrap resamples of measure_agreement
-                     seed=0,                   # seed of the bootstrap and of the random transformations
+                     n_resamples: int = 2000,  # bootstrap resamples of measure_agreement
+                     seed: int | np.random.Generator | None = 0,  # seed of the bootstrap and of the random transformations
                     ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:  # pairs, agreement, invariance
-    "Pairwise measures, their rank agreement (run bootstrap) and the live invariance table, from a sweep's runs."
-    u = _unique_runs(runs)
-    check_at_least(len(u), 3, "runs", "distinct runs (3 runs give 3 pairs)")
-    rs = list(u["run"]); steps = _common_steps(rs)
-    if not steps: raise ValueError("runs: the runs share no tracked step")
-    s = steps[-1] if step is None else int(step)
-    if s not in steps: raise ValueError(f"step: expected a step tracked by every run, one of {steps}, got {step!r}")
-    X = np.stack([r.embeddings(layer=layer, pooling=pooling, steps=[s])[0] for r in rs]).astype(np.float64)
-    labels = list(u["run_id"]) if "run_id" in u else [r.path.name for r in rs]
-    pairs = pair_measures(X, labels, k=k)
-    pairs.insert(2, "factor_a", list(u["factor"].iloc[pairs["i"]]) if "factor" in u else "")
-    pairs.insert(3, "factor_b", list(u["factor"].iloc[pairs["j"]]) if "factor" in u else "")
-    return pairs, measure_agreement(pairs, n_boot=n_boot, seed=seed), invariance_table(X[0], X[1], seed=seed, k=k)
+    "Pairwise measures, their rank agreement (run bootstrap) and the live invariance table, from a run set."
+    X = _check_runs(rs, 3, "ranking run pairs").stack(layer, pooling, _last_step(rs, step)).astype(np.float64)   # (K, N, d)
+    pairs = pairwise_run_table(X, rs.labels(), k=k)
+    f = rs.table["factor"].to_numpy()
+    pairs.insert(2, "factor_a", f[pairs["i"]]); pairs.insert(3, "factor_b", f[pairs["j"]])
+    return pairs, measure_agreement(pairs, n_resamples=n_resamples, seed=seed), invariance_table(X[0], X[1], seed=seed, k=k)
 
 # %% ../nbs/18_agreement.ipynb #62edec23
-def pooling_sensitivity(runs: pd.DataFrame,      # e.g. analysis.sweep_runs(out_dir, "seed_sweep") (or one lr of the lr sweep)
+def _pooling_rows(rs: RunSet, pooling: str, first: int, last: int, n_resamples: int, seed) -> pd.DataFrame:  # one row per layer
+    E = np.stack([r.embeddings_all_layers(pooling, steps=[first, last]) for r in rs.runs]).astype(np.float64)  # (K, 2, L+1, N, d)
+    drift = cosine_drift(E[:, 0], E[:, 1], per_probe=True)                       # (K, L+1, N)
+    final, K = np.moveaxis(E[:, 1], 0, 1), len(E)                                  # (L+1, K, N, d)
+    disp, within = cross_run_dispersion(final), total_variance(final).mean(-1)     # across runs; across probes (L+1,)
+    between = disp["mean_sq_distance"] * K / (K - 1)
+    ci = [cluster_bootstrap_ci(drift[:, layer], n_resamples=n_resamples, seed=seed) for layer in range(E.shape[2])]
+    return pd.DataFrame({"pooling": pooling, "layer": np.arange(E.shape[2]), "step": last, "n_runs": K, "drift": [c.estimate for c in ci],
+                         "drift_low": [c.low for c in ci], "drift_high": [c.high for c in ci], "seed_cos": disp["mean_cosine_distance"],
+                         "seed_share": np.divide(between, within, out=np.full(len(within), np.nan), where=within > 0)})
+
+# %% ../nbs/18_agreement.ipynb #b585fb38
+def pooling_sensitivity(rs: RunSet,              # e.g. study.runs("seed_sweep") (or one lr of the lr sweep)
                         *,
-                        poolings=None,           # default: every pooling stored by all runs
+                        poolings: list[str] | None = None,  # default: every pooling stored by all runs
                         step: int | None = None, # default: the last tracked step common to all runs
-                        n_boot: int = 1000,      # cluster-bootstrap resamples of the drift CI
-                        seed=0,                  # bootstrap seed
+                        n_resamples: int = 1000, # cluster-bootstrap resamples of the drift CI
+                        seed: int | np.random.Generator | None = 0,  # bootstrap seed
                        ) -> pd.DataFrame:        # pooling, layer, step, n_runs, drift, drift_low, drift_high, seed_cos, seed_share
     "Drift and seed variance per pooling and layer, on the same runs and probes."
-    u = _unique_runs(runs)
-    check_at_least(len(u), 2, "runs", "distinct runs")
-    rs = list(u["run"]); steps = _common_steps(rs)
-    s = steps[-1] if step is None else int(step)
-    if s not in steps or s == steps[0]:
-        raise ValueError(f"step: expected a tracked step after the first, one of {steps[1:]}, got {step!r}")
-    stored = sorted(set.intersection(*[set(r.poolings) for r in rs]))
+    last = _last_step(_check_runs(rs, 2, "seed variance per pooling"), step)
+    stored = sorted(set.intersection(*[set(r.poolings) for r in rs.runs]))
     poolings = stored if poolings is None else list(poolings)
     bad = [p for p in poolings if p not in stored]
     if bad: raise ValueError(f"poolings: {bad} not stored by every run; stored: {stored} (add them to the run config's `poolings`)")
-    rows = []
-    for pool in poolings:
-        E = np.stack([r.embeddings_all_layers(pooling=pool, steps=[steps[0], s]) for r in rs]).astype(np.float64)  # (K, 2, L+1, N, d)
-        drift = cosine_drift(E[:, 0], E[:, 1], per_probe=True)                # (K, L+1, N)
-        final = np.moveaxis(E[:, 1], 0, 1)                                    # (L+1, K, N, d)
-        disp = cross_run_dispersion(final)
-        between = ((final - final.mean(axis=1, keepdims=True)) ** 2).sum(-1).sum(1).mean(-1) / (len(rs) - 1)   # (L+1,)
-        within = ((final - final.mean(axis=2, keepdims=True)) ** 2).sum(-1).sum(2).mean(-1) / (final.shape[2] - 1)
-        for layer in range(E.shape[2]):
-            ci = cluster_bootstrap_ci(drift[:, layer], n_resamples=n_boot, seed=seed, method="percentile")
-            rows.append({"pooling": pool, "layer": layer, "step": s, "n_runs": len(rs), "drift": ci.estimate,
-                         "drift_low": ci.low, "drift_high": ci.high, "seed_cos": float(disp["mean_cosine_distance"][layer]),
-                         "seed_share": float(between[layer] / within[layer]) if within[layer] > 0 else np.nan})
-    return pd.DataFrame(rows)
+    first = int(rs.common_steps()[0])
+    return pd.concat([_pooling_rows(rs, p, first, last, n_resamples, seed) for p in poolings], ignore_index=True)

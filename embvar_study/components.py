@@ -4,63 +4,67 @@
 
 # %% ../nbs/16_components.ipynb #e085982f
 from __future__ import annotations
-import math, warnings
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from numpy.typing import ArrayLike
+
 from .checks import as_float_array, check_at_least
 from .metrics import cosine_drift
 from .align import generalized_procrustes
+from .stats import _check_confidence, _check_n_resamples, _rng
+from .study import RunSet, NotComputed
 
 # %% auto #0
 __all__ = ['VarianceComponents', 'variance_components', 'variance_components_3way', 'embedding_variance_components',
            'crossed_values', 'components_table']
 
 # %% ../nbs/16_components.ipynb #04f21bb6
-_CHUNK = 2**21   # float64 values gathered per bootstrap chunk (16 MiB)
-
 def _sq(z, axes): return (z * z).sum(axis=axes)
 
-def _ms_two_way(x: np.ndarray) -> np.ndarray:
-    "(..., 4) mean squares A, B, A:B, error of x (..., A, B, R)."
+def _ms_two_way(x: np.ndarray,  # (..., A, B, R) values
+               ) -> np.ndarray:  # (..., 4) mean squares A, B, A:B, error
+    "Mean squares of the replicated two-way design, over any leading (batch) axes."
     A, B, R = x.shape[-3:]
     ax = (-3, -2, -1)
     m = x.mean(axis=ax, keepdims=True)
-    ma, mb = x.mean(axis=(-2, -1), keepdims=True), x.mean(axis=(-3, -1), keepdims=True)
-    mab = x.mean(axis=-1, keepdims=True)
+    ma, mb, mab = (x.mean(axis=a, keepdims=True) for a in ((-2, -1), (-3, -1), -1))
     return np.stack([B * R * _sq(ma - m, ax) / (A - 1), A * R * _sq(mb - m, ax) / (B - 1),
                      R * _sq(mab - ma - mb + m, ax) / ((A - 1) * (B - 1)),
                      _sq(x - mab, ax) / (A * B * (R - 1))], axis=-1)
 
-def _ms_three_way(x: np.ndarray) -> np.ndarray:
-    "(..., 7) mean squares A, B, P, A:B, A:P, B:P, residual of x (..., A, B, P)."
+# %% ../nbs/16_components.ipynb #c6997734
+def _ms_three_way(x: np.ndarray,  # (..., A, B, P) values, one per cell
+                 ) -> np.ndarray:  # (..., 7) mean squares A, B, P, A:B, A:P, B:P, residual
+    "Mean squares of the fully crossed three-way design, over any leading (batch) axes."
     A, B, P = x.shape[-3:]
     ax = (-3, -2, -1)
     m = x.mean(axis=ax, keepdims=True)
     ma, mb, mp = (x.mean(axis=a, keepdims=True) for a in ((-2, -1), (-3, -1), (-3, -2)))
     mab, map_, mbp = (x.mean(axis=a, keepdims=True) for a in (-1, -2, -3))
     return np.stack([B * P * _sq(ma - m, ax) / (A - 1), A * P * _sq(mb - m, ax) / (B - 1),
-                     A * B * _sq(mp - m, ax) / (P - 1),
-                     P * _sq(mab - ma - mb + m, ax) / ((A - 1) * (B - 1)),
-                     B * _sq(map_ - ma - mp + m, ax) / ((A - 1) * (P - 1)),
-                     A * _sq(mbp - mb - mp + m, ax) / ((B - 1) * (P - 1)),
+                     A * B * _sq(mp - m, ax) / (P - 1), P * _sq(mab - ma - mb + m, ax) / ((A - 1) * (B - 1)),
+                     B * _sq(map_ - ma - mp + m, ax) / ((A - 1) * (P - 1)), A * _sq(mbp - mb - mp + m, ax) / ((B - 1) * (P - 1)),
                      _sq(x - mab - map_ - mbp + ma + mb + mp - m, ax) / ((A - 1) * (B - 1) * (P - 1))], axis=-1)
 
-def _design_two_way(A, B, R, names=("A", "B")):
-    "df, EMS strings, K (components x sources) of the replicated two-way design."
+# %% ../nbs/16_components.ipynb #738b0791
+def _design_two_way(A: int, B: int, R: int, names=("A", "B")) -> tuple[list, list, np.ndarray]:  # df, EMS strings, K (4, 4)
+    "Degrees of freedom, expected mean squares and estimator matrix of the replicated two-way design."
     a, b = names
     K = np.array([[1, 0, -1, 0], [0, 1, -1, 0], [0, 0, 1, -1], [0, 0, 0, 1]], float) / np.array([[B * R], [A * R], [R], [1]])
     ems = [f"σ²_error + {R}σ²_{a}:{b} + {B * R}σ²_{a}", f"σ²_error + {R}σ²_{a}:{b} + {A * R}σ²_{b}",
            f"σ²_error + {R}σ²_{a}:{b}", "σ²_error"]
     return [A - 1, B - 1, (A - 1) * (B - 1), A * B * (R - 1)], ems, K
 
-def _design_three_way(A, B, P, names=("A", "B", "P")):
-    "df, EMS strings, K (components x sources) of the crossed three-way design."
+# %% ../nbs/16_components.ipynb #3c32d1ef
+def _design_three_way(A: int, B: int, P: int, names=("A", "B", "P")) -> tuple[list, list, np.ndarray]:  # df, EMS, K (7, 7)
+    "Degrees of freedom, expected mean squares and estimator matrix of the crossed three-way design."
     a, b, p = names
-    K = np.array([[1, 0, 0, -1, -1, 0, 1], [0, 1, 0, -1, 0, -1, 1], [0, 0, 1, 0, -1, -1, 1],
-                  [0, 0, 0, 1, 0, 0, -1], [0, 0, 0, 0, 1, 0, -1], [0, 0, 0, 0, 0, 1, -1], [0, 0, 0, 0, 0, 0, 1]], float)
+    K = np.array([[1, 0, 0, -1, -1, 0, 1], [0, 1, 0, -1, 0, -1, 1], [0, 0, 1, 0, -1, -1, 1], [0, 0, 0, 1, 0, 0, -1],
+                  [0, 0, 0, 0, 1, 0, -1], [0, 0, 0, 0, 0, 1, -1], [0, 0, 0, 0, 0, 0, 1]], float)
     K /= np.array([[B * P], [A * P], [A * B], [P], [B], [A], [1]])
     e = "σ²_residual"
     ems = [f"{e} + {P}σ²_{a}:{b} + {B}σ²_{a}:{p} + {B * P}σ²_{a}", f"{e} + {P}σ²_{a}:{b} + {A}σ²_{b}:{p} + {A * P}σ²_{b}",
@@ -77,7 +81,7 @@ class VarianceComponents:
     shape: tuple             # shape of the analysed values
     table: pd.DataFrame      # component, estimate, estimate_untruncated, share, ci_low, ci_high, share_low, share_high, se
     anova: pd.DataFrame      # source, df, sum_sq, mean_sq, expected_mean_square
-    n_boot: int              # bootstrap resamples
+    n_resamples: int         # bootstrap resamples
     confidence: float        # nominal coverage of the intervals
     resampling: str          # what the bootstrap resamples
 
@@ -91,245 +95,217 @@ class VarianceComponents:
         "Sum of the truncated components."
         return float(self.table["estimate"].sum())
 
-def _rng(seed) -> np.random.Generator:
-    try: return np.random.default_rng(seed)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"seed: expected None, a non-negative int, a SeedSequence or a numpy Generator, got {seed!r} ({e})") from None
+# %% ../nbs/16_components.ipynb #b22ccaba
+def _check_resamples(n_resamples, confidence) -> tuple[int, float]:
+    n = _check_n_resamples(n_resamples)
+    if n < 2: raise ValueError(f"n_resamples: expected an integer >= 2 (bootstrap resamples; the standard error needs two), got {n_resamples!r}")
+    return n, _check_confidence(confidence)
 
-def _check_boot(n_boot, confidence):
-    if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 2:
-        raise ValueError(f"n_boot: expected an integer >= 2 (bootstrap resamples), got {n_boot!r}")
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float, np.floating)) or not 0 < confidence < 1:
-        raise ValueError(f"confidence: expected a number strictly between 0 and 1 (e.g. 0.95), got {confidence!r}")
-    return int(n_boot), float(confidence)
-
-def _check_names(names, k, default):
+def _check_names(names, k: int, default: tuple) -> tuple:
     names = default if names is None else tuple(names)
     if len(names) != k or not all(isinstance(n, str) and n for n in names) or len(set(names)) != k:
         raise ValueError(f"names: expected {k} distinct non-empty strings (one per factor), got {names!r}")
     return names
 
-def _balanced(values, ndim, dims, axes_what, min_ndim=1):
+# %% ../nbs/16_components.ipynb #d542a3ec
+def _balanced(values, ndim: int | None, dims: str, axes_what: list, min_ndim: int = 1) -> np.ndarray:
     "Validated float64 array of a balanced design; clear errors for ragged input, NaN cells and too few levels."
     try: x = as_float_array(values, "values", ndim=ndim, min_ndim=min_ndim, dims=dims, finite=False)
     except ValueError as e:
-        if "inhomogeneous" in str(e) or "sequence" in str(e):
-            raise ValueError(f"values: expected a balanced design {dims} (the same number of values in every cell); "
-                             f"got ragged input ({e})") from None
-        raise
+        if "inhomogeneous" not in str(e) and "sequence" not in str(e): raise
+        raise ValueError(f"values: expected a balanced design {dims} (the same number of values in every cell); got ragged input ({e})") from None
     bad = ~np.isfinite(x)
     if bad.any():
-        first = tuple(int(i) for i in np.argwhere(bad)[0])
         raise ValueError(f"values: expected a balanced design {dims} with every cell filled; got {int(bad.sum())} NaN/inf "
-                         f"entries (missing cells or values), first at index {first}. The method-of-moments estimator "
-                         f"needs balanced data: drop the incomplete levels or impute nothing")
-    for axis, what in axes_what:
-        check_at_least(x.shape[axis], 2, "values", what)
+                         f"entries (missing cells or values), first at index {tuple(int(i) for i in np.argwhere(bad)[0])}. "
+                         f"The method-of-moments estimator needs balanced data: drop the incomplete levels or impute nothing")
+    for axis, what in axes_what: check_at_least(x.shape[axis], 2, "values", what)
     return x
 
-def _interval(boot, confidence):
-    lo, hi = (1 - confidence) / 2, (1 + confidence) / 2
-    if not np.isnan(boot).any(): q = np.quantile(boot, [lo, hi], axis=0)
-    else:                                        # shares are undefined (nan) in resamples with a zero total
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            q = np.nanquantile(boot, [lo, hi], axis=0)
+# %% ../nbs/16_components.ipynb #8866b614
+def _interval(boot: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray]:  # (C,) low, (C,) high
+    "Percentile interval of each column of boot (n_resamples, C), ignoring NaN (shares of resamples with a zero total)."
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)                 # an all-NaN column gives NaN bounds
+        q = np.nanquantile(boot, [(1 - confidence) / 2, (1 + confidence) / 2], axis=0)
     return q[0], q[1]
 
-def _shares(c):
+def _shares(c: np.ndarray) -> np.ndarray:  # (..., C) each component over the row total; NaN where the total is 0
     tot = c.sum(axis=-1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(tot > 0, c / np.where(tot > 0, tot, 1.0), np.nan)
+    return np.divide(c, tot, out=np.full(c.shape, np.nan), where=tot > 0)
 
-def _result(design, factors, comp_names, shape, sources, df, ss, ms, ems, K, boot_ms, n_boot, confidence, resampling):
-    "Assemble a VarianceComponents from observed (S,) and bootstrap (n_boot, S) mean squares."
+# %% ../nbs/16_components.ipynb #b7e4b905
+def _result(design: str, factors: tuple, comps: list, shape: tuple, sources: list, df, ss, ms, ems: list, K: np.ndarray,
+            boot_ms: np.ndarray,   # (n_resamples, S) bootstrap mean squares
+            confidence: float, resampling: str) -> VarianceComponents:
+    "Assemble a VarianceComponents from the observed (S,) and bootstrap (n_resamples, S) mean squares."
     raw = K @ ms
-    est = np.maximum(raw, 0.0)
     mean_b = boot_ms.mean(axis=0)
-    ratio = np.where(mean_b > 0, ms / np.where(mean_b > 0, mean_b, 1.0), 1.0)   # undo the level-resampling shrinkage
-    comp_b = np.maximum((boot_ms * ratio) @ K.T, 0.0)                            # (n_boot, C)
-    share_b = _shares(comp_b)
-    lo, hi = _interval(comp_b, confidence)
-    slo, shi = _interval(share_b, confidence)
-    table = pd.DataFrame({"component": comp_names, "estimate": est, "estimate_untruncated": raw, "share": _shares(est),
-                          "ci_low": lo, "ci_high": hi, "share_low": slo, "share_high": shi,
-                          "se": comp_b.std(axis=0, ddof=1)})
+    ratio = np.divide(ms, mean_b, out=np.ones_like(ms), where=mean_b > 0)     # undo the level-resampling shrinkage
+    comp_b = np.maximum((boot_ms * ratio) @ K.T, 0.0)                           # (n_resamples, C)
+    (lo, hi), (slo, shi) = _interval(comp_b, confidence), _interval(_shares(comp_b), confidence)
+    est = np.maximum(raw, 0.0)
+    table = pd.DataFrame({"component": comps, "estimate": est, "estimate_untruncated": raw, "share": _shares(est),
+                          "ci_low": lo, "ci_high": hi, "share_low": slo, "share_high": shi, "se": comp_b.std(axis=0, ddof=1)})
     anova = pd.DataFrame({"source": sources, "df": df, "sum_sq": ss, "mean_sq": ms, "expected_mean_square": ems})
-    return VarianceComponents(design, tuple(factors), tuple(shape), table, anova, n_boot, confidence, resampling)
+    return VarianceComponents(design, tuple(factors), tuple(shape), table, anova, len(boot_ms), confidence, resampling)
 
-def _gather_boot(x, ms_fn, draw, n_boot, rng, per_resample):
-    "Bootstrap mean squares (n_boot, S): `draw(rng, n)` gives index arrays for `x[...]`, gathered chunk by chunk."
+# %% ../nbs/16_components.ipynb #65fa8816
+_CHUNK = 2**21   # float64 values gathered per bootstrap chunk (16 MiB)
+
+def _gather_boot(x: np.ndarray, ms_fn, draw, n_resamples: int, rng: np.random.Generator, per_resample: int) -> np.ndarray:
+    "(n_resamples, S) bootstrap mean squares: `draw(rng, n)` gives index arrays for `x[...]`, gathered chunk by chunk."
     step = max(1, _CHUNK // per_resample)
-    out = []
-    for start in range(0, n_boot, step):
-        out.append(ms_fn(x[draw(rng, min(step, n_boot - start))]))
-    return np.concatenate(out, axis=0)
+    sizes = np.diff(np.r_[np.arange(0, n_resamples, step), n_resamples])
+    return np.concatenate([ms_fn(x[draw(rng, n)]) for n in sizes], axis=0)
 
 # %% ../nbs/16_components.ipynb #785e1176
-def variance_components(values,                  # (A, B, R): A levels x B levels x R replicates nested in each cell
+def variance_components(values: ArrayLike,         # (A, B, R): A levels x B levels x R replicates nested in each cell
                         *,
-                        names=None,              # two factor names, default ("A", "B")
-                        n_boot: int = 2000,      # bootstrap resamples (levels of A and B)
-                        seed=None,               # int, SeedSequence or Generator
+                        names: tuple[str, str] | None = None,  # two factor names, default ("A", "B")
+                        n_resamples: int = 2000,   # bootstrap resamples (levels of A and B)
+                        seed: int | np.random.Generator | None = None,  # int, SeedSequence or Generator
                         confidence: float = 0.95,  # nominal coverage of the percentile intervals
-                       ) -> VarianceComponents:  # components A, B, A:B, error
+                       ) -> VarianceComponents:    # components A, B, A:B, error
     "Two-way crossed random-effects variance components (EMS method of moments) with level-bootstrap CIs."
     dims = "(A, B, R): factor A levels x factor B levels x R replicates per cell"
     x = _balanced(values, 3, dims, [(0, "levels of factor A (axis 0)"), (1, "levels of factor B (axis 1)")])
     A, B, R = x.shape
     if R < 2:
-        raise ValueError(f"values: expected R >= 2 replicates per cell (axis 2) to separate the A:B interaction from "
-                         f"the error, got shape {x.shape}. With one value per cell the interaction and the error are "
-                         f"confounded; if axis 2 is a crossed factor (e.g. probes shared by all runs) use "
-                         f"variance_components_3way on (A, B, P) instead")
-    n_boot, confidence = _check_boot(n_boot, confidence)
-    rng = _rng(seed)
-    names = _check_names(names, 2, ("A", "B"))
-    df, ems, K = _design_two_way(A, B, R, names)
+        raise ValueError(f"values: expected R >= 2 replicates per cell (axis 2) to separate the A:B interaction from the error, "
+                         f"got shape {x.shape}. With one value per cell the interaction and the error are confounded; if axis 2 "
+                         f"is a crossed factor (e.g. probes shared by all runs) use variance_components_3way on (A, B, P) instead")
+    (a, b), (n_resamples, confidence), rng = _check_names(names, 2, ("A", "B")), _check_resamples(n_resamples, confidence), _rng(seed)
+    df, ems, K = _design_two_way(A, B, R, (a, b))
     ms = _ms_two_way(x)
     draw = lambda g, n: (g.integers(0, A, (n, A))[:, :, None], g.integers(0, B, (n, B))[:, None, :])
-    boot = _gather_boot(x, _ms_two_way, draw, n_boot, rng, A * B * R)
-    a, b = names
-    return _result("two-way replicated", names, [a, b, f"{a}:{b}", "error"], x.shape,
-                   [a, b, f"{a}:{b}", "error"], df, ms * np.array(df), ms, ems, K, boot, n_boot, confidence,
+    boot = _gather_boot(x, _ms_two_way, draw, n_resamples, rng, A * B * R)
+    comps = [a, b, f"{a}:{b}", "error"]
+    return _result("two-way replicated", (a, b), comps, x.shape, comps, df, ms * np.array(df), ms, ems, K, boot, confidence,
                    f"levels of {a} and of {b}, independently with replacement; replicates kept within cells")
 
 # %% ../nbs/16_components.ipynb #ebfaf5b6
-def variance_components_3way(values,                  # (A, B, P): three fully crossed random factors, one value per cell
+def variance_components_3way(values: ArrayLike,         # (A, B, P): three fully crossed random factors, one value per cell
                              *,
-                             names=None,              # three factor names, default ("A", "B", "P")
-                             n_boot: int = 2000,      # bootstrap resamples (levels of A, B and P)
-                             seed=None,               # int, SeedSequence or Generator
+                             names: tuple[str, str, str] | None = None,  # three factor names, default ("A", "B", "P")
+                             n_resamples: int = 2000,   # bootstrap resamples (levels of A, B and P)
+                             seed: int | np.random.Generator | None = None,  # int, SeedSequence or Generator
                              confidence: float = 0.95,  # nominal coverage of the percentile intervals
-                            ) -> VarianceComponents:  # components A, B, P, A:B, A:P, B:P, residual
+                            ) -> VarianceComponents:    # components A, B, P, A:B, A:P, B:P, residual
     "Three-way fully crossed random-effects variance components (EMS method of moments) with level-bootstrap CIs."
-    dims = "(A, B, P): three crossed factors, one value per cell"
-    x = _balanced(values, 3, dims, [(0, "levels of factor A (axis 0)"), (1, "levels of factor B (axis 1)"),
-                                    (2, "levels of factor P (axis 2)")])
+    x = _balanced(values, 3, "(A, B, P): three crossed factors, one value per cell",
+                  [(0, "levels of factor A (axis 0)"), (1, "levels of factor B (axis 1)"), (2, "levels of factor P (axis 2)")])
     A, B, P = x.shape
-    names = _check_names(names, 3, ("A", "B", "P"))
-    n_boot, confidence = _check_boot(n_boot, confidence)
-    rng = _rng(seed)
-    df, ems, K = _design_three_way(A, B, P, names)
+    (a, b, p), (n_resamples, confidence), rng = _check_names(names, 3, ("A", "B", "P")), _check_resamples(n_resamples, confidence), _rng(seed)
+    df, ems, K = _design_three_way(A, B, P, (a, b, p))
     ms = _ms_three_way(x)
     draw = lambda g, n: (g.integers(0, A, (n, A))[:, :, None, None], g.integers(0, B, (n, B))[:, None, :, None],
                          g.integers(0, P, (n, P))[:, None, None, :])
-    boot = _gather_boot(x, _ms_three_way, draw, n_boot, rng, A * B * P)
-    a, b, p = names
+    boot = _gather_boot(x, _ms_three_way, draw, n_resamples, rng, A * B * P)
     comps = [a, b, p, f"{a}:{b}", f"{a}:{p}", f"{b}:{p}", "residual"]
-    return _result("three-way crossed", names, comps, x.shape, comps, df, ms * np.array(df), ms, ems, K, boot,
-                   n_boot, confidence, f"levels of {a}, {b} and {p}, independently with replacement")
+    return _result("three-way crossed", (a, b, p), comps, x.shape, comps, df, ms * np.array(df), ms, ems, K, boot, confidence,
+                   f"levels of {a}, {b} and {p}, independently with replacement")
 
 # %% ../nbs/16_components.ipynb #5e111262
-def _pooled_forms(A, B):
+def _pooled_forms(A: int, B: int) -> np.ndarray:  # (3, AB, AB) Q_A, Q_B, Q_res
+    "The projections whose quadratic forms in the A·B cell vector are the A, B and residual sums of squares."
     JA, JB = np.eye(A) - 1.0 / A, np.eye(B) - 1.0 / B
     return np.stack([np.kron(JA, np.full((B, B), 1.0 / B)), np.kron(np.full((A, A), 1.0 / A), JB), np.kron(JA, JB)])
 
-def embedding_variance_components(values,                  # (A, B, N, ...) e.g. (init seeds, data seeds, probes, d) aligned embeddings
+def _pooled_boot(gram: np.ndarray,  # (N, AB, AB) per-probe Gram matrices of the cells
+                 Q: np.ndarray, A: int, B: int, n_resamples: int, rng: np.random.Generator) -> np.ndarray:  # (n_resamples, 3) SS
+    "Bootstrap sums of squares: resample probes (weights on their Grams) and levels of A and B (rows/columns of cells)."
+    N, step = gram.shape[0], max(1, _CHUNK // (gram.shape[0] + 2 * (A * B) ** 2))
+    out = []
+    for n in np.diff(np.r_[np.arange(0, n_resamples, step), n_resamples]):
+        H = np.einsum("bn,nij->bij", rng.multinomial(N, np.full(N, 1.0 / N), size=n) / N, gram)          # (n, AB, AB)
+        sel = (rng.integers(0, A, (n, A))[:, :, None] * B + rng.integers(0, B, (n, B))[:, None, :]).reshape(n, -1)
+        out.append(np.einsum("sij,bij->bs", Q, H[np.arange(n)[:, None, None], sel[:, :, None], sel[:, None, :]]))
+    return np.concatenate(out)
+
+# %% ../nbs/16_components.ipynb #3517efa4
+def embedding_variance_components(values: ArrayLike,         # (A, B, N, ...) e.g. (init seeds, data seeds, probes, d) aligned embeddings
                                   *,
-                                  names=None,              # two factor names, default ("A", "B")
-                                  n_boot: int = 2000,      # bootstrap resamples (levels of A, B and the N probes)
-                                  seed=None,               # int, SeedSequence or Generator
+                                  names: tuple[str, str] | None = None,  # two factor names, default ("A", "B")
+                                  n_resamples: int = 2000,   # bootstrap resamples (levels of A, B and the N probes)
+                                  seed: int | np.random.Generator | None = None,  # int, SeedSequence or Generator
                                   confidence: float = 0.95,  # nominal coverage of the percentile intervals
-                                 ) -> VarianceComponents:  # components A, B, residual in squared-distance units
+                                 ) -> VarianceComponents:    # components A, B, residual in squared-distance units
     "Variance components of vectors (per-probe two-way ANOVA without replication, summed over coordinates, averaged over probes)."
-    dims = "(A, B, N, ...): factor A levels x factor B levels x N probes x trailing coordinates"
-    x = _balanced(values, None, dims, [(0, "levels of factor A (axis 0)"), (1, "levels of factor B (axis 1)")], min_ndim=3)
-    A, B, N = x.shape[:3]
-    names = _check_names(names, 2, ("A", "B"))
-    n_boot, confidence = _check_boot(n_boot, confidence)
-    rng = _rng(seed)
+    x = _balanced(values, None, "(A, B, N, ...): factor A levels x factor B levels x N probes x trailing coordinates",
+                  [(0, "levels of factor A (axis 0)"), (1, "levels of factor B (axis 1)")], min_ndim=3)
+    (A, B, N), Q = x.shape[:3], _pooled_forms(*x.shape[:2])
+    (a, b), (n_resamples, confidence), rng = _check_names(names, 2, ("A", "B")), _check_resamples(n_resamples, confidence), _rng(seed)
     cells = np.moveaxis(x.reshape(A * B, N, -1), 1, 0)                 # (N, AB, D)
     gram = cells @ np.swapaxes(cells, 1, 2)                             # (N, AB, AB)
-    Q = _pooled_forms(A, B)                                             # (3, AB, AB)
     df = np.array([A - 1, B - 1, (A - 1) * (B - 1)], float)
     ss = np.einsum("sij,ij->s", Q, gram.mean(axis=0))
-    ms = ss / df
     K = np.array([[1.0 / B, 0, -1.0 / B], [0, 1.0 / A, -1.0 / A], [0, 0, 1.0]])
-    boot = np.empty((n_boot, 3))
-    step = max(1, _CHUNK // (N + 2 * (A * B) ** 2))
-    for start in range(0, n_boot, step):
-        n = min(step, n_boot - start)
-        counts = rng.multinomial(N, np.full(N, 1.0 / N), size=n)                       # probes resampled
-        H = np.einsum("bn,nij->bij", counts / N, gram)                                  # (n, AB, AB)
-        sel = (rng.integers(0, A, (n, A))[:, :, None] * B + rng.integers(0, B, (n, B))[:, None, :]).reshape(n, -1)
-        Hs = H[np.arange(n)[:, None, None], sel[:, :, None], sel[:, None, :]]
-        boot[start:start + n] = np.einsum("sij,bij->bs", Q, Hs) / df
-    a, b = names
     ems = [f"σ²_residual + {B}σ²_{a}", f"σ²_residual + {A}σ²_{b}", "σ²_residual"]
-    return _result("pooled two-way", names, [a, b, "residual"], x.shape, [a, b, f"{a}:{b} (residual)"], df.astype(int),
-                   ss, ms, ems, K, boot, n_boot, confidence,
+    return _result("pooled two-way", (a, b), [a, b, "residual"], x.shape, [a, b, f"{a}:{b} (residual)"], df.astype(int), ss,
+                   ss / df, ems, K, _pooled_boot(gram, Q, A, B, n_resamples, rng) / df, confidence,
                    f"levels of {a}, levels of {b} and probes, independently with replacement")
 
 # %% ../nbs/16_components.ipynb #f2e11a21
+def _crossed_cells(rs: RunSet, factors: tuple) -> tuple[list, list, np.ndarray]:  # levels of A, levels of B, (A, B) run positions
+    "The levels of two design columns and the run of every cell; NotComputed unless fully crossed with one run per cell."
+    if not isinstance(rs, RunSet): raise ValueError(f"rs: expected a study.RunSet (e.g. study.runs('crossed')), got {type(rs).__name__}")
+    fa, fb = factors
+    bad = [f for f in factors if f not in rs.table]
+    if bad: raise ValueError(f"factors: expected two design columns, from {list(rs.table.columns)}, got {bad}")
+    la, lb = sorted(rs.table[fa].unique().tolist()), sorted(rs.table[fb].unique().tolist())
+    if min(len(la), len(lb)) < 2:
+        raise NotComputed(f"variance components need at least 2 levels of {fa} and of {fb}; these runs have {len(la)} and {len(lb)}")
+    cell = rs.table.groupby([fa, fb]).indices                         # {(a, b): row positions}
+    dup = [(k, len(v)) for k, v in cell.items() if len(v) > 1]
+    if dup: raise NotComputed(f"the design needs one run per ({fa}, {fb}) cell; {dup[0][1]} runs share the cell {tuple(map(int, dup[0][0]))}")
+    holes = [(a, b) for a in la for b in lb if (a, b) not in cell]
+    if holes: raise NotComputed(f"the design is not fully crossed: no run for ({fa}, {fb}) = {holes}")
+    return la, lb, np.array([[cell[(a, b)][0] for b in lb] for a in la])
+
+# %% ../nbs/16_components.ipynb #c8d7a1a6
 _MEASURES = ("final_drift", "aligned_distance")
 
-def _unique_runs(runs: pd.DataFrame) -> list:
-    if not isinstance(runs, pd.DataFrame) or "run" not in runs:
-        raise ValueError(f"runs: expected the DataFrame of analysis.sweep_runs (with a 'run' column), got {type(runs).__name__}")
-    seen, out = set(), []
-    for r in runs["run"]:
-        key = str(getattr(r, "path", id(r)))
-        if key not in seen: seen.add(key); out.append(r)
-    return out
-
-def crossed_values(runs: pd.DataFrame,          # analysis.sweep_runs(out_dir, "crossed"): one run per (init_seed, data_seed)
-                   *,
-                   layer: int = -1,             # hidden-state index
-                   pooling: str = "mean",       # pooling stored in the runs
+def crossed_values(rs: RunSet,                    # a crossed sweep, e.g. study.runs("crossed"): one run per (init_seed, data_seed)
                    measure: str = "final_drift",  # 'final_drift' -> (A, B, N); 'aligned_distance' -> (A, B, N, d)
-                   factors=("init_seed", "data_seed"),  # config keys of factor A and factor B
-                  ) -> tuple[np.ndarray, dict]:   # values, {"init_seed": levels, "data_seed": levels, "step": step}
+                   layer: int = -1,               # hidden-state index
+                   pooling: str = "mean",         # pooling stored in the runs
+                   *,
+                   factors: tuple = ("init_seed", "data_seed"),  # design columns of factor A and factor B
+                  ) -> tuple[np.ndarray, dict]:   # values, {factor A: levels, factor B: levels, "step": step}
     "The design array of a crossed sweep, at the last tracked step common to all its runs."
     if measure not in _MEASURES: raise ValueError(f"measure: expected one of {_MEASURES}, got {measure!r}")
-    rs = _unique_runs(runs)
-    fa, fb = factors
-    missing_key = [k for k in (fa, fb) if any(k not in r.config for r in rs)]
-    if missing_key: raise ValueError(f"runs: every run config needs the keys {list(factors)}; missing {missing_key}")
-    la, lb = sorted({r.config[fa] for r in rs}), sorted({r.config[fb] for r in rs})
-    cell = {}
-    for r in rs:
-        key = (r.config[fa], r.config[fb])
-        if key in cell: raise ValueError(f"runs: expected one run per ({fa}, {fb}) cell, got two for {key}: {cell[key].path} and {r.path}")
-        cell[key] = r
-    holes = [(a, b) for a in la for b in lb if (a, b) not in cell]
-    if holes: raise ValueError(f"runs: the design is not fully crossed (unbalanced): no run for ({fa}, {fb}) = {holes}")
-    common = sorted(set.intersection(*[set(map(int, r.steps)) for r in rs]))
-    if len(common) < 2 and measure == "final_drift":
-        raise ValueError(f"runs: expected at least 2 common tracked steps (step 0 and a later one), got {common}")
-    step = int(common[-1])
-    grid = [[cell[(a, b)] for b in lb] for a in la]
-    if measure == "final_drift":
-        vals = np.stack([np.stack([cosine_drift(*r.embeddings(layer=layer, pooling=pooling, steps=[int(common[0]), step]),
-                                                per_probe=True) for r in row]) for row in grid])
-    else:
-        X = np.stack([r.embeddings(layer=layer, pooling=pooling, steps=[step])[0] for row in grid for r in row]).astype(np.float64)
-        g = generalized_procrustes(X) if np.ptp(X, axis=0).max() > 0 else None
-        vals = (X - X.mean(axis=1, keepdims=True) if g is None else g.aligned).reshape(len(la), len(lb), *X.shape[1:])
-    return vals, {fa: la, fb: lb, "step": step}
+    la, lb, cells = _crossed_cells(rs, tuple(factors))
+    steps = rs.common_steps()
+    if measure == "final_drift" and len(steps) < 2:
+        raise NotComputed(f"final drift needs a first step and a later one tracked by every run; the runs share {steps.tolist()}")
+    X = rs.stack(layer, pooling, int(steps[-1])).astype(np.float64)   # (K, N, d)
+    if measure == "final_drift": vals = cosine_drift(rs.stack(layer, pooling, int(steps[0])), X, per_probe=True)   # (K, N)
+    elif np.ptp(X, axis=0).max() > 0: vals = generalized_procrustes(X).aligned
+    else: vals = X - X.mean(axis=1, keepdims=True)                     # identical runs: nothing to align
+    return vals[cells], {factors[0]: la, factors[1]: lb, "step": int(steps[-1])}
 
-def components_table(runs: pd.DataFrame,          # analysis.sweep_runs(out_dir, "crossed")
-                     *,
-                     layer: int = -1,             # hidden-state index
-                     pooling: str = "mean",       # pooling stored in the runs
+# %% ../nbs/16_components.ipynb #13b506eb
+_DESIGNS = {"final_drift": ("3way", "replicated"), "aligned_distance": ("pooled",)}
+
+def components_table(rs: RunSet,                    # a crossed sweep, e.g. study.runs("crossed")
                      measure: str = "final_drift",  # 'final_drift' or 'aligned_distance'
-                     design: str | None = None,   # final_drift: '3way' (default) or 'replicated'; aligned_distance: 'pooled'
-                     n_boot: int = 2000,          # bootstrap resamples
-                     seed=0,                      # bootstrap seed
-                     confidence: float = 0.95,    # nominal coverage
-                    ) -> pd.DataFrame:            # measure, design, step, component, estimate, ..., share, CIs
+                     layer: int = -1,               # hidden-state index
+                     pooling: str = "mean",         # pooling stored in the runs
+                     *,
+                     design: str | None = None,     # final_drift: '3way' (default) or 'replicated'; aligned_distance: 'pooled'
+                     n_resamples: int = 2000,       # bootstrap resamples
+                     seed: int | np.random.Generator | None = 0,  # bootstrap seed
+                     confidence: float = 0.95,      # nominal coverage
+                    ) -> pd.DataFrame:              # measure, design, step, component, estimate, ..., share, CIs, level counts
     "Variance components of a crossed (init_seed x data_seed) sweep for final per-probe drift or the aligned embeddings."
-    allowed = {"final_drift": ("3way", "replicated"), "aligned_distance": ("pooled",)}
     if measure not in _MEASURES: raise ValueError(f"measure: expected one of {_MEASURES}, got {measure!r}")
-    design = allowed[measure][0] if design is None else design
-    if design not in allowed[measure]:
-        raise ValueError(f"design: for measure {measure!r} expected one of {allowed[measure]}, got {design!r}")
-    vals, levels = crossed_values(runs, layer=layer, pooling=pooling, measure=measure)
-    kw = dict(n_boot=n_boot, seed=seed, confidence=confidence)
-    if design == "3way": res = variance_components_3way(vals, names=("init_seed", "data_seed", "probe"), **kw)
-    elif design == "replicated": res = variance_components(vals, names=("init_seed", "data_seed"), **kw)
-    else: res = embedding_variance_components(vals, names=("init_seed", "data_seed"), **kw)
-    t = res.table.copy()
-    t.insert(0, "measure", measure); t.insert(1, "design", res.design); t.insert(2, "step", levels["step"])
-    t["n_init_seeds"], t["n_data_seeds"], t["n_probes"] = len(levels["init_seed"]), len(levels["data_seed"]), vals.shape[2]
-    return t
+    design = _DESIGNS[measure][0] if design is None else design
+    if design not in _DESIGNS[measure]: raise ValueError(f"design: for measure {measure!r} expected one of {_DESIGNS[measure]}, got {design!r}")
+    vals, lev = crossed_values(rs, measure, layer, pooling)
+    fn = {"3way": variance_components_3way, "replicated": variance_components, "pooled": embedding_variance_components}[design]
+    names = ("init_seed", "data_seed", "probe")[:3 if design == "3way" else 2]
+    res = fn(vals, names=names, n_resamples=n_resamples, seed=seed, confidence=confidence)
+    front = {"measure": measure, "design": res.design, "step": lev["step"]}
+    return res.table.assign(**front)[[*front, *res.table]].assign(
+        n_init_seeds=len(lev["init_seed"]), n_data_seeds=len(lev["data_seed"]), n_probes=vals.shape[2])

@@ -17,14 +17,12 @@ try:
 except ImportError:  # package not installed: run from the repository checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from embvar_study.agreement import (MEASURES, TRANSFORMS, agreement_matrix, agreement_tables, dissimilarities,
-                                    expected_invariances, invariance_table, measure_agreement, pair_measures,
-                                    pooling_sensitivity, weighted_spearman)
+from embvar_study.agreement import (TRANSFORMS, agreement_matrix, agreement_tables, dissimilarities, expected_invariances,
+                                    invariance_table, measure_agreement, pooling_sensitivity, weighted_spearman)
 from embvar_study.agreement import _boot_weights
-from embvar_study.align import aligned_distance
+from embvar_study.align import PAIR_MEASURES, aligned_distance, pairwise_run_table
 from embvar_study.metrics import cosine_drift, expected_squared_distance, knn_overlap, linear_cka, rsa
-from embvar_study.runs import RunWriter
-from conftest import write_manifest
+from embvar_study.study import NotComputed, load_study, synthetic_study
 
 
 # --------------------------------------------------------------------------- invariances: one test per entry
@@ -40,7 +38,7 @@ def _datasets():
 
 
 TABLES = _datasets()
-ENTRIES = [(m, t) for m in MEASURES for t in TRANSFORMS]
+ENTRIES = [(m, t) for m in PAIR_MEASURES for t in TRANSFORMS]
 
 
 @pytest.mark.parametrize("measure,transform", ENTRIES)
@@ -56,10 +54,11 @@ def test_invariance_entry_matches_theory(measure, transform):
 
 def test_expected_invariances_is_consistent_theory():
     e = expected_invariances()
-    assert list(e.index) == list(MEASURES) and list(e.columns) == list(TRANSFORMS)
+    assert list(e.index) == list(PAIR_MEASURES) and list(e.columns) == list(TRANSFORMS)
     assert (e["permutation"] == e["rotation"]).all()       # a permutation of coordinates is an orthogonal map
     assert not e["linear"].any()                           # none is invariant to a general invertible map
     assert e.loc["rsa"].equals(e.loc["knn_overlap"])       # both depend on Y only through its row cosines
+    assert e.loc["cka"].equals(e.loc["cka_debiased"])      # both are functions of the centred Gram matrices, scale cancelling
 
 
 def test_invariance_table_validates():
@@ -69,34 +68,15 @@ def test_invariance_table_validates():
         invariance_table(np.random.default_rng(0).normal(size=(3, 3)))
 
 
-# --------------------------------------------------------------------------- pairwise measures
-def test_pair_measures_match_direct_calls():
-    rng = np.random.default_rng(1)
-    X = rng.normal(size=(4, 15, 5)) + 1.0
-    p = pair_measures(X, labels=list("abcd"), k=4)
-    assert len(p) == 6 and list(p[["a", "b"]].iloc[0]) == ["a", "b"]
-    for _, r in p.iterrows():
-        A, B = X[r["i"]], X[r["j"]]
-        ref = {"raw_msd": expected_squared_distance(A, B), "aligned_msd": aligned_distance(A, B), "cka": linear_cka(A, B),
-               "rsa": rsa(A, B), "knn_overlap": knn_overlap(A, B, k=4), "cos_drift": cosine_drift(A, B)}
-        for m, v in ref.items():
-            assert r[m] == pytest.approx(float(v), rel=1e-9, abs=1e-12), m
-
-
+# --------------------------------------------------------------------------- pairwise measures, as dissimilarities
 def test_dissimilarity_orientation():
-    p = pair_measures(np.random.default_rng(2).normal(size=(3, 10, 4)), k=3)
+    p = pairwise_run_table(np.random.default_rng(2).normal(size=(3, 10, 4)), k=3)
     D = dissimilarities(p)
-    for m, o in MEASURES.items():
+    assert list(D.columns) == list(PAIR_MEASURES)
+    for m, o in PAIR_MEASURES.items():
         np.testing.assert_allclose(D[m], 1 - p[m] if o == "similarity" else p[m])
     with pytest.raises(ValueError, match="missing"):
         dissimilarities(p.drop(columns="cka"))
-
-
-def test_pair_measures_validates():
-    with pytest.raises(ValueError, match="at least 2 runs"):
-        pair_measures(np.ones((1, 5, 3)))
-    with pytest.raises(ValueError, match="labels"):
-        pair_measures(np.random.default_rng(0).normal(size=(3, 5, 3)), labels=["a"])
 
 
 # --------------------------------------------------------------------------- weighted Spearman and the bootstrap
@@ -133,75 +113,86 @@ def test_run_bootstrap_weights_count_the_pairs_of_each_resample():
 def test_measure_agreement_estimates_and_perfect_agreement():
     rng = np.random.default_rng(4)
     X = rng.normal(size=(6, 30, 5))
-    X /= np.linalg.norm(X, axis=-1, keepdims=True)         # unit rows: raw MSD = 2 x cosine drift exactly
+    X /= np.linalg.norm(X, axis=-1, keepdims=True)         # unit rows: raw MSD = 2 x cosine distance exactly
     X[1:] = X[:1] + (np.arange(1, 6)[:, None, None] * 0.05) * rng.normal(size=(5, 30, 5))
     X /= np.linalg.norm(X, axis=-1, keepdims=True)
-    p = pair_measures(X, k=5)
-    np.testing.assert_allclose(p["raw_msd"], 2 * p["cos_drift"], rtol=1e-9)
-    ag = measure_agreement(p, n_boot=300, seed=1)
+    p = pairwise_run_table(X, k=5)
+    np.testing.assert_allclose(p["raw_msd"], 2 * p["cos_dist"], rtol=1e-9)
+    ag = measure_agreement(p, n_resamples=300, seed=1)
+    assert len(ag) == 21                                   # every two of the 7 measures
     D = dissimilarities(p)
     for _, r in ag.iterrows():
         assert r["spearman"] == pytest.approx(sps.spearmanr(D[r["measure_a"]], D[r["measure_b"]]).statistic, abs=1e-12)
         assert -1 <= r["ci_low"] <= r["ci_high"] <= 1 and 0 < r["n_valid"] <= 300
-    perfect = ag[(ag.measure_a == "raw_msd") & (ag.measure_b == "cos_drift")].iloc[0]
+    perfect = ag[(ag.measure_a == "raw_msd") & (ag.measure_b == "cos_dist")].iloc[0]
     assert perfect["spearman"] == pytest.approx(1.0) and perfect["ci_low"] == pytest.approx(1.0)
     M = agreement_matrix(ag)
-    assert (np.diag(M) == 1).all() and np.allclose(M, M.T)
+    assert (np.diag(M) == 1).all() and np.allclose(M, M.T) and list(M.index) == list(PAIR_MEASURES)
+    assert M.loc["cos_dist", "raw_msd"] == pytest.approx(1.0)
+
+
+def test_measures_undefined_for_some_pair_are_left_out():
+    p = pairwise_run_table(np.random.default_rng(6).normal(size=(4, 3, 5)), k=1)     # N = 3: debiased CKA undefined
+    assert p["cka_debiased"].isna().all()
+    ag = measure_agreement(p, n_resamples=50)
+    assert "cka_debiased" not in set(ag.measure_a) | set(ag.measure_b) and len(ag) == 15
 
 
 def test_run_bootstrap_is_not_narrower_than_pair_bootstrap():
     X = np.random.default_rng(5).normal(size=(7, 25, 4)) + np.linspace(0, 2, 7)[:, None, None]
-    p = pair_measures(X, k=5)
-    runs = measure_agreement(p, n_boot=800, seed=0)
-    pairs = measure_agreement(p, n_boot=800, seed=0, resample="pairs")
+    p = pairwise_run_table(X, k=5)
+    runs = measure_agreement(p, n_resamples=800, seed=0)
+    pairs = measure_agreement(p, n_resamples=800, seed=0, resample="pairs")
     assert (runs["ci_high"] - runs["ci_low"]).mean() >= (pairs["ci_high"] - pairs["ci_low"]).mean()
     with pytest.raises(ValueError, match="resample"):
         measure_agreement(p, resample="probes")
+    with pytest.raises(ValueError, match="n_resamples"):
+        measure_agreement(p, n_resamples=0)
 
 
-# --------------------------------------------------------------------------- from a seed sweep on disk
-def _seed_study(root, N=16, d=5, L=2, poolings=("mean", "cls")):
-    rng = np.random.default_rng(1)
-    base = rng.normal(size=(L + 1, N, d)) + 2.0
-    probes = pd.DataFrame({"text": [f"p{i}" for i in range(N)]})
-    rows = []
-    for factor, seed in [("init_seed", 0), ("init_seed", 1), ("data_seed", 0), ("data_seed", 2), ("replicate", 0)]:
-        cfg = {"lr": 5e-5, "seed": 0, "init_seed": seed if factor == "init_seed" else 0,
-               "data_seed": seed if factor == "data_seed" else 0, "dropout_seed": 0}
-        path = Path(root) / "runs" / f"i{cfg['init_seed']}-d{cfg['data_seed']}"
-        if not (path / "COMPLETE").exists():
-            r = np.random.default_rng(10 + seed + 5 * (factor == "data_seed"))
-            move = r.normal(size=(L + 1, N, d)) * np.arange(1, L + 2)[:, None, None] * 0.3
-            with RunWriter(path, cfg, probes) as w:
-                for s in (0, 3, 6):
-                    e = base + (s / 6) * move
-                    w.save_embeddings(s, {p: (e if p == "mean" else 2 * e) for p in poolings})
-        rows.append({"factor": factor, "lr": 5e-5, "seed": 0, "run_id": path.name, "path": f"runs/{path.name}",
-                     "status": "completed", "error": "", "seconds": 0.0})
-    return write_manifest(root, "seed_sweep", rows)
+# --------------------------------------------------------------------------- from the seed sweep of a study
+@pytest.fixture(scope="module")
+def study():
+    return load_study(synthetic_study(Path(tempfile.mkdtemp()) / "syn"))
 
 
 @pytest.fixture(scope="module")
-def seed_runs():
-    return _seed_study(tempfile.mkdtemp())
+def seed_runs(study):
+    return study.runs("seed_sweep")
 
 
 def test_agreement_tables_from_runs(seed_runs):
-    pairs, agree, inv = agreement_tables(seed_runs, k=5, n_boot=200)
-    assert len(pairs) == 3                                  # 3 distinct runs (seed 0 shared by three grid points)
-    rs = list(dict.fromkeys(seed_runs["run"]))
-    X = np.stack([r.embeddings(steps=[6])[0] for r in rs]).astype(float)
-    np.testing.assert_allclose(pairs["cka"], [linear_cka(X[a], X[b]) for a, b in [(0, 1), (0, 2), (1, 2)]])
-    assert len(agree) == 15 and inv["agrees"].all()
+    pairs, agree, inv = agreement_tables(seed_runs, k=5, n_resamples=200)
+    assert len(seed_runs) == 6 and len(pairs) == 15          # the shared base run is used once
+    X = np.stack([r.embeddings(steps=[12])[0] for r in seed_runs.runs]).astype(float)
+    for _, r in pairs.iterrows():                            # every measure against a direct call of its metric
+        A, B = X[r["i"]], X[r["j"]]
+        ref = {"raw_msd": expected_squared_distance(A, B), "aligned_msd": aligned_distance(A, B), "cka": linear_cka(A, B),
+               "cka_debiased": linear_cka(A, B, debiased=True), "rsa": rsa(A, B), "knn_overlap": knn_overlap(A, B, k=5),
+               "cos_dist": cosine_drift(A, B)}
+        for m, v in ref.items():
+            assert r[m] == pytest.approx(float(v), rel=1e-6, abs=1e-9), m
+    assert list(pairs[["run_a", "run_b"]].iloc[0]) == seed_runs.labels()[:2]
+    assert set(pairs["factor_a"]) <= {"init_seed", "data_seed", "replicate"}
+    assert len(agree) == 21 and inv["agrees"].all()
+    np.testing.assert_allclose(inv.query("transform == 'rotation'")["value"], [pairs.iloc[0][m] for m in PAIR_MEASURES], rtol=1e-9)
+    later, _, _ = agreement_tables(seed_runs, step=6, n_resamples=20)
+    assert (later["raw_msd"] < pairs["raw_msd"]).sum() > 10   # seeds have moved apart less by step 6
+
+
+def test_agreement_tables_errors(study, seed_runs):
     with pytest.raises(ValueError, match="step"):
         agreement_tables(seed_runs, step=4)
+    with pytest.raises(NotComputed, match="needs at least 3 runs, got 2"):
+        agreement_tables(study.runs("seed_sweep", "replicate"))
+    with pytest.raises(ValueError, match="RunSet"):
+        agreement_tables(seed_runs.table)
 
 
 def test_pooling_sensitivity_matches_direct_computation(seed_runs):
-    s = pooling_sensitivity(seed_runs, n_boot=100)
-    assert sorted(s.pooling.unique()) == ["cls", "mean"] and len(s) == 6 and (s.n_runs == 3).all()
-    rs = list(dict.fromkeys(seed_runs["run"]))
-    E = np.stack([r.embeddings_all_layers("mean", steps=[0, 6]) for r in rs]).astype(float)   # (K, 2, L+1, N, d)
+    s = pooling_sensitivity(seed_runs, n_resamples=100)
+    assert sorted(s.pooling.unique()) == ["cls", "mean"] and len(s) == 6 and (s.n_runs == 6).all() and (s.step == 12).all()
+    E = np.stack([r.embeddings_all_layers("mean", steps=[0, 12]) for r in seed_runs.runs]).astype(float)   # (K, 2, L+1, N, d)
     for layer in range(3):
         row = s[(s.pooling == "mean") & (s.layer == layer)].iloc[0]
         assert row["drift"] == pytest.approx(cosine_drift(E[:, 0, layer], E[:, 1, layer]).mean())
@@ -209,6 +200,9 @@ def test_pooling_sensitivity_matches_direct_computation(seed_runs):
         between = F.var(axis=0, ddof=1).sum(-1).mean()
         within = F.var(axis=1, ddof=1).sum(-1).mean()
         assert row["seed_share"] == pytest.approx(between / within)
+        m = F.mean(0)
+        cos_to_mean = 1 - (F * m).sum(-1) / np.linalg.norm(F, axis=-1) / np.linalg.norm(m, axis=-1)
+        assert row["seed_cos"] == pytest.approx(cos_to_mean.mean())
         assert row["drift_low"] <= row["drift"] <= row["drift_high"]
     # cls = 2 x mean here: every scale-free quantity is identical under the two poolings
     m, c = s[s.pooling == "mean"].reset_index(), s[s.pooling == "cls"].reset_index()
@@ -221,5 +215,7 @@ def test_pooling_sensitivity_errors(seed_runs):
         pooling_sensitivity(seed_runs, poolings=["max"])
     with pytest.raises(ValueError, match="step"):
         pooling_sensitivity(seed_runs, step=0)
-    with pytest.raises(ValueError, match="sweep_runs"):
+    with pytest.raises(ValueError, match="RunSet"):
         pooling_sensitivity(pd.DataFrame({"a": [1]}))
+    with pytest.raises(NotComputed, match="needs at least 2 runs"):
+        pooling_sensitivity(seed_runs.where(replicate=1))

@@ -19,9 +19,9 @@ except ImportError:  # package not installed: run from the repository checkout
 from embvar_study.early_warning import (DriftThreshold, OutcomeAUC, auc_ci, drift_predicts_outcome, drift_threshold,
                                         early_warning_table, failure_step, final_outcome, first_crossing,
                                         outcome_auc_table, replicate_distances, seed_distances)
-from embvar_study.analysis import sweep_runs
 from embvar_study.metrics import drift_curve
-from embvar_study.runs import RunWriter, atomic_write_text
+from embvar_study.runs import RunWriter, load_run
+from embvar_study.study import NotComputed, RunSet, load_study, synthetic_study
 
 
 # --------------------------------------------------------------------------- drift_threshold
@@ -41,6 +41,10 @@ def test_threshold_fallbacks_are_documented():
     mn = drift_threshold(np.zeros(5), fallback_drifts=np.zeros(2), minimum=1e-3)
     assert mn.source == "minimum" and mn.value == 1e-3 and "minimum" in mn.note
     assert drift_threshold([0.0]).source == "minimum"
+    none = drift_threshold([], fallback_drifts=[0.02, 0.04, 0.06], quantile=0.5)      # no replicate runs at all
+    assert none.source == "fallback" and none.value == pytest.approx(0.04) and none.n_noise == 0
+    assert np.isnan(none.noise_quantile) and none.note.startswith("no identical-seed reruns")
+    assert drift_threshold(np.array([])).source == "minimum"
     assert isinstance(fb, DriftThreshold) and "fallback" in repr(fb)
 
 
@@ -150,12 +154,12 @@ def _brute_auc(s, y):
 def test_auc_matches_brute_force_with_ties(scores, data):
     y = np.array(data.draw(st.lists(st.integers(0, 1), min_size=scores.size, max_size=scores.size)))
     if y.min() == y.max():
-        with pytest.raises(ValueError, match="only one outcome class"):
-            auc_ci(scores, y, n_boot=10)
+        with pytest.raises(NotComputed, match="only one outcome class"):
+            auc_ci(scores, y, n_resamples=10)
         return
-    r = auc_ci(scores.astype(float), y, n_boot=50)
+    r = auc_ci(scores.astype(float), y, n_resamples=50)
     assert r.auc == pytest.approx(_brute_auc(scores, y))
-    assert auc_ci(scores.astype(float), 1 - y, n_boot=50).auc == pytest.approx(1 - r.auc)   # label flip
+    assert auc_ci(scores.astype(float), 1 - y, n_resamples=50).auc == pytest.approx(1 - r.auc)   # label flip
     assert 0 <= r.low <= r.high <= 1
 
 
@@ -163,7 +167,7 @@ def test_bootstrap_equals_a_loop_over_the_same_resamples():
     rng = np.random.default_rng(0)
     s = rng.normal(size=9)
     y = np.array([1, 1, 1, 0, 0, 0, 0, 0, 0])
-    r = auc_ci(s, y, n_boot=300, seed=5)
+    r = auc_ci(s, y, n_resamples=300, seed=5)
     g = np.random.default_rng(5)
     c1 = g.multinomial(3, np.full(3, 1 / 3), size=300)
     c0 = g.multinomial(6, np.full(6, 1 / 6), size=300)
@@ -177,101 +181,134 @@ def test_bootstrap_equals_a_loop_over_the_same_resamples():
 
 
 def test_auc_one_class_message_says_so():
-    with pytest.raises(ValueError, match=r"only one outcome class is present \(no run failed: 0 failed, 3 healthy\)"):
+    with pytest.raises(NotComputed, match=r"only one outcome class is present \(no run failed: 0 failed, 3 healthy\)"):
         auc_ci([0.1, 0.2, 0.3], [0, 0, 0])
-    with pytest.raises(ValueError, match="every run failed"):
+    with pytest.raises(NotComputed, match="every run failed"):
         auc_ci([0.1, 0.2], [True, True])
-    with pytest.raises(ValueError, match="failed"):
+    with pytest.raises(ValueError, match="failed: expected one 0/1"):
         auc_ci([0.1, 0.2], [0, 2])
+    with pytest.raises(ValueError, match="n_resamples"):
+        auc_ci([0.1, 0.2], [0, 1], n_resamples=0)
 
 
-# --------------------------------------------------------------------------- from sweeps on disk
-def lr_study(root, lrs=(1e-5, 5e-5, 5e-4), seeds=(0, 1), name="lr_extended", replicate_noise=0.0, diverge_lr=None, N=10, d=5):
-    rng = np.random.default_rng(0)
-    base = rng.normal(size=(2, N, d)) + 2.0
-    probes = pd.DataFrame({"text": [f"p{i}" for i in range(N)]})
-    grid = [(5e-5, 0, r) for r in (0, 1)] if name == "seed_sweep" else [(lr, s, 0) for lr in lrs for s in seeds]
-    rows = []
+# --------------------------------------------------------------------------- from the runs of a study
+@pytest.fixture(scope="module")
+def study():
+    return load_study(synthetic_study(Path(tempfile.mkdtemp()) / "syn"))
+
+
+def _cos_dist(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return np.mean(1 - (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1))
+
+
+def hand_runs(root, grid, diverge_lr=None, replicate_noise=0.0, N=10, d=5):
+    "Runs written with RunWriter, (lr, seed, replicate) each: drift ~ lr x step; lr >= 5e-4 stuck at chance; one lr may diverge."
+    base = np.random.default_rng(0).normal(size=(2, N, d)) + 2.0
+    runs = []
     for lr, seed, rep in grid:
         direction = np.random.default_rng(seed).normal(size=(N, d))
-        bad = lr >= 5e-4
-        div = diverge_lr is not None and lr == diverge_lr
-        h = history(lambda s: 0.5 if bad else 0.5 + 0.04 * s, lambda s: 0.69 if bad else 0.69 - 0.03 * s,
-                    diverge_at=7 if div else None)
-        cfg = {"lr": lr, "seed": seed, "init_seed": seed, "data_seed": seed, "dropout_seed": seed, "replicate": rep}
-        path = Path(root) / "runs" / f"{name}-lr{lr:g}-s{seed}-r{rep}"
         jitter = np.random.default_rng(99 + rep).normal(size=(N, d)) * replicate_noise * rep
-        with RunWriter(path, cfg, probes) as w:
+        bad, div = lr >= 5e-4, lr == diverge_lr
+        h = history(lambda s: 0.5 if bad else 0.5 + 0.04 * s, lambda s: 0.69 if bad else 0.69 - 0.03 * s, diverge_at=7 if div else None)
+        cfg = {"lr": lr, "seed": seed, "init_seed": seed, "data_seed": seed, "dropout_seed": seed, "replicate": rep}
+        path = Path(root) / f"lr{lr:g}-s{seed}-r{rep}"
+        with RunWriter(path, cfg, pd.DataFrame({"text": [f"p{i}" for i in range(N)]})) as w:
             for s in range(0, 7 if div else 13, 2):
                 w.save_embeddings(s, {"mean": base + (lr * 2e3) * (s / 12) * direction + (s > 0) * jitter})
             for row in h.to_dict("records"):
                 w.log(flush=False, **{k: v for k, v in row.items() if pd.notna(v)})
-        rows.append({"factor": "replicate" if name == "seed_sweep" else "lr", "lr": lr, "seed": seed, "replicate": rep,
-                     "run_id": path.name, "path": f"runs/{path.name}", "status": "completed", "error": "", "seconds": 0.0})
-    (Path(root) / "sweeps").mkdir(parents=True, exist_ok=True)
-    atomic_write_text(Path(root) / "sweeps" / f"{name}.csv", pd.DataFrame(rows).to_csv(index=False))
-    return sweep_runs(root, name)
-
-
-@pytest.fixture(scope="module")
-def study():
-    root = tempfile.mkdtemp()
-    return lr_study(root), lr_study(root, name="seed_sweep")
+        runs.append(load_run(path))
+    return RunSet.of(runs, "hand")
 
 
 def test_noise_floor_samples(study):
-    lr_runs, reps = study
+    reps, ext = study.runs("seed_sweep", "replicate"), study.runs("lr_extended")
     noise = replicate_distances(reps)
-    assert noise.shape == (6,) and (noise == 0).all()            # one pair x 6 tracked steps after 0, identical reruns
-    noisy = replicate_distances(lr_study(tempfile.mkdtemp(), name="seed_sweep", replicate_noise=1e-3))
+    assert noise.shape == (4,) and (noise == 0).all()            # one pair x 4 tracked steps after 0, identical reruns
+    noisy_runs = hand_runs(tempfile.mkdtemp(), [(5e-5, 0, 0), (5e-5, 0, 1)], replicate_noise=1e-3)
+    noisy = replicate_distances(noisy_runs)
+    a, b = (r.embeddings() for r in noisy_runs.runs)
+    np.testing.assert_allclose(noisy, [_cos_dist(a[t], b[t]) for t in range(1, 7)], rtol=1e-6)
     assert (noisy > 0).all() and drift_threshold(noisy).source == "noise_floor"
-    sd = seed_distances(lr_runs[lr_runs.lr == 5e-4])
-    assert sd.shape == (1,) and sd[0] > 0
-    assert seed_distances(lr_runs[lr_runs.lr == 5e-4], step=12)[0] > sd[0]
+    two = ext.where(lr=5e-3)
+    x, y = (r.embeddings(steps=[3, 12]) for r in two.runs)
+    sd = seed_distances(two)
+    assert sd.shape == (1,) and sd[0] == pytest.approx(_cos_dist(x[0], y[0]), rel=1e-6)
+    assert seed_distances(two, step=12)[0] == pytest.approx(_cos_dist(x[1], y[1]), rel=1e-6) and _cos_dist(x[1], y[1]) > sd[0]
+
+
+def test_noise_floor_errors(study):
+    reps, ext = study.runs("seed_sweep", "replicate"), study.runs("lr_extended")
+    with pytest.raises(NotComputed, match="needs at least 2 runs, got 1"):
+        replicate_distances(reps.where(replicate=0))
+    with pytest.raises(NotComputed, match="needs at least 2 runs"):
+        seed_distances(ext.where(lr=5e-3, seed=0))
+    with pytest.raises(ValueError, match="identical-seed reruns"):
+        replicate_distances(ext.where(lr=5e-3))                 # different seeds are not replicates
     with pytest.raises(ValueError, match="step"):
-        seed_distances(lr_runs, step=3)
-    with pytest.raises(ValueError, match="at least 2"):
-        replicate_distances(reps.iloc[:1])
+        seed_distances(ext, step=4)
+    with pytest.raises(ValueError, match="RunSet"):
+        replicate_distances(pd.DataFrame({"run": [1, 2]}))
 
 
 def test_early_warning_table_known_answers(study):
-    lr_runs, reps = study
-    th = drift_threshold(replicate_distances(reps), fallback_drifts=seed_distances(lr_runs[lr_runs.lr == 5e-5]))
-    t = early_warning_table(lr_runs, th)
-    assert len(t) == 6 and (t["threshold_source"] == "fallback").all()
-    assert t["failed"].tolist() == [False] * 4 + [True] * 2
-    assert t["failure_step"].isna().sum() == 4 and t["failure_step"].dropna().tolist() == [6, 6]
+    ext, reps = study.runs("lr_extended"), study.runs("seed_sweep", "replicate")
+    th = drift_threshold(replicate_distances(reps), fallback_drifts=seed_distances(ext.where(lr=5e-5)))
+    t = early_warning_table(ext, th)
+    assert len(t) == 8 and (t["threshold_source"] == "fallback").all() and (t["threshold"] == th.value).all()
+    assert t["lr"].tolist() == sorted(t["lr"]) and list(t["run"])[0].startswith("lr 1e-5")
+    # the lowest rate barely learns: its final held-out accuracy is below chance + 0.1, the others are above
+    runs = {r.config_hash: r for r in ext.runs}
+    assert t["failed"].tolist() == [runs[i].history["eval_acc"].dropna().iloc[-1] <= 0.6 for i in t["run_id"]] == [True] * 2 + [False] * 6
+    assert t["failure_step"].isna().sum() == 6 and t["failure_step"].dropna().tolist() == [6, 6]
     for _, r in t.iterrows():
-        run = lr_runs.set_index("run_id").loc[r["run_id"], "run"]
-        np.testing.assert_allclose(r["drift"], drift_curve(run.embeddings()))
-        assert r["crossing_step"] is pd.NA or r["drift"][list(r["steps"]).index(r["crossing_step"])] > th.value
+        np.testing.assert_allclose(r["drift"], drift_curve(runs[r["run_id"]].embeddings()))
+        expected_cross = next((int(s) for s, d in zip(r["steps"], r["drift"]) if d > th.value), None)
+        assert (pd.isna(r["crossing_step"]) and expected_cross is None) or r["crossing_step"] == expected_cross
         expected_lead = (r["failure_step"] - r["crossing_step"]) if pd.notna(r["failure_step"]) and pd.notna(r["crossing_step"]) else None
         assert (pd.isna(r["lead_time"]) and expected_lead is None) or r["lead_time"] == expected_lead
-    # a fixed threshold given as a float: crossing steps are where the drift first exceeds it
-    t2 = early_warning_table(lr_runs, 0.01)
+    t2 = early_warning_table(ext, 0.01)                        # a fixed threshold given as a float
     assert (t2["threshold_source"] == "given").all()
-    big = t2[t2.lr == 5e-4]
+    big = t2[t2.lr == 5e-3]
     assert big["crossing_step"].tolist() == [int(np.asarray(s)[np.asarray(d) > 0.01][0]) for s, d in zip(big["steps"], big["drift"])]
+    with pytest.raises(ValueError, match="threshold"):
+        early_warning_table(ext, float("nan"))
 
 
-def test_drift_predicts_outcome_from_table_and_runs(study):
-    lr_runs, _ = study
-    t = early_warning_table(lr_runs, 1e-3)
-    a, b = drift_predicts_outcome(t, step=4), drift_predicts_outcome(lr_runs, step=4)
+def test_drift_predicts_outcome_from_table_and_runs():
+    runs = hand_runs(tempfile.mkdtemp(), [(lr, s, 0) for lr in (1e-5, 5e-5, 5e-4) for s in (0, 1)])
+    t = early_warning_table(runs, 1e-3)
+    assert t["failed"].tolist() == [False] * 4 + [True] * 2
+    a, b = drift_predicts_outcome(t, step=4), drift_predicts_outcome(runs, step=4)
     assert a.auc == b.auc == 1.0 and a.step == 4 and (a.low, a.high) == (b.low, b.high)
     assert drift_predicts_outcome(t, step=0).auc == 0.5      # everything is 0 at step 0: ties
-    tab = outcome_auc_table(t, n_boot=100)
+    tab = outcome_auc_table(t, n_resamples=100)
     assert tab["step"].tolist() == [2, 4, 6, 8, 10, 12] and (tab["auc"] == 1.0).all()
-    with pytest.raises(ValueError, match="no run failed"):
+    with pytest.raises(NotComputed, match="no run failed"):
         drift_predicts_outcome(t[~t.failed], step=2)
+    with pytest.raises(NotComputed, match="no run failed"):
+        outcome_auc_table(t[~t.failed])
     with pytest.raises(ValueError, match="step"):
         drift_predicts_outcome(t, step=-1)
     with pytest.raises(ValueError, match="table_or_runs"):
         drift_predicts_outcome(pd.DataFrame({"x": [1]}), step=2)
+    with pytest.raises(ValueError, match="table"):
+        outcome_auc_table(pd.DataFrame({"x": [1]}))
+
+
+def test_outcome_auc_matches_brute_force_on_the_study(study):
+    t = early_warning_table(study.runs("lr_extended"), 1e-3)
+    tab = outcome_auc_table(t, n_resamples=100)
+    f = t["failed"].to_numpy()
+    for _, row in tab.iterrows():
+        x = np.array([d[list(s).index(row["step"])] for s, d in zip(t["steps"], t["drift"])])
+        assert row["auc"] == pytest.approx(_brute_auc(x, f.astype(int)))
+        assert row["low"] <= row["auc"] <= row["high"] and row["n_failed"] == 2 and row["n_ok"] == 6
 
 
 def test_a_diverged_run_uses_its_last_tracked_step():
-    runs = lr_study(tempfile.mkdtemp(), lrs=(5e-5, 1e-4), diverge_lr=1e-4)
+    runs = hand_runs(tempfile.mkdtemp(), [(lr, s, 0) for lr in (5e-5, 1e-4) for s in (0, 1)], diverge_lr=1e-4)
     t = early_warning_table(runs, 1e-3)
     div = t[t.lr == 1e-4]
     assert div["failed"].all() and (div["failure_step"] == 7).all()
