@@ -38,7 +38,7 @@ def fix_negatives(argv: list[str]) -> list[str]:
         else: out.append(a); i += 1
     return out
 
-# %% ../nbs/21_cli.ipynb #2ea517c7
+# %% ../nbs/21_cli.ipynb #776ad783
 def _dest_flags(parser: argparse.ArgumentParser) -> dict:
     return {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings and a.dest != "help"}
 
@@ -47,7 +47,7 @@ def flag_message(msg: str, parser: argparse.ArgumentParser, set_keys=()) -> str:
     m = re.match(r"^([A-Za-z_][\w.]*)(\[[^\]]*\])?:\s", msg)
     if not m: return msg
     key, flags = m.group(1), _dest_flags(parser)
-    flag = flags.get(key) or (f"--set {key}" if key in set_keys else None)
+    flag = flags.get(key) or (f"--set {key}" if key in (set_keys() if callable(set_keys) else set_keys) else None)
     return f"{flag}: {msg[m.end():]}" if flag else msg
 
 # %% ../nbs/21_cli.ipynb #06ea016f
@@ -196,7 +196,7 @@ def runs_report(run_dirs: list[str], group_by: str, study_dir: Path, *, template
     print(f"report: {dest}")
     return dest
 
-# %% ../nbs/21_cli.ipynb #486baba0
+# %% ../nbs/21_cli.ipynb #f341a14a
 def _version() -> str:
     from importlib.metadata import version, PackageNotFoundError
     try: return version("embvar-study")
@@ -227,7 +227,13 @@ def main(argv: list[str] | None = None):
     except KeyboardInterrupt: print(f"embvar {argv[0]}: interrupted", file=sys.stderr); sys.exit(130)
     except Exception as e:
         if not isinstance(e, _errors()): raise
-        from embvar_study.train import TrainConfig
-        keys = {*TrainConfig.__dataclass_fields__, *__import__("embvar_study.sweep", fromlist=["PROFILE_KEYS"]).PROFILE_KEYS} if argv[0] == "report" else ()
         msg = " ".join(str(e).split()) if not isinstance(e, StudyFailed) else str(e)
+        keys = (lambda: _set_keys(argv)) if argv[0] == "report" else ()
         print(f"embvar {argv[0]}: error: {flag_message(msg, parser(), keys)}", file=sys.stderr); sys.exit(2)
+
+def _set_keys(argv: list[str]) -> set:
+    "Keys that `embvar report --set` sets here or could set: those given, the profile keys and the run fields."
+    from embvar_study.sweep import PROFILE_KEYS
+    from embvar_study.train import TrainConfig
+    given = {b.split("=", 1)[0] for a, b in zip(argv, argv[1:]) if a == "--set"} | {a[6:].split("=", 1)[0] for a in argv if a.startswith("--set=")}
+    return {*given, *PROFILE_KEYS, *TrainConfig.__dataclass_fields__}

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import matplotlib.pyplot as plt
 import seaborn as sns
+from matplotlib.ticker import FormatStrFormatter
 
 from .study import format_lr
 
@@ -80,23 +81,23 @@ def plot_seed_variance(dispersion: dict[str, pd.DataFrame]) -> plt.Figure:  # la
     ax.legend(frameon=False, fontsize=8)
     return fig
 
-# %% ../nbs/19_plots.ipynb #f4f2fdba
+# %% ../nbs/19_plots.ipynb #b0e45c02
 def plot_matrices(mats: dict[str, pd.DataFrame]) -> plt.Figure:  # label -> square matrix (analysis.similarity_matrix)
     "Square run-by-run matrices (CKA, RSA, k-NN overlap) side by side, annotated, each with its colorbar."
     n = len(mats); size = max(4.2, 0.55 * max(len(m) for m in mats.values()) + 2.2)
     fig, axes = plt.subplots(1, n, figsize=(size * n, size * 0.9), squeeze=False, constrained_layout=True)
     for ax, (lab, m) in zip(axes[0], mats.items()):
         sns.heatmap(m, ax=ax, annot=len(m) <= 10, fmt=".3f", cmap="mako", cbar=True, square=True, annot_kws={"size": 7},
-                    cbar_kws={"shrink": 0.7, "label": lab})
+                    cbar_kws={"shrink": 0.7, "label": lab, "format": FormatStrFormatter("%.4g")})
         ax.set_title(lab); ax.tick_params(labelsize=7)
     return fig
 
-# %% ../nbs/19_plots.ipynb #9c288ee1
+# %% ../nbs/19_plots.ipynb #d06f5b63
 def plot_spectra(eig: pd.DataFrame) -> plt.Figure:  # analysis.geometry_table(...)[1]
     "Normalised covariance eigenvalues (log scale) per run, dotted at the first and solid at the last step, coloured by lr."
     pal = palette(eig["lr"])
     fig, ax = plt.subplots(figsize=(6.5, 4), constrained_layout=True)
-    for (lr, when, rid), t in eig.groupby(["lr", "when", "run_id"]):
+    for (lr, when, rid), t in eig[eig["eigenvalue_share"] > 1e-12].groupby(["lr", "when", "run_id"]):   # numerically zero ones left out
         ax.semilogy(t["rank"], t["eigenvalue_share"], color=pal[lr], ls="-" if when == "last" else ":", alpha=0.6, lw=1.2)
     for lr, c in pal.items(): ax.plot([], [], color=c, label=group_label("lr", lr))
     ax.plot([], [], color="k", ls=":", label="first step"); ax.plot([], [], color="k", label="last step")

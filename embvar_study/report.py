@@ -15,18 +15,18 @@ from .study import Study, NotComputed, format_lr
 from .runs import atomic_write_bytes, package_version, git_info
 
 # %% auto #0
-__all__ = ['format_value', 'format_table', 'table_html', 'Figure', 'figure_png', 'figure_html', 'Table', 'note_html', 'to_html',
-           'show', 'memo', 'header', 'section_drift', 'section_reference', 'section_schedule', 'collapse_answer',
-           'section_effects', 'section_layers', 'section_seed_variance', 'section_pairs', 'section_noise_floor',
-           'section_geometry', 'section_perturbation', 'section_mitigation', 'section_components',
-           'section_early_warning', 'note_md', 'section_agreement', 'section_pooling', 'section_provenance', 'findings',
-           'section_experiment', 'project_root', 'resolve_study_dir', 'template_dir', 'NotebookFailed',
-           'execute_notebooks', 'render_html']
+__all__ = ['format_value', 'format_table', 'table_html', 'Figure', 'figure_png', 'figure_html', 'RawHTML', 'Table', 'note_html',
+           'to_html', 'show', 'memo', 'header', 'section_drift', 'section_reference', 'section_schedule',
+           'collapse_answer', 'section_effects', 'section_layers', 'section_seed_variance', 'section_pairs',
+           'section_noise_floor', 'section_geometry', 'section_perturbation', 'section_mitigation',
+           'section_components', 'section_early_warning', 'note_md', 'section_agreement', 'section_pooling',
+           'section_provenance', 'findings', 'section_experiment', 'project_root', 'resolve_study_dir', 'template_dir',
+           'NotebookFailed', 'execute_notebooks', 'render_html']
 
-# %% ../nbs/20_report.ipynb #7b5f0299
+# %% ../nbs/20_report.ipynb #e90eb2ef
 def format_value(v, digits: int = 3) -> str:
     "One value for reading: 3 significant digits, no trailing exponent noise, '—' for missing, '[a, b]' for pairs."
-    if v is None or (isinstance(v, float) and np.isnan(v)): return "—"
+    if v is None or v is pd.NA or v is pd.NaT or (isinstance(v, (float, np.floating)) and np.isnan(v)): return "—"
     if isinstance(v, (bool, np.bool_)): return "yes" if v else "no"
     if isinstance(v, (tuple, list)) and len(v) == 2 and all(isinstance(x, (int, float, np.number)) or x is None for x in v):
         return f"[{format_value(v[0], digits)}, {format_value(v[1], digits)}]"
@@ -92,7 +92,10 @@ def figure_html(f: Figure, study_dir: str | Path | None = None) -> str:
     return (f'<figure><img src="data:image/png;base64,{base64.b64encode(png).decode()}" width="{w}" height="{h}" alt="{alt}">'
             f"<figcaption>{alt}</figcaption></figure>")
 
-# %% ../nbs/20_report.ipynb #72acb692
+# %% ../nbs/20_report.ipynb #e7890625
+class RawHTML(str):
+    "HTML shown as it is (not read as Markdown)."
+
 @dataclass
 class Table:
     "A table to show with its caption (and digits)."
@@ -109,6 +112,7 @@ def to_html(item, study_dir=None) -> str:
     if isinstance(item, Table): return table_html(item.df, item.caption, item.digits)
     if isinstance(item, pd.DataFrame): return table_html(item)
     if isinstance(item, Figure): return figure_html(item, study_dir)
+    if isinstance(item, RawHTML): return str(item)
     if isinstance(item, str):
         import mistune   # nbconvert's Markdown renderer
         return mistune.create_markdown(escape=True, plugins=["table"])(item)
@@ -134,8 +138,8 @@ def memo(study: Study, key: tuple, fn, *args, **kwargs):
     if kind == "no": raise val
     return val
 
-# %% ../nbs/20_report.ipynb #6e5a0f5a
-def header(study: Study) -> str:  # HTML
+# %% ../nbs/20_report.ipynb #0cf56b35
+def header(study: Study) -> RawHTML:
     "A definition list: date, version, commit, profile, model, data (content hash), runs."
     runs, gi = list(study._runs.values()), git_info()
     c = runs[0].config if runs else {}
@@ -149,7 +153,7 @@ def header(study: Study) -> str:  # HTML
              "model": c.get("model", "?"), "data": data,
              "runs": f"{len(runs)} distinct runs in {len(study.experiments)} experiments" + (f", {failed} failed" if failed else "")}
     rows = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(v))}</dd>" for k, v in items.items())
-    return f'<dl class="report-meta">{rows}</dl>'
+    return RawHTML(f'<dl class="report-meta">{rows}</dl>')
 
 # %% ../nbs/20_report.ipynb #c2ded0fa
 def _opts(layer: int = -1, pooling: str = "mean", n_resamples: int = 2000) -> dict:
@@ -393,7 +397,7 @@ def section_provenance(study: Study, **o) -> list:
     return [Table(shared, "Settings every run shares"), Table(varying, "Settings that vary, one row per run"),
             Table(envs[~envs["key"].isin(["platform"])], "Environments the runs ran in (distinct values)")]
 
-# %% ../nbs/20_report.ipynb #4a95bf25
+# %% ../nbs/20_report.ipynb #b204f5d0
 def findings(study: Study, **o) -> str:  # Markdown
     "The headline numbers with their CIs, in sentences, from the study's tables."
     from embvar_study import analysis as A
@@ -403,10 +407,10 @@ def findings(study: Study, **o) -> str:  # Markdown
         ref = memo(study, ("reference", o["layer"], o["pooling"], o["n_resamples"]),
                    lambda: A.reference_table(rs, o["layer"], o["pooling"], n_resamples=o["n_resamples"]))
         me = ref[ref["source"] == "this study"]
-        ci = lambda t: f"[{t[0]:.3f}, {t[1]:.3f}]"
+        v = format_value
         out.append("**Drift per learning rate** (mean over seeds and probes, 95% cluster-bootstrap CI): " + "; ".join(
-            f"at lr {format_lr(r.lr)}, {r.drift_first:.3f} {ci(r.drift_first_ci)} at the first checkpoint -> {r.drift_last:.3f} "
-            f"{ci(r.drift_last_ci)} at the end, training loss {r.loss}" for r in me.itertuples())
+            f"at lr {format_lr(r.lr)}, {v(r.drift_first)} {v(r.drift_first_ci)} at the first checkpoint -> {v(r.drift_last)} "
+            f"{v(r.drift_last_ci)} at the end, training loss {r.loss}" for r in me.itertuples())
             + ". The reference: 0.03 -> 0.26 at 5e-5, 0.22 -> 0.76 at 5e-4 with the loss barely changing.")
     except NotComputed as e: out.append(f"*Drift per learning rate not computed: {e}*")
     try:
@@ -418,7 +422,7 @@ def findings(study: Study, **o) -> str:  # Markdown
         con = se[se["schedule"] != "linear"]
         out.append("**The schedule sets drift's size at a given peak rate**: " + "; ".join(
             f"{r.schedule} ends at {r.ratio_to_linear:.1f}x the linear schedule's drift at lr {format_lr(r.lr)} "
-            f"({r.drift:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}])" for r in con.itertuples()) + ". " + collapse_answer(ct))
+            f"({format_value(r.drift)} {format_value((r.ci_low, r.ci_high))})" for r in con.itertuples()) + ". " + collapse_answer(ct))
     except NotComputed: pass
     try:
         g = study.runs("seed_sweep", "init_seed", min_runs=2)
@@ -504,7 +508,7 @@ def execute_notebooks(names: list[str], study_dir: str | Path, parameters: dict,
             else: os.environ[k] = v
     return out
 
-# %% ../nbs/20_report.ipynb #f6510f73
+# %% ../nbs/20_report.ipynb #208a1fee
 _CSS = """
 body{margin:0;font:15px/1.55 -apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;color:#1d1d1f;background:#fff}
 main,header.doc{max-width:1180px;margin:0 auto;padding:0 24px}
@@ -521,7 +525,8 @@ table.embvar caption{caption-side:top;text-align:left;font-size:13px;color:#555;
 table.embvar th{background:#f1f3f5;text-align:left;padding:4px 8px;border-bottom:1px solid #ccd;font-weight:600;vertical-align:bottom}
 table.embvar td{padding:3px 8px;border-bottom:1px solid #eceef0;vertical-align:top}
 table.embvar td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-table.embvar td.txt{max-width:420px;overflow-wrap:anywhere}
+table.embvar td.txt{max-width:420px;overflow-wrap:break-word}
+pre{white-space:pre-wrap;overflow-wrap:break-word;font-size:12.5px;background:#f6f7f9;padding:6px 8px;border-radius:4px}
 figure{margin:12px 0 20px}figure img{max-width:100%;height:auto}figcaption{font-size:12.5px;color:#555;max-width:900px}
 .not-computed{background:#fff8e6;border-left:3px solid #e0a800;padding:6px 10px;font-size:14px}
 section.appendix h3{margin-top:36px;padding-top:6px;border-top:1px solid #e3e5e8}

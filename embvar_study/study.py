@@ -178,7 +178,7 @@ class RunSet:
             f"{_LABEL_WORDS[c]} {format_lr(v) if c == 'lr' else v}"
         return [" · ".join(word(c, row[c]) for c in cols) for _, row in t.iterrows()]
 
-# %% ../nbs/13_study.ipynb #0a1bebf9
+# %% ../nbs/13_study.ipynb #d9b6601d
 EXPERIMENT_FACTORS = {"seed_sweep": ("init_seed", "data_seed", "replicate")}
 
 class Study:
@@ -228,12 +228,20 @@ class Study:
         "The design of `experiment` in words, from the runs there are."
         rs = self.runs(experiment)
         t = rs.table
+        seeds = lambda n: f"{n} seed{'s' if n != 1 else ''}"
+        lrs = lambda: f"{t['lr'].nunique()} learning rates ({', '.join(format_lr(x) for x in sorted(t['lr'].unique()))})"
         if experiment == "crossed":
-            return f"{t['init_seed'].nunique()} head seeds x {t['data_seed'].nunique()} data seeds"
+            return f"{t['init_seed'].nunique()} head seeds x {t['data_seed'].nunique()} data seeds at lr {format_lr(t['lr'].iloc[0])}"
+        if experiment == "seed_sweep":   # from the manifest: a run shared by two factors counts in both
+            m = self.manifests[experiment]
+            vals = lambda f: ", ".join(str(int(v)) for v in sorted(m[m["factor"] == f][f].unique())) or "none"
+            return (f"at lr {format_lr(t['lr'].iloc[0])}: head seeds {vals('init_seed')} (data seed fixed), data seeds "
+                    f"{vals('data_seed')} (head seed fixed), and {int((m['factor'] == 'replicate').sum())} identical-seed replicates")
+        if experiment == "schedule":
+            return f"{lrs()} x schedules {', '.join(sorted(t['schedule'].unique()))} x {seeds(t['seed'].nunique())}"
         if "lr" in t and t["lr"].nunique() > 1:
             per = t.groupby("lr").size()
-            n = f"{per.iloc[0]} seeds each" if per.nunique() == 1 else f"{per.min()}-{per.max()} seeds each"
-            return f"{t['lr'].nunique()} learning rates ({', '.join(format_lr(x) for x in sorted(t['lr'].unique()))}), {n}"
+            return f"{lrs()}, {seeds(per.iloc[0]) + ' each' if per.nunique() == 1 else f'{per.min()}-{per.max()} seeds each'}"
         return f"{len(rs)} runs"
 
     def __repr__(self) -> str:

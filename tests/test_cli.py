@@ -66,7 +66,8 @@ def test_train_help_is_grouped(capsys):
     out = capsys.readouterr().out
     heads = [h for h in ("data:", "model:", "optimisation:", "tracking:", "seeds:", "perturbations:", "output:") if h in out]
     assert len(heads) == 7, heads
-    assert out.index("data:") < out.index("--dataset") < out.index("model:") < out.index("--model") < out.index("optimisation:")
+    body = out[out.index("\ndata:"):]                                   # after the usage lines
+    assert body.index("data:") < body.index("--dataset") < body.index("model:") < body.index("--model") < body.index("optimisation:")
     for name in TrainConfig.__dataclass_fields__: assert "--" + name.replace("_", "-") in out, name
     assert "peak learning rate" in out
 
@@ -103,7 +104,7 @@ def test_a_changed_probe_file_is_a_new_run(tmp_path):
 
 
 @pytest.mark.parametrize("content, expected", [
-    (b"text,label\n", "no rows"),                                   # header only
+    (b"text,label\n", "no data rows"),                              # header only
     (b"text,label\ncaf\xe9 au lait,1\ngood,0\n", "UTF-8"),          # not UTF-8
     (b'text,label\n"unclosed,1\ngood,0\n', "bad.csv"),              # unparseable
 ])
