@@ -149,8 +149,9 @@ def layer_drift_table(rs: RunSet, by: str = "lr", poolings=("mean", "cls")) -> p
     out = []
     for g, grp in rs.groups(by).items():
         steps = grp.common_steps()
+        stored = set.intersection(*[set(r.poolings) for r in grp.runs])
         for pool in poolings:
-            if pool not in grp.runs[0].poolings: continue
+            if pool not in stored: continue                  # only poolings every run of the group stored
             acc = np.mean([drift_curve(np.moveaxis(r.embeddings_all_layers(pooling=pool, steps=steps), 1, 0)) for r in grp.runs], axis=0)
             out += [{by: g, "pooling": pool, "layer": l, "step": int(s), "drift": acc[l, j]}
                     for l in range(acc.shape[0]) for j, s in enumerate(steps)]

@@ -122,7 +122,7 @@ def format_lr(lr) -> str:
     mant, exp = f"{x:.2e}".split("e")
     return f"{mant.rstrip('0').rstrip('.')}e{int(exp)}"
 
-# %% ../nbs/13_study.ipynb #dc5f0979
+# %% ../nbs/13_study.ipynb #3f210280
 class RunSet:
     "Distinct runs with their design table (`DESIGN_COLUMNS` + extra grid columns); what the analysis functions take."
     def __init__(self, table: pd.DataFrame, runs: dict[str, Run]):
@@ -158,8 +158,13 @@ class RunSet:
         return {k: RunSet(g, self._runs) for k, g in self.table.groupby(by if isinstance(by, str) else cols, sort=True, dropna=False)}
 
     def common_steps(self) -> np.ndarray:  # (T,) steps tracked by every run, sorted
-        "The tracked steps all runs share."
+        "The tracked steps all runs share; `NotComputed` if the runs do not embed the same probes (nothing can be pooled)."
         if not len(self): raise NotComputed("no runs")
+        probes = {tuple(r.probes["text"]) for r in self.runs}
+        if len(probes) > 1:
+            sizes = sorted({len(p) for p in probes})
+            raise NotComputed(f"these {len(self)} runs track {len(probes)} different probe sets ({', '.join(map(str, sizes))} texts): "
+                              "drift and variance can only be compared over runs that embed the same probes")
         return np.array(sorted(set.intersection(*[set(map(int, r.steps)) for r in self.runs])), dtype=np.int64)
 
     def stack(self, layer: int = -1, pooling: str = "mean", step: int | None = None) -> np.ndarray:  # (K, N, d)
@@ -277,11 +282,11 @@ def load_study(study_dir: str | Path) -> Study:
     manifests = {e: manifests[e] for e in [*order, *manifests] if e in manifests}
     return Study(study_dir, spec, manifests, runs)
 
-# %% ../nbs/13_study.ipynb #bbe22c0d
+# %% ../nbs/13_study.ipynb #e3b947d9
 def study_from_runs(run_dirs: list[str | Path],   # run folders, or folders to search for run folders
                     group_by: str = "lr",         # config key (dotted for nested keys) whose value groups the runs
                    ) -> Study:
-    "A `Study` of arbitrary run folders: one experiment `runs`, factor = the `group_by` value of each run."
+    "A `Study` of arbitrary run folders: one experiment `runs`, factor = the `group_by` value of each run (design column or config key)."
     from embvar_study.runs import find_runs
     folders = []
     for d in run_dirs:
@@ -293,8 +298,9 @@ def study_from_runs(run_dirs: list[str | Path],   # run folders, or folders to s
     runs = {}
     for f in dict.fromkeys(folders):
         r = load_run(f); runs[r.config_hash] = r
+    value = lambda r: _design_row(r)[group_by] if group_by in DESIGN_COLUMNS else config_value(r.config, group_by)
     rows = [{"run_id": k, "path": str(r.path), "status": r.status, "error": "", "seconds": 0.0, "node": "",
-             "factor": str(config_value(r.config, group_by))} for k, r in runs.items()]
+             "factor": format_lr(value(r)) if group_by == "lr" else str(value(r))} for k, r in runs.items()]
     spec = {"profile": "runs", "group_by": group_by, "sources": [str(Path(d).resolve()) for d in run_dirs]}
     return Study(Path(run_dirs[0]), spec, {"runs": pd.DataFrame(rows)}, runs)
 

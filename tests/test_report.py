@@ -1,141 +1,155 @@
-"""The CI end-to-end check: `run_report("smoke")` runs every experiment notebook and the report through papermill,
-writes a self-contained report.html whose numbers are the analysis tables of the runs on disk, and a second call
-recomputes nothing. The smoke study is run once for the module (about 1-3 minutes on CPU)."""
-import html as html_lib
-import re
+"""The report as a reader gets it: `embvar report --profile smoke` runs every experiment and renders one HTML page with a
+real title, a table of contents, a provenance header, tables formatted for reading (no index column, lr as 5e-5), no
+remote resource; its numbers are the analysis tables'; a second call trains nothing. The templates hold parameters,
+narrative and display calls only. A study without the seed sweep still renders (the early warning falls back)."""
+import ast, html as html_lib, json, re
 from pathlib import Path
 
 import nbformat
 import pytest
 
 from embvar_study import analysis
-from embvar_study.cli import EXPERIMENTS, run_report
-from embvar_study.runs import load_run
-from embvar_study.sweep import experiment_grid, get_profile, load_manifest
+from embvar_study.cli import main
+from embvar_study.report import execute_notebooks, render_html, template_dir, format_value
+from embvar_study.study import load_study, synthetic_study
+from embvar_study.sweep import EXPERIMENT_NAMES
 
-REQUIRED = ("lr_sweep", "seed_sweep", "perturbation")
+SMOKE = ["--set", "n_train=32", "--set", "n_eval=16", "--set", "max_length=32", "--set", "probe_max_length=32", "--set", "n_probes=24"]
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    out = tmp_path_factory.mktemp("smoke_report")
-    dest = run_report("smoke", out=out, progress=False)
-    return {"out": out, "html_path": dest, "html": Path(dest).read_text(encoding="utf-8")}
+    out = tmp_path_factory.mktemp("smoke_report") / "study"
+    main(["report", "--profile", "smoke", "--out", str(out), *SMOKE])
+    return {"out": out, "html": (out / "report.html").read_text(encoding="utf-8")}
 
 
-def notebook_outputs(path):
-    "(output_type, stream name or None, text) of every output of every code cell of an executed notebook."
-    nb = nbformat.read(path, as_version=4)
-    for cell in nb.cells:
-        if cell.cell_type != "code": continue
-        for o in cell.get("outputs", []):
-            if o.output_type == "stream": text = o.get("text", "")
-            elif o.output_type == "error": text = "\n".join(o.get("traceback", [])) + o.get("evalue", "")
-            else: text = "\n".join(str(v) for k, v in o.get("data", {}).items() if k.startswith("text/"))
-            yield o.output_type, o.get("name"), text
-
-
-def reference_rows_in_html(page: str) -> list[dict]:
-    "The rows of the first table after the 'Against the reference result' heading, as {column: cell text}."
-    start = page.index("Against the reference result")
-    table = page[page.index("<table", start):page.index("</table>", start)]
+def tables(page: str) -> list[tuple[list[str], list[list[str]]]]:
+    "(headers, rows of cell texts) of every table of the page."
     strip = lambda s: html_lib.unescape(re.sub(r"<[^>]+>", "", s)).strip()
-    head = [strip(h) for h in re.findall(r"<th[^>]*>(.*?)</th>", table.split("</thead>")[0], flags=re.S)]
-    rows = []
-    for tr in re.findall(r"<tr[^>]*>(.*?)</tr>", table.split("</thead>")[1], flags=re.S):
-        cells = [strip(c) for c in re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", tr, flags=re.S)]
-        rows.append(dict(zip(head, cells)))
-    return rows
+    out = []
+    for t in re.findall(r"<table.*?</table>", page, flags=re.S):
+        head = [strip(h) for h in re.findall(r"<th[^>]*>(.*?)</th>", t, flags=re.S)]
+        body = t.split("</thead>")[-1]
+        rows = [[strip(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", tr, flags=re.S)] for tr in re.findall(r"<tr[^>]*>(.*?)</tr>", body, flags=re.S)]
+        out.append((head, [r for r in rows if r]))
+    return out
 
 
-def assert_shown(text: str, value: float, what: str):
-    "`text` is `value` rounded to the digits it shows (fixed or scientific notation)."
-    m = re.fullmatch(r"(-?\d+)(?:\.(\d+))?(?:e([+-]\d+))?", text)
-    assert m, f"{what}: {text!r} is not a number"
-    half_ulp = 0.5 * 10.0 ** (int(m.group(3) or 0) - len(m.group(2) or ""))
-    assert abs(float(text) - value) <= half_ulp * (1 + 1e-6) + 1e-15, f"{what}: shown {text}, computed {value!r}"
-
-
-def test_report_html_exists_and_is_self_contained(smoke):
+def test_a_real_title_contents_and_header(smoke):
     page = smoke["html"]
-    assert Path(smoke["html_path"]) == smoke["out"] / "report.html"
-    assert page.count("data:image/png") >= 6                       # figures are embedded, not linked
-    assert not re.search(r"<img[^>]+src=[\"'](?!data:)", page)      # no image file or URL
-    assert not re.search(r"<link[^>]+href=[\"']https?://", page)     # styles are inline
-    # the only external scripts are nbconvert's own loaders (require.js, MathJax)
-    for src in re.findall(r"<script[^>]+src=[\"']([^\"']+)", page):
-        assert re.match(r"https://(cdnjs\.cloudflare\.com/ajax/libs/(require\.js|mathjax)/|cdn\.jsdelivr\.net/npm/mathjax)", src), src
-    assert not list(smoke["out"].glob("report_files")) and not list(smoke["out"].glob("*.png"))
+    title = re.search(r"<title>(.*?)</title>", page).group(1)
+    assert title != "Notebook" and "Embedding variance" in title and "smoke" in title
+    toc = re.search(r'<nav class="toc".*?</nav>', page, flags=re.S).group(0)
+    links = re.findall(r'href="#([^"]+)"', toc)
+    assert len(links) >= 15 and all(f'id="{l}"' in page for l in links)          # every entry points somewhere
+    meta = re.search(r'<dl class="report-meta">.*?</dl>', page, flags=re.S).group(0)
+    for key in ("rendered", "embvar-study", "profile", "model", "data", "runs"): assert f"<dt>{key}</dt>" in meta
+    assert "sha256" in meta and "commit" in meta
 
 
-def test_report_has_the_headline_sections_and_no_errors(smoke):
+def test_no_remote_resource(smoke):
     page = smoke["html"]
-    for text in ("Drift over training", "Against the reference result", "<th>drift_first</th>", "<th>drift_last</th>"):
-        assert text in page, text
-    assert "Traceback" not in page
-    assert not re.search(r"\w+Error: ", page)
+    assert not re.search(r"<script", page)                                          # no script at all
+    assert not re.search(r"""(src|href)\s*=\s*["'](https?:)?//""", page)           # nothing fetched
+    assert not re.search(r"@import|url\(\s*['\"]?https?:", page)
+    assert page.count('src="data:image/png;base64,') >= 8
 
 
-def test_executed_notebooks_have_no_errors(smoke):
-    names = list(dict.fromkeys([*REQUIRED, *EXPERIMENTS, "report"]))
+def test_tables_are_formatted_for_reading(smoke):
+    page = smoke["html"]
+    assert "5.0000e-05" not in page
+    ts = tables(page)
+    assert len(ts) >= 20
+    for head, rows in ts:
+        assert all(h for h in head), head                                          # no empty (index) header
+        assert head[0].lower() not in ("index", "unnamed: 0"), head                      # no index column under any name
+        if "lr" in head:
+            for r in rows: assert re.fullmatch(r"\d(\.\d+)?e-\d|0\.\d+|—", r[head.index("lr")]), r
+        if "step" in head:
+            for r in rows: assert re.fullmatch(r"\d+|—", r[head.index("step")]), r
+    text = re.sub(r"<[^>]+>", " ", page)
+    assert not re.search(r"\d\.\d{4}e-0\d", text)                                  # no 5.0000e-05 style numbers
+
+
+def test_every_figure_has_alt_text_and_is_2x(smoke):
+    page = smoke["html"]
+    imgs = re.findall(r"<img [^>]*>", page)
+    assert len(imgs) >= 8
+    for img in imgs:
+        alt = re.search(r'alt="([^"]*)"', img).group(1)
+        assert len(alt) > 40 and "No description" not in alt
+        assert re.search(r'width="\d+"', img)
+    assert (smoke["out"] / "figures" / "drift_and_loss.png").is_file()
+
+
+def test_the_executed_notebooks_have_no_errors_and_the_cell_log_is_a_file(smoke):
+    for name in [*EXPERIMENT_NAMES, "report"]:
+        nb = nbformat.read(smoke["out"] / "notebooks" / f"{name}.ipynb", as_version=4)
+        for cell in nb.cells:
+            for o in cell.get("outputs", []):
+                assert o.output_type != "error", (name, o.get("ename"), o.get("evalue"))
+                assert not (o.output_type == "stream" and o.name == "stderr"), (name, o.get("text", "")[:300])
+        assert (smoke["out"] / "logs" / f"{name}.log").stat().st_size > 0
+    assert "Traceback" not in smoke["html"] and "Not computed" not in smoke["html"]
+
+
+def test_the_report_numbers_are_the_analysis_tables(smoke):
+    study = load_study(smoke["out"])
+    ref = analysis.reference_table(study.runs("lr_sweep"), n_resamples=2000)
+    head, rows = next((h, r) for h, r in tables(smoke["html"]) if "drift first ci" in h)
+    mine = [dict(zip(head, r)) for r in rows if r[0] == "this study"]
+    ours = ref[ref["source"] == "this study"].reset_index(drop=True)
+    assert len(mine) == len(ours) == 2
+    for shown, (_, r) in zip(mine, ours.iterrows()):
+        assert shown["drift last"] == format_value(r["drift_last"]) and shown["drift last ci"] == format_value(r["drift_last_ci"])
+        assert shown["drift first"] == format_value(r["drift_first"])
+
+
+def test_a_second_report_trains_nothing(smoke, capsys):
+    before = {p.name: (p / "COMPLETE").stat().st_mtime_ns for p in (smoke["out"] / "runs").iterdir() if not p.name.startswith(".")}
+    main(["report", "--profile", "smoke", "--out", str(smoke["out"]), *SMOKE])
+    out = capsys.readouterr().out
+    assert f"{len(before)} complete, 0 to run" in out
+    after = {p.name: (p / "COMPLETE").stat().st_mtime_ns for p in (smoke["out"] / "runs").iterdir() if not p.name.startswith(".")}
+    assert after == before
+    assert len(out.strip().splitlines()) <= 12                                    # one line per notebook, no cell log
+
+
+def test_templates_hold_parameters_narrative_and_display_calls_only():
+    banned = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.For, ast.While, ast.Lambda, ast.ListComp,
+              ast.DictComp, ast.SetComp, ast.GeneratorExp, ast.If, ast.Try, ast.With)
+    names = sorted(p.stem for p in template_dir().glob("*.ipynb"))
+    assert {*EXPERIMENT_NAMES, "report", "runs_report"} <= set(names)
     for name in names:
-        path = smoke["out"] / "notebooks" / f"{name}.ipynb"
-        assert path.is_file(), name
-        nb = nbformat.read(path, as_version=4)
-        assert not nb.metadata["papermill"].get("exception"), name
-        assert nb.metadata["papermill"]["parameters"]["profile"] == "smoke"
-        code = [c for c in nb.cells if c.cell_type == "code"]
-        assert all(c.get("execution_count") for c in code), f"{name}: a cell was not executed"
-        for kind, stream, text in notebook_outputs(path):
-            assert kind != "error", f"{name}: {text[-1500:]}"
-            assert "Traceback" not in text, f"{name}: {text[-1500:]}"
-            assert not re.search(r"\w+Error: ", text), f"{name}: {text[-1500:]}"
+        nb = nbformat.read(template_dir() / f"{name}.ipynb", as_version=4)
+        params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+        assert len(params) == 1, name
+        for c in nb.cells:
+            if c.cell_type != "code": continue
+            tree = ast.parse(c.source)
+            bad = [type(n).__name__ for n in ast.walk(tree) if isinstance(n, banned)]
+            assert not bad, (name, bad, c.source[:200])
+            assert "warnings" not in c.source and "Path(" not in c.source and " / " not in c.source, (name, c.source[:200])
 
 
-def test_manifests_list_every_run_as_done(smoke):
-    out, prof = smoke["out"], get_profile("smoke")
-    for name in EXPERIMENTS:
-        m = load_manifest(out, name)
-        assert len(m) == len(experiment_grid(prof, name)), name
-        assert set(m["status"]) <= {"completed", "skipped"}, (name, m[["run_id", "status", "error"]])
-        assert (m["error"] == "").all()
-        for p in m["path"].unique():
-            assert load_run(out / p).status == "completed"
+def test_templates_document_their_parameters():
+    import papermill as pm
+    for name in (*EXPERIMENT_NAMES, "report"):
+        params = pm.inspect_notebook(str(template_dir() / f"{name}.ipynb"))
+        for p, info in params.items():
+            assert info["inferred_type_name"] not in ("None", "Unknown type"), (name, p)
+            assert info["help"], (name, p)
 
 
-def test_report_numbers_are_the_analysis_tables(smoke):
-    runs = analysis.sweep_runs(smoke["out"], "lr_sweep")
-    ref = analysis.reference_table(runs)                              # the report's defaults: last layer, mean pooling
-    assert len(ref) == len(get_profile("smoke")["lrs"])
-    page = smoke["html"]
-    shown = reference_rows_in_html(page)
-    assert len(shown) == len(ref)
-    for (_, r), row in zip(ref.iterrows(), shown):
-        line = (f"lr {r['lr']:g}: drift {r['drift_first']:.3f} (step {r['first_step']}) → {r['drift_last']:.3f} "
-                f"(step {r['last_step']})")
-        assert line in page, line
-        assert f"Training loss {r['loss_first']:.3f} → {r['loss_last']:.3f}" in page
-        # the table shows the same values, rounded
-        for col in ("lr", "drift_first", "drift_last", "loss_first", "loss_last"):
-            assert_shown(row[col], r[col], col)
-        assert int(row["last_step"]) == r["last_step"] and int(row["n_seeds"]) == r["n_seeds"]
-
-
-def test_rerun_recomputes_nothing_and_renders_again(smoke):
-    # last in this file: it re-executes every notebook in the same folder
-    out = smoke["out"]
-    run_dirs = sorted(p.parent for p in (out / "runs").glob("*/COMPLETE"))
-    before = {p: (p / "COMPLETE").stat().st_mtime_ns for p in run_dirs}
-    html_before = (out / "report.html").stat().st_mtime_ns
-    dest = run_report("smoke", out=out, progress=False)
-    assert Path(dest) == out / "report.html" and dest.stat().st_mtime_ns > html_before
-    for name in EXPERIMENTS:
-        m = load_manifest(out, name)
-        assert set(m["status"]) == {"skipped"}, (name, list(m["status"]))
-    assert sorted(p.parent for p in (out / "runs").glob("*/COMPLETE")) == run_dirs   # no new run
-    assert {p: (p / "COMPLETE").stat().st_mtime_ns for p in run_dirs} == before
-    page = dest.read_text(encoding="utf-8")
-    assert page.count("data:image/png") >= 6 and "Against the reference result" in page
-    ref = analysis.reference_table(analysis.sweep_runs(out, "lr_sweep"))
-    for _, r in ref.iterrows():
-        assert f"drift {r['drift_first']:.3f} (step {r['first_step']}) → {r['drift_last']:.3f}" in page
+def test_a_study_with_lr_extended_but_no_seed_sweep_renders(tmp_path):
+    sd = synthetic_study(tmp_path / "syn")
+    (sd / "sweeps" / "seed_sweep.csv").unlink()
+    spec = json.loads((sd / "study.json").read_text()); spec["experiments"].remove("seed_sweep")
+    (sd / "study.json").write_text(json.dumps(spec))
+    nb = execute_notebooks(["report"], sd, {"profile": "synthetic", "study_dir": str(sd), "n_resamples": 200}, say=None)[0]
+    page = render_html(sd, nb).read_text()
+    assert "Traceback" not in page
+    assert "the seed_sweep experiment was not run in this study" in page                # said once, uniformly, per section
+    start = page.index('<h2 id="Drift-as-an-early-warning"'); ew = page[start:page.index("<h2", start + 5)]
+    assert "Threshold" in ew and "fallback" in ew and "Not computed" not in ew.split("AUC")[0]

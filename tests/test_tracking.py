@@ -113,3 +113,29 @@ def test_probe_table_forms():
     assert len(probe_table("builtin")) == 128
     with pytest.raises(ValueError, match="probes: expected a list of texts"):
         probe_table(42)
+
+
+def test_report_from_callback_runs_and_embvar_train_runs_together(tmp_path):
+    from embvar_study.cli import main
+    from conftest import TINY, cli_args
+    for seed in (0, 1):
+        main(["train", *cli_args({**TINY, "lr": 1e-3, "seed": seed, "max_steps": 4}), "--out", str(tmp_path / "train" / f"s{seed}"), "--no-progress"])
+    probes = load_run(tmp_path / "train" / "s0").probes["text"].tolist()     # the same probes as the embvar train runs
+    for seed in (0, 1):
+        cb = EmbvarCallback(probes, tmp_path / "callback" / f"s{seed}", every=4, max_length=32)
+        trainer, _ = make_trainer(tmp_path / f"t{seed}", [cb], seed=seed); trainer.train()
+    out = tmp_path / "report"
+    main(["report", "--runs", str(tmp_path / "train"), str(tmp_path / "callback"), "--group-by", "lr", "--out", str(out)])
+    page = (out / "report.html").read_text()
+    assert "Traceback" not in page and "<title>Embedding drift of tracked runs" in page
+    assert "4 runs" in page and "grouped by <code>lr</code>" in page
+    assert "1e-3 (4 runs)" in page                                          # both kinds of run share the group lr 1e-3
+    for section in ("Drift over training, per group", "Drift per layer and pooling", "Variance between the runs of a group"):
+        assert section in page
+    assert "Left out, because they need a designed study" in page
+    assert "no two runs differ only in" in page                            # the noise floor says why it is absent
+    # runs that embed different probes cannot be pooled: said in one line, not a numpy error
+    cb = EmbvarCallback(PROBES, tmp_path / "other" / "r", every=4)
+    trainer, _ = make_trainer(tmp_path / "t9", [cb]); trainer.train()
+    main(["report", "--runs", str(tmp_path / "train"), str(tmp_path / "other"), "--group-by", "seed", "--out", str(tmp_path / "r2")])
+    assert "different probe sets (6, 24 texts)" in (tmp_path / "r2" / "report.html").read_text()
