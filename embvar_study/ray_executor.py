@@ -4,8 +4,9 @@
 
 # %% ../nbs/12_ray.ipynb #ee31a91a
 from __future__ import annotations
-import contextlib, logging, math, os, socket, sys, threading, time, uuid
+import contextlib, logging, math, os, socket, sys, threading, time, types, uuid
 from pathlib import Path
+from typing import Callable, Iterator
 
 from .runs import atomic_write_text
 
@@ -25,7 +26,7 @@ class RayUnavailableError(ImportError):
 class ClusterError(RuntimeError):
     "The Ray cluster cannot run the sweep (unreachable, output folder not shared, a node cannot run our code)."
 
-def import_ray():
+def import_ray() -> types.ModuleType:
     "The `ray` module, or a `RayUnavailableError` that says how to install it."
     try:
         import ray
@@ -165,7 +166,7 @@ def ray_session(ray_address: str | None = None,  # HOST:PORT, ray://HOST:PORT, a
                 *,
                 num_cpus: int | None = None,  # CPUs of a local instance (None: all cores); ignored with an address
                 progress: bool = True,  # print what was started / connected
-                ):  # yields {"address": GCS address, "started": bool, "connected": bool}
+                ) -> Iterator[dict]:  # yields {"address": GCS address, "started": bool, "connected": bool}
     "Connect to (or start) a Ray cluster for the duration of the block; shut down only what was started here."
     ray = import_ray()
     info = {"address": None, "started": False, "connected": False}
@@ -332,7 +333,7 @@ class RayExecutor:
     def __exit__(self, *exc):
         return self._session.__exit__(*exc)
 
-    def run(self, tasks: list[tuple], on_done) -> None:
+    def run(self, tasks: list[tuple], on_done: Callable[[object, dict], None]) -> None:
         "Submit `(key, config, absolute run folder)` tasks; `on_done(key, summary)` as each finishes (Ctrl-C cancels the rest)."
         ray = self.ray
         task, cwd, refs = ray.remote(_ray_task), os.getcwd(), {}

@@ -60,7 +60,7 @@ def _json_default(o):
     if type(o).__module__.startswith("torch") and type(o).__name__ in ("dtype", "device"): return str(o)
     raise TypeError(f"{type(o).__name__} is not JSON serializable")
 
-def canonical_json(obj, name: str) -> str:
+def canonical_json(obj: object, name: str) -> str:
     "Sorted-key, whitespace-free JSON of `obj` (paths, numpy scalars allowed); `ValueError` naming `name` otherwise."
     try: return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_json_default, allow_nan=False)
     except (TypeError, ValueError) as e:
@@ -120,11 +120,11 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     "Atomic write of UTF-8 `text` to `path`."
     return atomic_write_bytes(path, text.encode("utf-8"))
 
-def atomic_write_json(path: str | Path, obj) -> Path:
+def atomic_write_json(path: str | Path, obj: object) -> Path:
     "Atomic write of `obj` as indented JSON (paths and numpy scalars allowed); serialised before anything is written."
     return atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default, ensure_ascii=False) + "\n")
 
-def atomic_save_npy(path: str | Path, array) -> Path:
+def atomic_save_npy(path: str | Path, array: np.ndarray) -> Path:
     "Atomic `np.save` of `array` (no pickled objects) to `path`."
     a = np.asarray(array)
     return _atomic_write(path, lambda f: np.save(f, a, allow_pickle=False))
@@ -214,7 +214,7 @@ class FolderLock:
     def _busy(self, short: bool = False) -> str:
         who = _describe_holder(lock_holder(self.folder))
         return who if short else f"{self.what} {self.folder} is being written by {who}; wait for it to finish or stop it"
-    def release(self):
+    def release(self) -> None:
         if self._lock is not None: self._lock.release(); self._lock = None
     @property
     def held(self) -> bool: return self._lock is not None
@@ -341,18 +341,18 @@ class RunWriter:
         self._poolings, self._dtype, self._shape = sorted(checked), dt.name, next(iter(checked.values())).shape
         return files
 
-    def log(self, *, flush: bool = True, **row):
+    def log(self, *, flush: bool = True, **row) -> None:
         "Append one row (step=..., train_loss=...) to history.csv (columns: union of all keys); `flush=False` defers the rewrite."
         self._check_open()
         if not row: raise ValueError("log: expected at least one column=value pair, got none")
         self._rows.append({k: _scalar(k, v) for k, v in row.items()})
         if flush: self.flush()
 
-    def flush(self):
+    def flush(self) -> None:
         "Rewrite history.csv atomically from every row logged so far."
         if self._rows: atomic_write_text(self.path / "history.csv", pd.DataFrame(self._rows).to_csv(index=False))
 
-    def save_array(self, relpath: str, array) -> Path:
+    def save_array(self, relpath: str, array: np.ndarray) -> Path:
         "Save an extra array (e.g. 'perturb/step_000010.typo.npy') atomically; it is checksummed in COMPLETE like every file."
         self._check_open()
         rel = Path(relpath)
@@ -378,7 +378,7 @@ class RunWriter:
         self._closed = True; self._release()
         return self.path
 
-    def abandon(self):
+    def abandon(self) -> None:
         "Stop writing without COMPLETE (the run stays incomplete) and release the lock."
         self._closed = True; self._release()
 
@@ -413,7 +413,7 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 def _corrupt(f: Path, what: str) -> CorruptRunError: return CorruptRunError(f"{f}: {what}")
 
 def safe_path(run_dir: str | Path,  # the folder the path must stay in
-              rel,                  # a relative posix path read from a file of the folder
+              rel: str,                  # a relative posix path read from a file of the folder
               source: str | Path,   # the file `rel` was read from (for the message)
              ) -> Path:             # run_dir / rel
     "`run_dir / rel`, or `CorruptRunError` if `rel` is absolute, escapes `run_dir` or passes through a symlink."
@@ -532,7 +532,7 @@ class Run:
                    layer: int = -1,         # hidden-state index in [-(L+1), L]; 0 = embedding output
                    pooling: str = "mean",   # one of `self.poolings`
                    *,
-                   steps=None,              # subset of `self.steps` (in the given order); None = all
+                   steps: list[int] | np.ndarray | None = None,  # subset of `self.steps` (in the given order); None = all
                   ) -> np.ndarray:          # (T, N, d) float32
         "One layer's embeddings at every (or the given) tracked step, read from memory-mapped files."
         self._check_pooling(pooling)
@@ -544,7 +544,7 @@ class Run:
         for t, step in enumerate(s): out[t] = self._load(step, pooling)[layer]
         return out
 
-    def embeddings_all_layers(self, pooling: str = "mean", *, steps=None) -> np.ndarray:  # (T, L+1, N, d) float32
+    def embeddings_all_layers(self, pooling: str = "mean", *, steps: list[int] | np.ndarray | None = None) -> np.ndarray:  # (T, L+1, N, d) float32
         "Every layer's embeddings at every (or the given) tracked step."
         self._check_pooling(pooling)
         s = self._check_steps(steps)

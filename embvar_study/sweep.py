@@ -6,7 +6,7 @@
 from __future__ import annotations
 import contextlib, copy, datetime as _dt, difflib, itertools, json, math, shutil, time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import pandas as pd
 
@@ -55,8 +55,8 @@ PROFILES: dict[str, dict] = {
 PROFILE_KEYS = ("lrs", "seeds", "ref_lr", "head_seeds", "data_seeds", "perturb", "crossed_seeds", "extended_lrs",
                 "extended_seeds", "schedules", "schedule_seeds", "experiments")
 
-# %% ../nbs/14_sweep.ipynb #a38e7dd6
-def suggest(name: str, valid) -> str:
+# %% ../nbs/14_sweep.ipynb #7bbbbe03
+def suggest(name: str, valid: "Iterable[str]") -> str:
     "' (did you mean X?)' for the nearest valid name, or ''."
     near = difflib.get_close_matches(str(name), list(valid), n=1, cutoff=0.6)
     return f" (did you mean {near[0]!r}?)" if near else ""
@@ -140,8 +140,8 @@ def experiment_grid(profile: dict,  # from get_profile
         raise ValueError(f"experiment: expected one of {list(EXPERIMENT_NAMES)}, got {experiment!r}{suggest(experiment, grids)}")
     return grids[experiment]()
 
-# %% ../nbs/14_sweep.ipynb #e90de888
-def plan_study(profile: dict, experiments=None) -> pd.DataFrame:  # experiment, factor, grid values, run_id, config
+# %% ../nbs/14_sweep.ipynb #ee54e100
+def plan_study(profile: dict, experiments: list[str] | None = None) -> pd.DataFrame:  # experiment, factor, grid values, run_id, config
     "Every grid point of `experiments` (default: the profile's) with its TrainConfig dict and run id."
     from embvar_study.train import TrainConfig
     experiments = list(experiments if experiments is not None else profile["experiments"])
@@ -234,7 +234,7 @@ def execute_plan(plan: pd.DataFrame,        # from plan_study (or any rows with 
         if tasks: ex.run(tasks, on_done)
     return {e: pd.DataFrame([r for r in rows if r["experiment"] == e]).drop(columns="experiment") for e in experiments}
 
-# %% ../nbs/14_sweep.ipynb #66088f05
+# %% ../nbs/14_sweep.ipynb #e40709d9
 EXECUTORS = ("local", "ray")
 
 def _spec(prof: dict, overrides: dict, experiments: list, old: dict | None) -> dict:
@@ -265,7 +265,7 @@ def run_study(profile: str,                 # profile name (see PROFILES)
               study_dir: str | Path,        # the study folder (created)
               *,
               overrides: dict | str | None = None,  # grid keys or run fields (see get_profile); a JSON object string works too
-              experiments=None,             # default: the profile's experiments
+              experiments: list[str] | None = None,  # default: the profile's experiments
               executor: str = "local",      # "local" (warm workers on this machine) or "ray"
               jobs: int = 1,                # local: CPU worker processes; ray without an address: runs at once
               runs_per_gpu: int | str = 1,  # local: workers per visible GPU ("auto": from one run's peak memory)

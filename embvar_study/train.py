@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib, dataclasses, inspect, math, re, time, warnings
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -56,9 +56,9 @@ CONFIG_RULES = {  # field -> (test, what is expected)
     **{k: (lambda v: isinstance(v, str) and v.strip() != "", "a non-empty string") for k in ("model", "dataset", "text_col", "label_col", "split", "probes", "device")},
 }
 
-# %% ../nbs/10_train.ipynb #b9f3fe16
+# %% ../nbs/10_train.ipynb #9f1462a7
 @contextlib.contextmanager
-def as_field(field: str):
+def as_field(field: str) -> Iterator[None]:
     "Errors of the data and model layers, renamed to the config field they are about (`source: ...` -> `dataset: ...`)."
     try: yield
     except (ValueError, FileNotFoundError) as e:
@@ -214,7 +214,7 @@ class Batches:
         b = self.tok.pad([self.features[i] for i in idx], return_tensors="pt")
         b["labels"] = self.labels[torch.as_tensor(idx)]
         return b
-    def epoch(self, seed: int | None):
+    def epoch(self, seed: int | None) -> Iterator[dict]:
         "Batches of one pass: in order (seed None) or permuted by a generator seeded with `seed`."
         n = len(self.features)
         order = torch.arange(n) if seed is None else torch.randperm(n, generator=torch.Generator().manual_seed(seed))
@@ -229,7 +229,7 @@ def _autocast(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=_use_bf16(device, precision))
 
 @torch.no_grad()
-def evaluate(model, batches: Batches, device: torch.device, precision: str = "auto") -> dict:  # {"eval_loss", "eval_acc"}
+def evaluate(model: torch.nn.Module, batches: Batches, device: torch.device, precision: str = "auto") -> dict:  # {"eval_loss", "eval_acc"}
     "Mean cross-entropy and accuracy over `batches` (model put in eval mode, previous mode restored)."
     was_training = model.training; model.eval()
     try:
@@ -254,7 +254,7 @@ def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> to
     except (RuntimeError, TypeError, ValueError): return torch.optim.AdamW(groups, lr=lr, foreach=True)
 
 # %% ../nbs/10_train.ipynb #d1e2f310
-def make_schedule(optimizer: torch.optim.Optimizer, schedule: str, warmup: int, total: int):
+def make_schedule(optimizer: torch.optim.Optimizer, schedule: str, warmup: int, total: int) -> torch.optim.lr_scheduler.LRScheduler:
     "The learning-rate scheduler named `schedule` (linear, constant, cosine) with `warmup` linear warmup steps."
     import transformers
     make = {"linear": lambda: transformers.get_linear_schedule_with_warmup(optimizer, warmup, total),

@@ -3,7 +3,6 @@ the same study folder, started about 0.2 s apart. Every trial must leave a folde
 either stops with one line naming the first (exit 2) or finds the work complete; nobody prints "completed" for a
 folder that does not verify, and nobody deletes a live writer's files."""
 import os, subprocess, sys, time
-from pathlib import Path
 
 import pytest
 

@@ -3,7 +3,6 @@ real title, a table of contents, a provenance header, tables formatted for readi
 remote resource; its numbers are the analysis tables'; a second call trains nothing. The templates hold parameters,
 narrative and display calls only. A study without the seed sweep still renders (the early warning falls back)."""
 import ast, html as html_lib, json, re
-from pathlib import Path
 
 import nbformat
 import pytest

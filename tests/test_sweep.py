@@ -5,10 +5,8 @@ import contextlib
 import copy
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np

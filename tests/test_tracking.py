@@ -1,7 +1,6 @@
 """Tracking inside anyone's loop: the `Trainer` callback's run folder is a run folder like `embvar train`'s (loadable,
 drift 0 at step 0, the steps asked for), its embeddings are those of the saved checkpoints embedded by hand, the
 losses are those of the same training without the callback, and the plain-loop example from the README runs."""
-import os
 from pathlib import Path
 
 import numpy as np

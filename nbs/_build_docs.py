@@ -1,0 +1,104 @@
+"""Build the documentation site: every module notebook executed and rendered with its outputs, and the README as the
+index, into one folder of static HTML pages with a shared contents sidebar and working links (no network, no quarto).
+
+    python nbs/_build_docs.py _docs            (what `make docs` runs)
+    python nbs/_build_docs.py --environment    (print environment.yml, generated from settings.ini)
+"""
+import configparser, html, re, shlex, sys, time
+from pathlib import Path
+
+import mistune, nbformat
+from nbclient import NotebookClient
+from nbconvert import HTMLExporter
+
+ROOT = Path(__file__).resolve().parent.parent
+CSS = """body{margin:0;font:15px/1.55 -apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;color:#1d1d1f}
+.layout{display:grid;grid-template-columns:250px minmax(0,1fr);min-height:100vh}
+nav{background:#f6f7f9;border-right:1px solid #e3e5e8;padding:18px 16px;font-size:14px;position:sticky;top:0;height:100vh;overflow:auto;box-sizing:border-box}
+nav a{display:block;color:#0b57d0;text-decoration:none;padding:2px 0}nav a.here{font-weight:600;color:#1d1d1f}
+nav .group{margin:12px 0 2px;font-size:12px;text-transform:uppercase;color:#666;letter-spacing:.04em}
+main{padding:12px 36px 60px;max-width:1100px}pre,code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:13px}
+pre{background:#f6f7f9;padding:8px 10px;border-radius:4px;overflow-x:auto;white-space:pre-wrap}
+.jp-InputArea,.input_area{background:#f6f7f9;border-radius:4px;margin:8px 0 2px}.output_area pre{background:#fff;border-left:3px solid #d7dbe0}
+table{border-collapse:collapse;font-size:13px}td,th{border-bottom:1px solid #e3e5e8;padding:3px 8px;text-align:left}
+img{max-width:100%;height:auto}a.anchor-link{display:none}.prompt{display:none}"""
+
+LAYERS = [("numerics", ["00", "01", "02", "03", "04"]), ("material", ["05", "06", "07"]), ("runs", ["08", "09", "10"]),
+          ("studies", ["11", "12", "13", "14"]), ("findings", ["15", "16", "17", "18", "19"]), ("interface", ["20", "21"])]
+
+
+def settings() -> configparser.SectionProxy:
+    cfg = configparser.ConfigParser(delimiters=["="]); cfg.read(ROOT / "settings.ini", encoding="utf-8")
+    return cfg["DEFAULT"]
+
+
+def environment_yml() -> str:
+    "environment.yml from settings.ini: torch pinned first, then the runtime and dev requirements, then the package."
+    s = settings()
+    reqs = shlex.split(s["requirements"]); dev = shlex.split(s["dev_requirements"])
+    torch = [r for r in reqs if r.startswith("torch")]
+    lines = ["# Generated from settings.ini by `make environment.yml` (tests/test_packaging.py checks that they agree).",
+             "# conda env create -f environment.yml && conda activate embvar-study",
+             "# torch is pinned to the version CI uses; for a GPU, install the CUDA build of torch first (see README).",
+             "name: embvar-study", "channels:", "  - conda-forge", "dependencies:", f"  - python={s['min_python']}", "  - pip", "  - pip:",
+             "      - torch==2.13.0"]
+    lines += [f"      - {r}" for r in reqs if r not in torch] + [f"      - {r}" for r in dev] + ['      - -e ".[dev,offline]"']
+    return "\n".join(lines) + "\n"
+
+
+def pages() -> list[Path]:
+    return sorted(p for p in (ROOT / "nbs").glob("[0-9][0-9]_*.ipynb"))
+
+
+def sidebar(current: str) -> str:
+    by_num = {p.name[:2]: p for p in pages()}
+    out = [f'<a href="index.html"{" class=here" if current == "index.html" else ""}>Overview (README)</a>']
+    for layer, nums in LAYERS:
+        out.append(f'<div class="group">{layer}</div>')
+        for n in nums:
+            if n in by_num:
+                name = by_num[n].stem + ".html"
+                out.append(f'<a href="{name}"{" class=here" if current == name else ""}>{html.escape(by_num[n].stem[3:])}</a>')
+    return "<nav>" + "".join(out) + "</nav>"
+
+
+def page(title: str, body: str, current: str) -> str:
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)} — embvar-study</title>'
+            f'<style>{CSS}</style></head><body><div class="layout">{sidebar(current)}<main>{body}</main></div></body></html>')
+
+
+def readme_html() -> str:
+    "The README rendered, its links made to work from _docs/: notebooks to their pages, everything else to the checkout."
+    body = mistune.create_markdown(escape=False, plugins=["table"])((ROOT / "README.md").read_text(encoding="utf-8"))
+    def fix(m):
+        attr, url = m.group(1), m.group(2)
+        if re.match(r"^(https?:|#|mailto:)", url): return m.group(0)
+        nb = re.match(r"^nbs/(\d\d_[\w]+)\.ipynb$", url)
+        return f'{attr}="{nb.group(1)}.html"' if nb else f'{attr}="../{url}"'
+    return re.sub(r'(href|src)="([^"]+)"', fix, body)
+
+
+def notebook_html(path: Path, execute: bool = True) -> str:
+    nb = nbformat.read(path, as_version=4)
+    if execute: NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    body, _ = HTMLExporter(template_name="basic").from_notebook_node(nb)
+    return re.sub(r'href="(\d\d_[\w]+)\.ipynb"', r'href="\1.html"', body)
+
+
+def build(dest: Path, execute: bool = True) -> list[Path]:
+    dest.mkdir(parents=True, exist_ok=True)
+    written = [dest / "index.html"]
+    written[0].write_text(page("Overview", readme_html(), "index.html"), encoding="utf-8")
+    for p in pages():
+        t = time.perf_counter()
+        (dest / f"{p.stem}.html").write_text(page(p.stem, notebook_html(p, execute), f"{p.stem}.html"), encoding="utf-8")
+        written.append(dest / f"{p.stem}.html")
+        print(f"{p.name}: {time.perf_counter() - t:.1f}s", flush=True)
+    return written
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--environment"]: sys.stdout.write(environment_yml())
+    else:
+        out = build(Path(sys.argv[1] if len(sys.argv) > 1 else ROOT / "_docs"), execute="--no-execute" not in sys.argv)
+        print(f"docs: {len(out)} pages in {out[0].parent}")
