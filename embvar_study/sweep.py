@@ -4,7 +4,7 @@
 
 # %% ../nbs/14_sweep.ipynb #526e1b7f
 from __future__ import annotations
-import contextlib, copy, datetime as _dt, difflib, itertools, json, math, shutil, time
+import contextlib, copy, datetime as _dt, difflib, itertools, json, math, re, shutil, time
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -38,12 +38,12 @@ PROFILES: dict[str, dict] = {
         "extended_lrs": [1e-5, 3e-5, 5e-5, 1e-4, 2e-4, 5e-4], "extended_seeds": [0, 1],
         "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], "experiments": list(EXPERIMENT_NAMES)},
     "reviews": {
-        "base": dict(model="minilm-offline", dataset=None, probes="heldout", n_probes=64, epochs=1, batch_size=16,
-                     max_length=256, probe_max_length=256, track_every=3, eval_every=6, warmup_ratio=0.06),
+        "base": dict(model="minilm-offline", dataset=None, probes="heldout", n_probes=48, n_train=160, n_eval=48, epochs=2,
+                     batch_size=16, max_length=256, probe_max_length=256, track_every=4, eval_every=10, warmup_ratio=0.06),
         "lrs": [5e-5, 5e-4], "seeds": [0, 1, 2], "ref_lr": 5e-5, "head_seeds": [0, 1, 2], "data_seeds": [0, 1, 2],
         "perturb": dict(_PERTURB, perturb_k=4), "crossed_seeds": [0, 1],
         "extended_lrs": [1e-5, 5e-5, 2e-4, 5e-4], "extended_seeds": [0, 1],
-        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], "experiments": ["lr_sweep", "schedule", "seed_sweep"]},
+        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], "experiments": ["lr_sweep", "schedule"]},
     "smoke": {
         "base": dict(model="tiny-distilbert", dataset="bundled", n_train=64, n_eval=32, epochs=1, batch_size=16,
                      max_length=48, probe_max_length=48, track_every=1, n_probes=48),
@@ -168,7 +168,7 @@ def _move_aside(study_dir: Path, run_dir: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True); shutil.move(str(run_dir), str(dest))
     return dest
 
-# %% ../nbs/14_sweep.ipynb #97e4408b
+# %% ../nbs/14_sweep.ipynb #53f3858c
 def _label(row: dict) -> str:
     "The design values of a plan row in a few words: 'lr=5e-4 seed=1', 'lr=5e-5 init_seed=2 data_seed=0'."
     given = {k: v for k, v in row.items() if v is not None and not (isinstance(v, float) and math.isnan(v))}
@@ -213,7 +213,7 @@ def execute_plan(plan: pd.DataFrame,        # from plan_study (or any rows with 
         todo.append(rid)
     def save():
         for e in experiments: write_manifest(study_dir, e, [{k: v for k, v in r.items() if k != "experiment"} for r in rows if r["experiment"] == e])
-    t0, done, errors = time.perf_counter(), [0], {}
+    t0, done, errors, warned = time.perf_counter(), [0], {}, set()
     first = {rid: next(r for r in rows if r["run_id"] == rid) for rid in todo}
     def on_done(rid, res):
         for r in rows:
@@ -222,6 +222,9 @@ def execute_plan(plan: pd.DataFrame,        # from plan_study (or any rows with 
             errors.setdefault(first[rid]["experiment"], []).append(f"== {rid} ({first[rid]['path']})\n{res['traceback']}")
             atomic_write_text(study_dir / "sweeps" / f"{first[rid]['experiment']}.errors.txt", "\n".join(errors[first[rid]["experiment"]]))
         save(); done[0] += 1
+        for w in res.get("warnings", []):          # each kind of warning once per plan, not once per run
+            kind = re.sub(r"\d+", "N", w)
+            if kind not in warned: warned.add(kind); say(f"warning ({first[rid]['experiment']} {rid}): {w}")
         el = time.perf_counter() - t0; eta = el / done[0] * (len(todo) - done[0])
         say(f"[{done[0]}/{len(todo)}] {first[rid]['experiment']} {_label(first[rid])} ({rid}) -> {res['status']} ({res.get('seconds', 0):.1f}s"
             + (f" on {res['node']}" if executor == "ray" and res.get("node") else "") + ")"

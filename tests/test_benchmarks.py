@@ -1,0 +1,18 @@
+"""The GPU check runs end to end on the CPU with tiny settings, and writes the JSON the README's table is made from."""
+import json, os, subprocess, sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_gpu_check_tiny_on_cpu(tmp_path):
+    out = tmp_path / "gc.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--tiny", "--scaling", "1,2", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    run = res["one_run"]
+    assert run["steps"] == 4 and run["step_s"] > 0 and run["tokens_per_s"] > 0 and run["params"] > 0
+    assert [s["runs_at_once"] for s in res["scaling"]] == [1, 2] and all(s["wall_s"] > 0 for s in res["scaling"])
+    assert {m["metric"] for m in res["metrics"]} == {"drift_curve (T, N, d)", "linear_cka (K pairs)", "procrustes_align_batch (K pairs)"}
+    assert "gpu_check: done" in r.stdout
