@@ -24,10 +24,12 @@ $(BIN)/python:
 $(VENV)/.installed: $(BIN)/python settings.ini setup.py
 	$(BIN)/pip install -q $(TORCH_INDEX) "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[$(EXTRAS)]"
-	@# JupyterLab: notebooks are cleaned on save (nbdev's hook, jupyter_hooks = True in settings.ini) and open clean:
-	@# the venv's kernel is named as the notebooks name it, so opening one does not rewrite its kernelspec
+	@# JupyterLab: notebooks are cleaned when saved (nbdev's hook; jupyter_hooks = True in settings.ini) and open
+	@# without a change mark (nbs/_jupyter_contents.py fills in what the kernel reports when a notebook is read)
 	-$(BIN)/nbdev_install_hooks
-	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name python3 > /dev/null
+	mkdir -p $(VENV)/etc/jupyter
+	printf 'import sys\nsys.path.insert(0, "%s")\nc.ServerApp.contents_manager_class = "_jupyter_contents.CleanOpenContentsManager"\n' \
+		"$(CURDIR)/nbs" > $(VENV)/etc/jupyter/jupyter_server_config.py
 	touch $@
 
 install: $(VENV)/.installed
