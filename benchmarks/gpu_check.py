@@ -10,7 +10,7 @@ Measures, and prints and writes as JSON (--out, default gpu_check.json):
     python benchmarks/gpu_check.py                       # on a GPU machine (about 5-7 minutes on an H100/H200)
     python benchmarks/gpu_check.py --tiny --out x.json   # a CPU smoke version (tiny model, seconds); tests/test_benchmarks.py runs it
 """
-import argparse, json, os, platform, sys, tempfile, time
+import argparse, json, os, platform, tempfile, time
 from pathlib import Path
 
 PEAK_BF16_TFLOPS = {"H200": 989, "H100": 989, "A100": 312, "L40S": 362, "A10": 125, "L4": 121, "V100": 125}   # dense, per device

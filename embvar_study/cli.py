@@ -147,7 +147,7 @@ def _failed_runs(study_dir: Path, manifests: dict) -> str | None:
     errs = sorted(str(p) for p in (study_dir / "sweeps").glob("*.errors.txt"))
     return f"{len(lines)} run(s) failed; the report was not rendered:\n" + "\n".join(lines) + (f"\n  tracebacks: {', '.join(errs)}" if errs else "")
 
-# %% ../nbs/21_cli.ipynb #ed97808c
+# %% ../nbs/21_cli.ipynb #9fa0206e
 def report_main(argv: list[str]) -> Path:
     "`embvar report`: run (or read) a study, execute the notebooks, render report.html."
     a = report_parser().parse_args(fix_negatives(argv))
@@ -157,9 +157,10 @@ def report_main(argv: list[str]) -> Path:
     sets, study_dir = parse_sets(a.sets), Path(a.study_dir or Path("reports") / profile).resolve()
     from embvar_study.sweep import get_profile, run_study
     from embvar_study.study import study_lock, lock_env, check_study, read_study_spec
+    from embvar_study.runs import atomic_write_json
     from embvar_study import report as R
     get_profile(profile, sets)                                      # every --set key checked before any work
-    t0 = time.perf_counter()
+    t0, timing = time.perf_counter(), {"imports_s": time.perf_counter() - _T_MAIN}
     with study_lock(study_dir):
         if a.only_report:
             spec = read_study_spec(study_dir)
@@ -172,17 +173,27 @@ def report_main(argv: list[str]) -> Path:
             manifests = run_study(profile, study_dir, overrides=sets, experiments=a.experiments, executor=a.executor, jobs=a.jobs,
                                   runs_per_gpu=_runs_per_gpu(a.runs_per_gpu), ray_address=a.ray_address, gpus_per_run=a.gpus_per_run,
                                   cpus_per_run=a.cpus_per_run)
+            timing["runs_s"] = time.perf_counter() - t0
             failed = _failed_runs(study_dir, manifests)
             if failed: raise StudyFailed(failed)
             names = list(manifests); run_names = [*names, "report"]
         params = {"profile": profile, "study_dir": str(study_dir), "overrides": json.dumps(sets), "jobs": a.jobs,
                   "executor": a.executor, "ray_address": a.ray_address or "", "cpus_per_run": a.cpus_per_run,
                   "gpus_per_run": -1.0 if a.gpus_per_run is None else a.gpus_per_run}
-        R.execute_notebooks(run_names, study_dir, params, templates=a.templates, env=lock_env(study_dir))
+        t = time.perf_counter()
+        R.execute_notebooks(run_names, study_dir, params, templates=a.templates, env=lock_env(study_dir),
+                            say=lambda line: (print(line), timing.setdefault("notebooks_s", {}).update(_notebook_time(line))))
+        timing["all_notebooks_s"], t = time.perf_counter() - t, time.perf_counter()
         dest = R.render_html(study_dir, study_dir / "notebooks" / "report.ipynb",
                              [study_dir / "notebooks" / f"{n}.ipynb" for n in names], profile=profile)
+        timing["render_s"], timing["total_s"] = time.perf_counter() - t, time.perf_counter() - _T_MAIN
+        atomic_write_json(study_dir / "logs" / "timing.json", timing)
     print(f"report: {dest} ({dest.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - t0:.0f}s)")
     return dest
+
+def _notebook_time(line: str) -> dict:
+    m = re.match(r"\[\d+/\d+\] notebook (\w+): done in ([\d.]+)s", line)
+    return {m.group(1): float(m.group(2))} if m else {}
 
 # %% ../nbs/21_cli.ipynb #7418d65f
 def runs_report(run_dirs: list[str], group_by: str, study_dir: Path, *, templates: str | None = None) -> Path:
@@ -197,7 +208,9 @@ def runs_report(run_dirs: list[str], group_by: str, study_dir: Path, *, template
     print(f"report: {dest}")
     return dest
 
-# %% ../nbs/21_cli.ipynb #15444477
+# %% ../nbs/21_cli.ipynb #37fc4f4b
+_T_MAIN = time.perf_counter()   # when `embvar` started its work (reset by main); phases are timed from it
+
 def _version() -> str:
     from importlib.metadata import version, PackageNotFoundError
     try: return version("embvar-study")
@@ -224,6 +237,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"embvar: error: unknown command {argv[0]!r}{suggest(argv[0], cmds)}; valid: train, report", file=sys.stderr); sys.exit(2)
         return
     run, parser = cmds[argv[0]]
+    global _T_MAIN; _T_MAIN = time.perf_counter()
     try: run(argv[1:])
     except KeyboardInterrupt: print(f"embvar {argv[0]}: interrupted", file=sys.stderr); sys.exit(130)
     except Exception as e:
