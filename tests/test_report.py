@@ -152,3 +152,24 @@ def test_a_study_with_lr_extended_but_no_seed_sweep_renders(tmp_path):
     assert "the seed_sweep experiment was not run in this study" in page                # said once, uniformly, per section
     start = page.index('<h2 id="Drift-as-an-early-warning"'); ew = page[start:page.index("<h2", start + 5)]
     assert "Threshold" in ew and "fallback" in ew and "Not computed" not in ew.split("AUC")[0]
+
+
+def test_the_reviews_profile_on_a_review_file(tmp_path):
+    # any CSV of the IMDb layout (text, label); probes are rows of it set aside; the tiny model keeps it fast
+    words = ["good", "great", "fine", "lovely", "bad", "poor", "dull", "awful"]
+    rows = [f'"review {i}: the film was {words[i % 8]}, the cast {words[(3 * i) % 8]} and the ending {words[(5 * i) % 8]}",{int(i % 8 < 4)}'
+            for i in range(120)]
+    data = tmp_path / "reviews.csv"; data.write_text("text,label\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "study"
+    main(["report", "--profile", "reviews", "--set", f"dataset={data}", "--set", "model=tiny-distilbert", "--set", "max_length=32",
+          "--set", "probe_max_length=32", "--set", "n_probes=16", "--set", "n_train=48", "--set", "n_eval=16", "--out", str(out)])
+    study = load_study(out)
+    assert study.profile == "reviews" and study.experiments == ["lr_sweep", "schedule"]
+    probes = study.runs("lr_sweep").runs[0].probes
+    assert len(probes) == 16 and probes["text"].str.startswith("review ").all()     # held-out rows of the file
+    for run in study.all_runs().runs:
+        assert not set(probes["text"]) & set(run.probes["text"]) - set(probes["text"])   # every run embeds the same probes
+    page = (out / "report.html").read_text()
+    assert "Traceback" not in page and "Do the curves of every rate and schedule fall onto one curve" in page
+    text = html_lib.unescape(re.sub(r"<[^>]+>", " ", page))
+    assert not [r for r in rows if r.split(",")[0].strip('"')[:25] in text]              # no review text in the report
