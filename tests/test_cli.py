@@ -135,3 +135,17 @@ def test_report_errors_are_one_line(tmp_path):
 def test_unknown_command_suggests():
     r = embvar("trian")
     assert r.returncode == 2 and "unknown command 'trian' (did you mean 'train'?)" in r.stderr
+
+
+def test_a_full_disk_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
+    import embvar_study.runs as runs_mod
+    real = runs_mod.np.save
+    def full(f, a, allow_pickle=False):
+        real(f, a[: max(1, len(a) // 2)], allow_pickle=allow_pickle)   # part of it fits, then the disk is full
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(runs_mod.np, "save", full)
+    code, out, err = run_cli(["train", *cli_args(TINY), "--out", str(tmp_path / "r"), "--no-progress"], capsys)
+    lines = [l for l in err.strip().splitlines() if l.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert "step_000000" in lines[0] and "cannot write (No space left on device)" in lines[0]
+    assert not list((tmp_path / "r").rglob("*.tmp")) and not (tmp_path / "r" / "COMPLETE").exists()   # nothing half-written left
