@@ -159,7 +159,8 @@ def report_main(argv: list[str]) -> Path:
     from embvar_study.study import study_lock, lock_env, check_study, read_study_spec
     from embvar_study.runs import atomic_write_json
     from embvar_study import report as R
-    get_profile(profile, sets)                                      # every --set key checked before any work
+    prof = get_profile(profile, sets)                               # every --set key checked before any work
+    R.check_templates([*(a.experiments or prof["experiments"]), "report"], a.templates)
     t0, timing = time.perf_counter(), {"imports_s": time.perf_counter() - _T_MAIN}
     with study_lock(study_dir):
         if a.only_report:

@@ -22,8 +22,8 @@ __all__ = ['format_value', 'format_table', 'table_html', 'Figure', 'figure_png',
            'section_noise_floor', 'section_geometry', 'section_perturbation', 'section_mitigation',
            'section_components', 'section_early_warning', 'note_md', 'section_agreement', 'section_pooling',
            'section_provenance', 'section_runs_overview', 'section_runs_seeds', 'section_runs_noise_floor', 'findings',
-           'section_experiment', 'json_list', 'project_root', 'resolve_study_dir', 'template_dir', 'NotebookFailed',
-           'execute_notebooks', 'render_html']
+           'section_experiment', 'json_list', 'project_root', 'resolve_study_dir', 'template_dir', 'check_templates',
+           'NotebookFailed', 'execute_notebooks', 'render_html']
 
 # %% ../nbs/20_report.ipynb #ee566980
 def format_value(v: object, digits: int = 3) -> str:
@@ -521,6 +521,13 @@ def template_dir() -> Path:
     if root is not None and (root / "nbs" / "experiments" / "report.ipynb").is_file(): return root / "nbs" / "experiments"
     raise FileNotFoundError("the experiment templates were not found inside the package or a checkout; reinstall embvar-study")
 
+def check_templates(names: list[str], templates: str | Path | None = None) -> Path:  # the folder of the templates
+    "The templates folder (given, or the package's), checked to hold `<name>.ipynb` for every name."
+    tdir = Path(templates) if templates else template_dir()
+    missing = [n for n in names if not (tdir / f"{n}.ipynb").is_file()]
+    if missing: raise FileNotFoundError(f"templates: {tdir} has no {', '.join(n + '.ipynb' for n in missing)}")
+    return tdir
+
 class NotebookFailed(RuntimeError):
     "An executed notebook raised; the message names the notebook, the cell, the error and the log."
 
@@ -528,9 +535,7 @@ def execute_notebooks(names: list[str], study_dir: str | Path, parameters: dict,
                       env: dict | None = None, say: Callable[[str], None] | None = print) -> list[Path]:  # the executed notebooks
     "Execute the named templates with papermill into study_dir/notebooks, logging cells to study_dir/logs."
     import logging, papermill as pm
-    study_dir = Path(study_dir); tdir = Path(templates) if templates else template_dir()
-    missing = [n for n in names if not (tdir / f"{n}.ipynb").is_file()]
-    if missing: raise FileNotFoundError(f"templates: {tdir} has no {', '.join(n + '.ipynb' for n in missing)}")
+    study_dir, tdir = Path(study_dir), check_templates(names, templates)
     (study_dir / "notebooks").mkdir(parents=True, exist_ok=True); (study_dir / "logs").mkdir(exist_ok=True)
     log, out, old_env = logging.getLogger("papermill"), [], {k: os.environ.get(k) for k in (env or {})}
     os.environ.update(env or {})

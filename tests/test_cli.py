@@ -149,3 +149,19 @@ def test_a_full_disk_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert "step_000000" in lines[0] and "cannot write (No space left on device)" in lines[0]
     assert not list((tmp_path / "r").rglob("*.tmp")) and not (tmp_path / "r" / "COMPLETE").exists()   # nothing half-written left
+
+
+def test_templates_pointing_nowhere_is_one_line(tmp_path):
+    line = one_line_error(embvar("report", "--profile", "smoke", "--experiments", "lr_sweep", "--set", "seeds=[0]", "--set", "lrs=[5e-4]",
+                                 "--templates", str(tmp_path / "nowhere"), "--out", str(tmp_path / "s")), "report")
+    assert "--templates: " in line and "nowhere" in line and "lr_sweep.ipynb" in line
+
+
+def test_a_failed_run_stops_before_the_report_with_one_line_per_run(tmp_path):
+    r = embvar("report", "--profile", "smoke", "--experiments", "lr_sweep", "--set", "model=no-such-org/no-such-model", "--out", str(tmp_path / "s"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines[0] == "embvar report: error: 4 run(s) failed; the report was not rendered:"
+    assert len([l for l in lines if l.startswith("  lr_sweep ") and "HubUnavailableError" in l]) == 4
+    assert lines[-1].startswith("  tracebacks: ") and lines[-1].endswith("lr_sweep.errors.txt")
+    assert not (tmp_path / "s" / "report.html").exists() and not (tmp_path / "s" / "notebooks").exists()
