@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .data import load_texts, train_eval_split, load_probes, parse_heldout, source_fingerprint, probes_fingerprint
+from .data import (load_texts, train_eval_split, load_probes, parse_heldout, source_fingerprint, probes_fingerprint,
+                               HubUnavailableError)
 from .models import load_model_and_tokenizer, model_summary, model_fingerprint
 from .extract import embed_perturbed, count_truncated, position_limit
 from .runs import FolderLock, config_hash, run_folder_state, verify_run, CorruptRunError
@@ -61,8 +62,9 @@ CONFIG_RULES = {  # field -> (test, what is expected)
 def as_field(field: str) -> Iterator[None]:
     "Errors of the data and model layers, renamed to the config field they are about (`source: ...` -> `dataset: ...`)."
     try: yield
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, HubUnavailableError) as e:
         msg = re.sub(r"^(source|load_texts|load_probes|path|folder|name|text|probes|dataset)(\[[^\]]*\])?:\s*", "", str(e))
+        msg = re.sub(r"^(model|dataset) (?='|\")", "", msg)     # "model 'x': the Hub ..." -> "'x': the Hub ..."
         raise type(e)(f"{field}: {msg.replace('text_col=', 'text_col').replace('label_col=', 'label_col')}") from None
 
 # %% ../nbs/10_train.ipynb #52c07809
