@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Callable
 
 # %% auto #0
-__all__ = ['TRAIN_GROUPS', 'parse_value', 'parse_sets', 'fix_negatives', 'flag_message', 'field_docs', 'train_parser',
-           'train_main', 'report_parser', 'StudyFailed', 'report_main', 'runs_report', 'main']
+__all__ = ['TRAIN_GROUPS', 'parse_value', 'parse_sets', 'absolute_path', 'fix_negatives', 'flag_message', 'field_docs',
+           'train_parser', 'train_main', 'report_parser', 'StudyFailed', 'report_main', 'runs_report', 'main']
 
 # %% ../nbs/21_cli.ipynb #765022ee
 def parse_value(text: str) -> object:
@@ -19,12 +19,16 @@ def parse_value(text: str) -> object:
     except json.JSONDecodeError: return text
 
 def parse_sets(items: list[str] | None) -> dict:
-    "`['lrs=[1e-5,1e-4]', 'n_train=200']` -> `{'lrs': [1e-05, 0.0001], 'n_train': 200}`."
+    "`['lrs=[1e-5,1e-4]', 'dataset=my.csv']` -> `{'lrs': [1e-05, 0.0001], 'dataset': '/abs/my.csv'}` (paths made absolute)."
     out = {}
     for it in items or []:
         if "=" not in it: raise ValueError(f"--set: expected KEY=VALUE, got {it!r}")
         k, v = it.split("=", 1); out[k.strip()] = parse_value(v.strip())
-    return out
+    return {k: absolute_path(v) if k in ("dataset", "probes", "model") else v for k, v in out.items()}
+
+def absolute_path(value: object) -> object:
+    "A relative path that exists here, made absolute (the notebooks run in the study folder); anything else as it is."
+    return str(Path(value).resolve()) if isinstance(value, str) and not Path(value).is_absolute() and Path(value).exists() else value
 
 # %% ../nbs/21_cli.ipynb #11d62537
 _NEGATIVE = re.compile(r"^-(\d|\.\d)")
