@@ -19,8 +19,8 @@ from .stats import cluster_bootstrap_ci, effect_size_table
 # %% auto #0
 __all__ = ['REFERENCE', 'runs_table', 'probe_drift', 'drift_curves', 'drift_summary', 'setup_table', 'reference_table',
            'layer_drift_table', 'pairwise_table', 'similarity_matrix', 'dispersion_over_training', 'geometry_table',
-           'lr_effects', 'noise_floor', 'mitigation_table', 'perturbation_table', 'collapse_table', 'schedule_effects',
-           'provenance_tables']
+           'lr_effects', 'noise_floor', 'mitigation_table', 'perturbation_table', 'curve_gap', 'collapse_table',
+           'schedule_effects', 'provenance_tables']
 
 # %% ../nbs/15_analysis.ipynb #ebb2079a
 def _history(run) -> tuple[pd.DataFrame, pd.DataFrame]:  # (training rows, held-out rows)
@@ -255,39 +255,55 @@ def perturbation_table(rs: RunSet) -> pd.DataFrame:  # lr, step, when, kind, lay
     if not out: raise NotComputed("no run of this set saved perturbed embeddings")
     return pd.DataFrame(out)
 
-# %% ../nbs/15_analysis.ipynb #f3417236
-def _iso_r2(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
-    "R^2 of the weighted isotonic (non-decreasing) fit of y on x."
-    from scipy.optimize import isotonic_regression
-    keep = w > 0                                    # a resample leaves some runs out
-    o = np.lexsort((y[keep], x[keep])); x, y, w = x[keep][o], y[keep][o], w[keep][o]
-    fit = isotonic_regression(y, weights=w, increasing=True).x
-    mu = np.average(y, weights=w)
-    tot = np.sum(w * (y - mu) ** 2)
-    return float(1 - np.sum(w * (y - fit) ** 2) / tot) if tot > 0 else np.nan
+# %% ../nbs/15_analysis.ipynb #96b53884
+def curve_gap(x1: np.ndarray, y1: np.ndarray,   # (T1,) increasing x, and y, of curve 1
+              x2: np.ndarray, y2: np.ndarray,   # (T2,) of curve 2
+              n: int = 25,                      # points of the common range the gap is averaged over
+             ) -> tuple[float, float, float]:   # (relative gap, low, high of the common range); NaN gap without overlap
+    "Mean |y1 - y2| over the x-range both curves cover (x > 0), relative to their mean y there."
+    lo, hi = max(x1[x1 > 0].min(initial=np.inf), x2[x2 > 0].min(initial=np.inf)), min(x1.max(), x2.max())
+    if not hi > lo: return np.nan, lo, hi
+    g = np.linspace(lo, hi, n)
+    a, b = np.interp(g, x1, y1), np.interp(g, x2, y2)
+    scale = np.mean((a + b) / 2)
+    return (float(np.mean(np.abs(a - b)) / scale) if scale > 0 else np.nan), float(lo), float(hi)
 
-# %% ../nbs/15_analysis.ipynb #313f37d5
+# %% ../nbs/15_analysis.ipynb #bfe791a2
+def _group_arrays(rs: RunSet, layer: int, pooling: str) -> dict:
+    "(lr, schedule) -> (steps (T,), cum_lr (S, T), drift (S, T)) over the group's common steps."
+    cur, out = drift_curves(rs, layer, pooling), {}
+    for key, g in rs.groups(["lr", "schedule"]).items():
+        steps = g.common_steps()
+        c = cur[cur["run_id"].isin(g.table["run_id"]) & cur["step"].isin(steps)].sort_values(["run_id", "step"])
+        out[key] = (steps, c["cum_lr"].to_numpy().reshape(len(g), -1), c["drift"].to_numpy().reshape(len(g), -1))
+    return out
+
+def _pair_gaps(a: tuple, b: tuple) -> tuple[float, float, float, float]:  # (gap vs C, C low, C high, gap vs step)
+    (sa, ca, da), (sb, cb, db) = a, b
+    gc, lo, hi = curve_gap(ca, da, cb, db)
+    common = np.intersect1d(sa[sa > 0], sb[sb > 0])
+    ya, yb = da[np.isin(sa, common)], db[np.isin(sb, common)]
+    gs = float(np.mean(np.abs(ya - yb)) / np.mean((ya + yb) / 2)) if len(common) and np.mean(ya + yb) > 0 else np.nan
+    return gc, lo, hi, gs
+
+# %% ../nbs/15_analysis.ipynb #522a0bee
 def collapse_table(rs: RunSet, layer: int = -1, pooling: str = "mean", *, n_resamples: int = 1000,
-                   confidence: float = 0.95, seed: int = 0) -> pd.DataFrame:  # x, r2, ci_low, ci_high, n_runs, n_groups
-    "Share of drift's variance over every (run, step) explained by one monotone curve of the step, and of the cumulative lr."
-    if len(rs) < 2: raise NotComputed(f"the collapse test needs at least 2 runs, got {len(rs)}")
-    cur = drift_curves(rs, layer, pooling)
-    cur = cur[cur["step"] > 0]
-    groups = rs.table.set_index("run_id").loc[cur["run_id"], ["lr", "schedule"]].astype(str).agg("/".join, axis=1).to_numpy()
-    runs, run_idx = np.unique(cur["run_id"].to_numpy(), return_inverse=True)
-    run_group = pd.Series(groups).groupby(run_idx).first().to_numpy()
-    rng, out = np.random.default_rng(seed), []
-    draws = np.zeros((n_resamples, len(runs)))   # resample runs within each group: each run's multiplicity is its weight
-    for g in np.unique(run_group):
-        members = np.flatnonzero(run_group == g)
-        picks = members[rng.integers(0, len(members), size=(n_resamples, len(members)))]
-        np.add.at(draws, (np.arange(n_resamples)[:, None], picks), 1.0)
-    for x in ("step", "cum_lr"):
-        xs, ys = cur[x].to_numpy(float), cur["drift"].to_numpy(float)
-        est = _iso_r2(xs, ys, np.ones(len(xs)))
-        boot = np.array([_iso_r2(xs, ys, w[run_idx]) for w in draws])
-        lo, hi = np.nanquantile(boot, [(1 - confidence) / 2, (1 + confidence) / 2])
-        out.append({"x": x, "r2": est, "ci_low": lo, "ci_high": hi, "n_runs": len(runs), "n_groups": len(np.unique(run_group))})
+                   confidence: float = 0.95, seed: int = 0) -> pd.DataFrame:  # one row per pair of (lr, schedule) groups
+    "Gap between every two groups' mean drift curves against the cumulative lr, and against the step, with seed-bootstrap CIs."
+    groups = _group_arrays(rs, layer, pooling)
+    if len(groups) < 2: raise NotComputed(f"the collapse test needs at least 2 groups of rate and schedule, got {len(groups)}")
+    rng, q = np.random.default_rng(seed), [(1 - confidence) / 2, (1 + confidence) / 2]
+    draws = {k: rng.integers(0, v[1].shape[0], size=(n_resamples, v[1].shape[0])) for k, v in groups.items()}   # seeds per group
+    mean = lambda k, idx=None: (groups[k][0], *(a.mean(0) if idx is None else a[idx].mean(0) for a in groups[k][1:]))
+    out = []
+    for i, a in enumerate(groups):
+        for b in list(groups)[i + 1:]:
+            gc, lo, hi, gs = _pair_gaps(mean(a), mean(b))
+            boot = np.array([_pair_gaps(mean(a, draws[a][r]), mean(b, draws[b][r])) for r in range(n_resamples)])
+            (cl, ch), (sl, sh) = (np.nanquantile(boot[:, j], q) if np.isfinite(boot[:, j]).any() else (np.nan, np.nan) for j in (0, 3))
+            out.append({"group_a": f"lr {format_lr(a[0])}, {a[1]}", "group_b": f"lr {format_lr(b[0])}, {b[1]}", "cum_lr_low": lo,
+                        "cum_lr_high": hi, "gap_cum_lr": gc, "gap_cum_lr_low": cl, "gap_cum_lr_high": ch,
+                        "gap_step": gs, "gap_step_low": sl, "gap_step_high": sh})
     return pd.DataFrame(out)
 
 # %% ../nbs/15_analysis.ipynb #2f506ab7

@@ -142,10 +142,11 @@ def plot_schedule(summary: pd.DataFrame,  # analysis.drift_summary(by=["lr", "sc
         axes[0].plot(s["step"], s["drift"], color=pal[lr], ls=styles[sch], lw=2, label=f"{group_label('lr', lr)}, {sch}")
         if s["ci_low"].notna().any(): axes[0].fill_between(s["step"], s["ci_low"].fillna(s["drift"]), s["ci_high"].fillna(s["drift"]), color=pal[lr], alpha=0.12, lw=0)
     for (lr, sch, rid), c in curves.groupby(["lr", "schedule", "run_id"]):
-        axes[1].plot(c["cum_lr"], c["drift"], color=pal[lr], ls=styles[sch], lw=1, marker="o", ms=2.5, alpha=0.8)
+        pos = c[c["cum_lr"] > 0]                          # log axis: step 0 (C = 0) is off it
+        axes[1].semilogx(pos["cum_lr"], pos["drift"], color=pal[lr], ls=styles[sch], lw=1, marker="o", ms=2.5, alpha=0.8)
         axes[2].plot(c["loss_drop"], c["drift"], color=pal[lr], ls=styles[sch], lw=1, marker="o", ms=2.5, alpha=0.8)
     axes[0].set(xlabel="optimizer step", ylabel="drift from step 0", title="Against the step (mean, 95% CI)")
-    axes[1].set(xlabel="cumulative learning rate Σ ηₛ", ylabel="drift from step 0", title="Against the cumulative learning rate (each run)")
+    axes[1].set(xlabel="cumulative learning rate Σ ηₛ (log scale)", ylabel="drift from step 0", title="Against the cumulative learning rate (each run)")
     axes[2].set(xlabel="training-loss drop since the first steps", ylabel="drift from step 0", title="Against the change in loss (each run)")
     axes[0].legend(frameon=False, fontsize=8)
     return fig

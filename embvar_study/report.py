@@ -16,10 +16,10 @@ from .study import Study, NotComputed, format_lr
 from .runs import atomic_write_bytes, package_version, git_info
 
 # %% auto #0
-__all__ = ['format_value', 'format_table', 'table_html', 'Figure', 'figure_png', 'figure_html', 'RawHTML', 'Table', 'note_html',
-           'to_html', 'show', 'memo', 'header', 'section_drift', 'section_reference', 'section_schedule',
-           'collapse_answer', 'section_effects', 'section_layers', 'section_seed_variance', 'section_pairs',
-           'section_noise_floor', 'section_geometry', 'section_perturbation', 'section_mitigation',
+__all__ = ['COLLAPSE_GAP', 'format_value', 'format_table', 'table_html', 'Figure', 'figure_png', 'figure_html', 'RawHTML',
+           'Table', 'note_html', 'to_html', 'show', 'memo', 'header', 'section_drift', 'section_reference',
+           'section_schedule', 'collapse_answer', 'section_effects', 'section_layers', 'section_seed_variance',
+           'section_pairs', 'section_noise_floor', 'section_geometry', 'section_perturbation', 'section_mitigation',
            'section_components', 'section_early_warning', 'note_md', 'section_agreement', 'section_pooling',
            'section_provenance', 'section_runs_overview', 'section_runs_seeds', 'section_runs_noise_floor', 'findings',
            'section_experiment', 'json_list', 'project_root', 'resolve_study_dir', 'template_dir', 'check_templates',
@@ -221,24 +221,31 @@ def section_schedule(study: Study, **o) -> list:
     se = memo(study, ("schedule_effects", o["layer"], o["pooling"], o["n_resamples"]),
               lambda: A.schedule_effects(rs, o["layer"], o["pooling"], n_resamples=o["n_resamples"]))
     ct = memo(study, ("collapse", o["layer"], o["pooling"], o["n_resamples"]),
-              lambda: A.collapse_table(rs, o["layer"], o["pooling"], n_resamples=min(o["n_resamples"], 1000))).set_index("x")
+              lambda: A.collapse_table(rs, o["layer"], o["pooling"], n_resamples=min(o["n_resamples"], 1000)))
     alt = ("Three panels of mean drift, one line per learning rate and schedule: against the optimizer step (with 95% CI bands), "
            "against the cumulative learning rate, and against the drop in training loss since the first steps.")
     return [Figure(P.plot_schedule(s, c), "schedule", alt), collapse_answer(ct),
             Table(se, "Final drift per learning rate and schedule (95% cluster-bootstrap CI), its ratio to the linear schedule's, the cumulative learning rate and the loss drop"),
-            Table(ct.reset_index(), "Share of drift's variance over every (run, step) explained by one monotone curve of x (R², 95% CI resampling runs within each rate and schedule)")]
+            Table(ct, "Every two groups: the range of cumulative learning rate both cover at tracked steps, and the gap between their mean drift curves there, relative to the drift (95% CI, seeds resampled); beside it, the gap at the same steps")]
 
-def collapse_answer(ct: pd.DataFrame) -> str:
-    "The answer to 'do the curves collapse onto one curve of the cumulative learning rate?', in words, from the R² table."
-    c, s = ct.loc["cum_lr"], ct.loc["step"]
-    verdict = ("yes: they fall close to one curve (R² >= 0.9 is what we call one curve)" if c["ci_low"] >= 0.9 else
-               "no: one curve of the cumulative learning rate leaves much of drift unexplained (R² < 0.9 within its CI)" if c["ci_high"] < 0.9 else
-               "not clearly: the CI of R² straddles 0.9, the threshold we call one curve")
-    better = ("better than" if c["ci_low"] > s["ci_high"] else "no better than" if c["ci_high"] < s["ci_low"] else "about as well as")
-    return (f"**Do the curves of every rate and schedule fall onto one curve against the cumulative learning rate?** {verdict.capitalize()}. "
-            f"One monotone curve of the cumulative learning rate explains R² = {c['r2']:.2f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}] "
-            f"of drift's variance over {int(c['n_runs'])} runs in {int(c['n_groups'])} groups, {better} one curve of the step "
-            f"(R² = {s['r2']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]).")
+COLLAPSE_GAP = 0.10   # two curves are "one curve" where they differ by at most this share of the drift
+
+def collapse_answer(ct: pd.DataFrame) -> str:  # Markdown
+    "The answer to 'do the curves fall onto one curve of the cumulative learning rate?', in words, from collapse_table."
+    q = "**Do the curves of every rate and schedule fall onto one curve against the cumulative learning rate?**"
+    comp, apart = ct[ct["gap_cum_lr"].notna()], ct[ct["gap_cum_lr"].isna()]
+    pct = lambda v: f"{100 * v:.0f}%"
+    pairs = "; ".join(f"{r.group_a} vs {r.group_b}: {pct(r.gap_cum_lr)} [{pct(r.gap_cum_lr_low)}, {pct(r.gap_cum_lr_high)}] "
+                      f"against the cumulative learning rate, {pct(r.gap_step)} against the step" for r in comp.itertuples())
+    if comp.empty: verdict = "Not answerable from these runs: no two groups cover a common range of cumulative learning rate at tracked steps."
+    elif (comp["gap_cum_lr_high"] <= COLLAPSE_GAP).all():
+        verdict = f"Yes, where it can be tested: wherever two groups cover the same cumulative learning rate, their drift curves agree within {pct(COLLAPSE_GAP)} ({pairs})."
+    elif (comp["gap_cum_lr_low"] > COLLAPSE_GAP).any():
+        verdict = f"No: at the same cumulative learning rate, some curves differ by more than {pct(COLLAPSE_GAP)} of the drift ({pairs})."
+    else: verdict = f"Not clearly: the gaps' CIs straddle {pct(COLLAPSE_GAP)}, the agreement we call one curve ({pairs})."
+    rest = (f" The curves of {', '.join(f'{r.group_a} and {r.group_b}' for r in apart.itertuples())} cover disjoint ranges of cumulative "
+            "learning rate at tracked steps: they cannot be compared without extrapolating, so they are not." if len(apart) else "")
+    return f"{q} {verdict}{rest}"
 
 # %% ../nbs/20_report.ipynb #fd121b10
 def section_effects(study: Study, **o) -> list:
@@ -458,7 +465,7 @@ def findings(study: Study, **o) -> str:  # Markdown
         se = memo(study, ("schedule_effects", o["layer"], o["pooling"], o["n_resamples"]),
                   lambda: A.schedule_effects(rs, o["layer"], o["pooling"], n_resamples=o["n_resamples"]))
         ct = memo(study, ("collapse", o["layer"], o["pooling"], o["n_resamples"]),
-                  lambda: A.collapse_table(rs, o["layer"], o["pooling"], n_resamples=min(o["n_resamples"], 1000))).set_index("x")
+                  lambda: A.collapse_table(rs, o["layer"], o["pooling"], n_resamples=min(o["n_resamples"], 1000)))
         con = se[se["schedule"] != "linear"]
         out.append("**The schedule sets drift's size at a given peak rate**: " + "; ".join(
             f"{r.schedule} ends at {r.ratio_to_linear:.1f}x the linear schedule's drift at lr {format_lr(r.lr)} "
@@ -548,7 +555,7 @@ def execute_notebooks(names: list[str], study_dir: str | Path, parameters: dict,
                 params = {k: v for k, v in parameters.items() if k in pm.inspect_notebook(str(tdir / f"{name}.ipynb"))}
                 pm.execute_notebook(str(tdir / f"{name}.ipynb"), str(study_dir / "notebooks" / f"{name}.ipynb"), parameters=params,
                                     progress_bar=False, log_output=True, cwd=str(study_dir), kernel_name="python3",
-                                    extra_arguments=["--IPKernelApp.log_level=ERROR"])   # the kernel's own start-up chatter stays out of the console
+                                    extra_arguments=["--IPKernelApp.log_level=CRITICAL"])   # the kernel's own start-up chatter stays out of the console
             except pm.PapermillExecutionError as e:
                 raise NotebookFailed(f"notebook {name} failed in cell {e.exec_count}: {e.ename}: {e.evalue} (log: {study_dir / 'logs' / (name + '.log')})") from None
             finally: log.removeHandler(handler); handler.close()
