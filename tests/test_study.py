@@ -237,3 +237,10 @@ def test_the_study_lock_is_reentrant_here_and_refused_to_another_process(tmp_pat
     assert not outer.held
     p = _try_lock(d)
     assert p.returncode == 0 and "got it" in p.stdout                         # released: the next writer gets it
+
+
+def test_methods_written_in_their_own_cells_belong_to_their_class():
+    import embvar_study.study as S
+    attached = {"where", "groups", "common_steps", "stack", "labels", "runs", "all_runs", "failed", "design"}
+    assert attached <= set(vars(S.RunSet)) | set(vars(S.Study)) and not attached & set(S.__all__)
+    assert S.Study.runs.__qualname__ == "Study.runs" and S.RunSet.where.__qualname__ == "RunSet.where"
