@@ -10,22 +10,21 @@ from multiprocessing.connection import wait as _wait
 from typing import Callable
 
 # %% auto #0
-__all__ = ['MAX_RUNS_PER_GPU', 'InProcess', 'run_one', 'plan_workers', 'auto_runs_per_gpu', 'visible_gpus', 'worker_env',
+__all__ = ['MAX_RUNS_PER_GPU', 'run_one', 'InProcess', 'plan_workers', 'auto_runs_per_gpu', 'visible_gpus', 'worker_env',
            'LocalExecutor']
 
-# %% ../nbs/11_executors.ipynb #5c40d1cf
-class InProcess:
-    "The executor of one run at a time in this process (warm: imports, loaded data, step-0 cache stay)."
-    def __enter__(self) -> "InProcess": return self
-    def __exit__(self, *exc): return False
-    def run(self, tasks: list[tuple], on_done: Callable[[object, dict], None]) -> None:
-        for key, config, run_dir in tasks: on_done(key, run_one(config, run_dir))
+# %% ../nbs/11_executors.ipynb #a0c1c2e6
+def _one_line(e: BaseException) -> str: return f"{type(e).__name__}: {' '.join(str(e).split())}"
 
+def _warning_lines(caught: list[warnings.WarningMessage]) -> list[str]:
+    return list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught if not issubclass(w.category, DeprecationWarning)))
+
+# %% ../nbs/11_executors.ipynb #5c40d1cf
 def run_one(config: dict,        # TrainConfig fields
             run_dir: str,        # run folder to write
             *,
             threads: int | None = None,  # torch intra-op threads for this run (None: leave as is)
-           ) -> dict:  # status, error, seconds, node, threads, peak_memory (bytes on CUDA, else None), traceback on failure
+           ) -> dict:  # status, error, seconds, node, threads, peak_memory (bytes on CUDA, else None), warnings; traceback on failure
     "Train one run in this process and summarise it; failures are returned, not raised."
     import torch
     from embvar_study.train import train_run
@@ -41,11 +40,19 @@ def run_one(config: dict,        # TrainConfig fields
             peak = torch.cuda.max_memory_allocated() if cuda else None
             out = {**base, "status": status, "error": "", "seconds": time.perf_counter() - t, "peak_memory": peak}
         except Exception as e:  # recorded, not raised: one failed run does not stop the sweep
-            msg = " ".join(str(e).split())
-            out = {**base, "status": "failed", "error": f"{type(e).__name__}: {msg}", "seconds": time.perf_counter() - t,
+            out = {**base, "status": "failed", "error": _one_line(e), "seconds": time.perf_counter() - t,
                    "peak_memory": None, "traceback": traceback.format_exc()}
-    return {**out, "warnings": list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught
-                                                  if not issubclass(w.category, DeprecationWarning)))}
+    return {**out, "warnings": _warning_lines(caught)}
+
+# %% ../nbs/11_executors.ipynb #8775e873
+class InProcess:
+    "The executor of one run at a time in this process (warm: imports, loaded data, step-0 cache stay)."
+    def __enter__(self) -> InProcess: return self
+    def __exit__(self, *exc): return False
+    def run(self, tasks: list[tuple],  # (key, TrainConfig fields, run folder) per run
+            on_done: Callable[[object, dict], None],  # called with (key, run_one's summary) as each run ends
+           ) -> None:
+        for key, config, run_dir in tasks: on_done(key, run_one(config, run_dir))
 
 # %% ../nbs/11_executors.ipynb #3eb469e2
 def plan_workers(jobs: int,                 # CPU: worker processes; ignored when there are GPUs
@@ -80,7 +87,9 @@ def visible_gpus() -> list[dict]:  # [{"index", "name", "total_memory"}] of the 
     return [{"index": i, "name": torch.cuda.get_device_name(i), "total_memory": torch.cuda.get_device_properties(i).total_memory}
             for i in range(torch.cuda.device_count())]
 
-def worker_env(spec: dict) -> dict:  # environment variables to set in the worker before torch is imported
+# %% ../nbs/11_executors.ipynb #2739ee73
+def worker_env(spec: dict,  # one entry of `plan_workers`: {"device": "cpu" | "cuda:<index>", "threads": n}
+              ) -> dict:    # environment variables to set in the worker before torch is imported
     "Pin a worker: its torch thread count, and its one GPU (or none) as CUDA_VISIBLE_DEVICES."
     env = {"OMP_NUM_THREADS": str(spec["threads"]), "MKL_NUM_THREADS": str(spec["threads"])}
     dev = spec["device"]
@@ -100,14 +109,24 @@ def _die_with_parent(parent_pid: int, poll: float = 0.2):
         os._exit(70)
     threading.Thread(target=watch, daemon=True, name="embvar-parent-watch").start()
 
-def _worker(spec: dict, conn, parent_pid: int, target: Callable):
-    _die_with_parent(parent_pid)
-    os.environ.update(worker_env(spec))
+# %% ../nbs/11_executors.ipynb #7ab3bc1b
+def _serve(conn, target: Callable, threads: int) -> None:
+    "Answer each (key, config, run_dir) task read from `conn` with (key, target(config, run_dir, threads=threads)); stop at None."
     while True:
         task = conn.recv()
         if task is None: break
         key, config, run_dir = task
-        conn.send((key, target(config, run_dir, threads=spec["threads"])))
+        conn.send((key, target(config, run_dir, threads=threads)))
+
+def _worker(spec: dict, conn, parent_pid: int, target: Callable):
+    _die_with_parent(parent_pid)
+    os.environ.update(worker_env(spec))
+    _serve(conn, target, spec["threads"])
+
+# %% ../nbs/11_executors.ipynb #620c40af
+def _died(exitcode: int | None) -> dict:
+    return {"status": "failed", "seconds": 0.0, "node": socket.gethostname(), "peak_memory": None,
+            "error": f"worker died: the process running this run exited with code {exitcode}"}
 
 # %% ../nbs/11_executors.ipynb #650380ea
 class _Worker:
@@ -117,40 +136,69 @@ class _Worker:
         self.proc = ctx.Process(target=_worker, args=(spec, child, os.getpid(), target), daemon=True,
                                 name=f"embvar-worker-{spec['device']}")
         self.proc.start(); child.close()
-    def send(self, task): self.task = task; self.conn.send(task)
+    def send(self, task: tuple): self.task = task; self.conn.send(task)
+    def result(self) -> tuple:
+        "(key, summary) of the task just finished (`task` is cleared), or of the worker's death (`task` stays)."
+        try: key, res = self.conn.recv()
+        except (EOFError, OSError):           # the pipe closed: the worker died in this task
+            self.proc.join(5)
+            return self.task[0], _died(self.proc.exitcode)
+        self.task = None
+        return key, res
     def stop(self):
         try: self.conn.send(None)
         except (OSError, BrokenPipeError): pass
         self.proc.join(timeout=10)
         if self.proc.is_alive(): self.proc.kill(); self.proc.join()
 
+# %% ../nbs/11_executors.ipynb #62195c7d
+def _check_runs_per_gpu(runs_per_gpu) -> int | str:
+    if runs_per_gpu != "auto" and (isinstance(runs_per_gpu, bool) or not isinstance(runs_per_gpu, int) or runs_per_gpu < 1):
+        raise ValueError(f"runs_per_gpu: expected an integer >= 1 or 'auto', got {runs_per_gpu!r}")
+    return runs_per_gpu
+
+def _added_workers(device: str, total_memory: float, peak_memory: float | None, on_device: int, n_workers: int,
+                   cpu_count: int | None) -> list[dict]:
+    "The workers to add on `device` (which has `on_device` of the `n_workers`) once one run's peak memory there is known."
+    extra = max(0, auto_runs_per_gpu(total_memory, peak_memory) - on_device)
+    threads = max(1, (cpu_count or os.cpu_count() or 1) // (n_workers + extra))
+    return [{"device": device, "threads": threads} for _ in range(extra)]
+
+# %% ../nbs/11_executors.ipynb #a1f7cf25
+def _finished(workers: list) -> list:
+    "The busy workers that answered or died (waits until at least one has)."
+    busy = [w for w in workers if w.task is not None]
+    ready = _wait([w.conn for w in busy] + [w.proc.sentinel for w in busy])
+    return [w for w in busy if w.conn in ready or w.proc.sentinel in ready]
+
 # %% ../nbs/11_executors.ipynb #c7aa5db6
 class LocalExecutor:
     "Warm worker processes on this machine (CPU threads or GPUs); each runs one task at a time."
-    def __init__(self, jobs: int = 1, *, gpus: list[dict] | None = None, runs_per_gpu: int | str = 1,
-                 cpu_count: int | None = None, target: Callable = run_one):
+    def __init__(self, jobs: int = 1,                 # CPU: worker processes (ignored when there are GPUs)
+                 *,
+                 gpus: list[dict] | None = None,      # the GPUs to use, as `visible_gpus` lists them (None: those visible)
+                 runs_per_gpu: int | str = 1,         # workers per GPU, or "auto" (from the first run's peak memory)
+                 cpu_count: int | None = None,        # cores to share among the workers (None: os.cpu_count())
+                 target: Callable = run_one):         # what a worker does with a task: target(config, run_dir, threads=n)
         self.gpus = visible_gpus() if gpus is None else gpus
-        self.auto = runs_per_gpu == "auto"
-        if not self.auto and (isinstance(runs_per_gpu, bool) or not isinstance(runs_per_gpu, int) or runs_per_gpu < 1):
-            raise ValueError(f"runs_per_gpu: expected an integer >= 1 or 'auto', got {runs_per_gpu!r}")
+        self.auto = _check_runs_per_gpu(runs_per_gpu) == "auto"
         self.plan = plan_workers(jobs, self.gpus, 1 if self.auto else runs_per_gpu, cpu_count)
         self.cpu_count, self.target, self.ctx = cpu_count, target, mp.get_context("spawn")
         self.grown: set = set()
+    def __enter__(self) -> LocalExecutor: return self
+    def __exit__(self, *exc): return False
 
-    def _grow(self, workers: list, device: str, peak):
+    def _grow(self, workers: list, device: str, peak: float | None):
         "First peak memory seen on `device`: add workers there up to auto_runs_per_gpu."
         if not self.auto or device in self.grown or not device.startswith("cuda:"): return
         self.grown.add(device)
         total = next(g["total_memory"] for g in self.gpus if f"cuda:{g['index']}" == device)
-        extra = auto_runs_per_gpu(total, peak) - sum(w.spec["device"] == device for w in workers)
-        n_all = len(workers) + max(0, extra)
-        threads = max(1, (self.cpu_count or os.cpu_count() or 1) // n_all)
-        workers += [_Worker(self.ctx, {"device": device, "threads": threads}, self.target) for _ in range(max(0, extra))]
+        specs = _added_workers(device, total, peak, sum(w.spec["device"] == device for w in workers), len(workers), self.cpu_count)
+        workers += [_Worker(self.ctx, s, self.target) for s in specs]
 
-    def __enter__(self) -> "LocalExecutor": return self
-    def __exit__(self, *exc): return False
-
-    def run(self, tasks: list[tuple], on_done: Callable[[object, dict], None]) -> None:
+    def run(self, tasks: list[tuple],  # (key, TrainConfig fields, run folder) per run
+            on_done: Callable[[object, dict], None],  # called in this process with (key, summary) as each run ends
+           ) -> None:
         "Run every `(key, config, run_dir)` task; `on_done(key, summary)` in this process as each ends."
         if not tasks: return
         queue, workers = list(tasks), [_Worker(self.ctx, s, self.target) for s in self.plan[:len(tasks)]]
@@ -158,19 +206,10 @@ class LocalExecutor:
             while queue or any(w.task for w in workers):
                 for w in workers:
                     if w.task is None and queue: w.send(queue.pop(0))
-                busy = [w for w in workers if w.task is not None]
-                ready = _wait([w.conn for w in busy] + [w.proc.sentinel for w in busy])
-                for w in busy:
-                    if w.conn not in ready and w.proc.sentinel not in ready: continue
-                    try: key, res = w.conn.recv()
-                    except (EOFError, OSError):           # the pipe closed: the worker died in this task
-                        w.proc.join(5); key = w.task[0]
-                        workers[workers.index(w)] = _Worker(self.ctx, w.spec, self.target)
-                        on_done(key, {"status": "failed", "seconds": 0.0, "node": socket.gethostname(), "peak_memory": None,
-                                      "error": f"worker died: the process running this run exited with code {w.proc.exitcode}"})
-                        continue
-                    w.task = None
-                    self._grow(workers, w.spec["device"], res.get("peak_memory"))
+                for w in _finished(workers):
+                    key, res = w.result()
+                    if w.task is not None: workers[workers.index(w)] = _Worker(self.ctx, w.spec, self.target)   # it died
+                    else: self._grow(workers, w.spec["device"], res.get("peak_memory"))
                     on_done(key, res)
         finally:
             for w in workers: w.stop()

@@ -8,7 +8,7 @@ import contextlib, logging, math, os, socket, sys, threading, time, types, uuid
 from pathlib import Path
 from typing import Callable, Iterator
 
-from .runs import atomic_write_text
+from .runs import atomic_write_text, _method_of
 
 # %% auto #0
 __all__ = ['RAY_INSTALL_HINT', 'CONNECT_TIMEOUT_S', 'PROBE_TIMEOUT_S', 'RayUnavailableError', 'ClusterError', 'import_ray',
@@ -26,6 +26,7 @@ class RayUnavailableError(ImportError):
 class ClusterError(RuntimeError):
     "The Ray cluster cannot run the sweep (unreachable, output folder not shared, a node cannot run our code)."
 
+# %% ../nbs/12_ray.ipynb #6435dc26
 def import_ray() -> types.ModuleType:
     "The `ray` module, or a `RayUnavailableError` that says how to install it."
     try:
@@ -35,41 +36,46 @@ def import_ray() -> types.ModuleType:
                                   f"install it with {RAY_INSTALL_HINT}") from None
     return ray
 
+# %% ../nbs/12_ray.ipynb #e2c8794a
+def _is_int(v, lo: int) -> bool: return not isinstance(v, bool) and isinstance(v, int) and v >= lo
+
+def _check_gpus_per_run(g) -> None:
+    if g is None: return
+    if isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g) or g < 0:
+        raise ValueError(f"num_gpus_per_run: expected None (auto) or a number >= 0, got {g!r}")
+    if g > 1 and g != int(g):
+        raise ValueError(f"num_gpus_per_run: expected a fraction in (0, 1] or a whole number of GPUs, got {g!r}")
+
 # %% ../nbs/12_ray.ipynb #8ac785d4
 def check_run_resources(num_cpus_per_run: int,  # CPUs (and torch threads) per run, an integer >= 1
                         num_gpus_per_run: float | None,  # GPUs per run: 0, a fraction in (0, 1), a whole number, or None (auto)
                         max_retries: int,  # retries of a run whose worker died, an integer >= 0
                         ) -> None:
     "Validate the per-run resource requests (ValueError naming the argument)."
-    if isinstance(num_cpus_per_run, bool) or not isinstance(num_cpus_per_run, int) or num_cpus_per_run < 1:
+    if not _is_int(num_cpus_per_run, 1):
         raise ValueError(f"num_cpus_per_run: expected an integer >= 1 (CPUs and torch threads per run), got {num_cpus_per_run!r}")
-    if num_gpus_per_run is not None:
-        g = num_gpus_per_run
-        if isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g) or g < 0:
-            raise ValueError(f"num_gpus_per_run: expected None (auto) or a number >= 0, got {g!r}")
-        if g > 1 and g != int(g):
-            raise ValueError(f"num_gpus_per_run: expected a fraction in (0, 1] or a whole number of GPUs, got {g!r}")
-    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-        raise ValueError(f"max_retries: expected an integer >= 0, got {max_retries!r}")
+    _check_gpus_per_run(num_gpus_per_run)
+    if not _is_int(max_retries, 0): raise ValueError(f"max_retries: expected an integer >= 0, got {max_retries!r}")
 
-# %% ../nbs/12_ray.ipynb #deaee184
+# %% ../nbs/12_ray.ipynb #c748ba75
 def _node_label(n: dict) -> str:
     return f"{n['host']} ({n['ip']}, node {n['node_id'][:8]})"
 
 def _node_table(nodes: list[dict]) -> str:
     return "; ".join(f"{_node_label(n)}: {n['cpus']:g} CPUs, {n['gpus']:g} GPUs" for n in nodes)
 
+def _node_info(n: dict) -> dict:
+    "One entry of `ray.nodes()` as {node_id, host, ip, cpus, gpus}."
+    r = n.get("Resources", {}) or {}
+    return {"node_id": n["NodeID"], "host": n.get("NodeManagerHostname") or n.get("NodeManagerAddress", "?"),
+            "ip": n.get("NodeManagerAddress", "?"), "cpus": float(r.get("CPU", 0.0)), "gpus": float(r.get("GPU", 0.0))}
+
+# %% ../nbs/12_ray.ipynb #70fc3d6d
 def cluster_nodes() -> list[dict]:  # one dict per alive node: node_id, host, ip, cpus, gpus
     "The alive nodes of the connected Ray cluster with their CPU and GPU counts."
-    ray = import_ray()
-    out = []
-    for n in ray.nodes():
-        if not n.get("Alive", n.get("alive", False)): continue
-        r = n.get("Resources", {}) or {}
-        out.append({"node_id": n["NodeID"], "host": n.get("NodeManagerHostname") or n.get("NodeManagerAddress", "?"),
-                    "ip": n.get("NodeManagerAddress", "?"), "cpus": float(r.get("CPU", 0.0)), "gpus": float(r.get("GPU", 0.0))})
-    return out
+    return [_node_info(n) for n in import_ray().nodes() if n.get("Alive", n.get("alive", False))]
 
+# %% ../nbs/12_ray.ipynb #3be58c1a
 def resolve_gpus_per_run(nodes: list[dict],  # from cluster_nodes
                          num_gpus_per_run: float | None,  # None: 1 if any node has a GPU, else 0
                          ) -> float:
@@ -77,6 +83,7 @@ def resolve_gpus_per_run(nodes: list[dict],  # from cluster_nodes
     if num_gpus_per_run is not None: return float(num_gpus_per_run)
     return 1.0 if any(n["gpus"] >= 1 for n in nodes) else 0.0
 
+# %% ../nbs/12_ray.ipynb #deaee184
 def check_node_resources(nodes: list[dict],  # from cluster_nodes
                          num_cpus_per_run: int,  # CPUs per run
                          num_gpus_per_run: float,  # GPUs per run (resolved)
@@ -110,6 +117,7 @@ def _host_port(address: str) -> tuple[str, int]:
     if not 0 < port < 65536: raise ValueError(f"ray_address: expected a port in 1..65535, got {address!r}")
     return host, port
 
+# %% ../nbs/12_ray.ipynb #9a070b01
 def check_reachable(address: str,  # HOST:PORT or ray://HOST:PORT
                     timeout_s: float = 5.0,  # TCP connect timeout
                     ) -> None:
@@ -122,6 +130,16 @@ def check_reachable(address: str,  # HOST:PORT or ray://HOST:PORT
         raise ClusterError(f"ray_address: cannot reach a Ray cluster at {address!r} ({host}:{port}: {why}). Start one on that "
                            f"machine with `ray start --head --port={port}`, check the address and the firewall, or give no "
                            f"address to start a local Ray instance") from None
+
+# %% ../nbs/12_ray.ipynb #7d70faba
+def _connect_reason(e: BaseException) -> str:
+    root = e
+    while root.__cause__ is not None: root = root.__cause__  # Ray wraps the real reason (e.g. an AuthenticationError)
+    why = f"{type(e).__name__}: {e}" + (f" ({type(root).__name__}: {str(root).strip().splitlines()[-1]})" if root is not e else "")
+    if "auth" in type(root).__name__.lower() or "token" in str(root).lower():
+        why += (". The cluster uses Ray's token authentication: export RAY_AUTH_MODE=token and make the cluster's token "
+                "available here (~/.ray/auth_token, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH)")
+    return why
 
 # %% ../nbs/12_ray.ipynb #5b3cb973
 class _DropSigtermWarning(logging.Filter):
@@ -143,14 +161,9 @@ def _connect(ray, address: str, timeout_s: float) -> None:
         raise ClusterError(f"ray_address: no Ray cluster answered at {address!r} within {timeout_s:.0f}s (the port is open, but it "
                            f"is not a Ray head node's GCS port? `ray start --head` prints the address to use, default port 6379)")
     if "error" in box:
-        e = root = box["error"]
-        while root.__cause__ is not None: root = root.__cause__  # Ray wraps the real reason (e.g. an AuthenticationError)
-        why = f"{type(e).__name__}: {e}" + (f" ({type(root).__name__}: {str(root).strip().splitlines()[-1]})" if root is not e else "")
-        if "auth" in type(root).__name__.lower() or "token" in str(root).lower():
-            why += (". The cluster uses Ray's token authentication: export RAY_AUTH_MODE=token and make the cluster's token "
-                    "available here (~/.ray/auth_token, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH)")
-        raise ClusterError(f"ray_address: cannot connect to the Ray cluster at {address!r}: {why}") from e
+        raise ClusterError(f"ray_address: cannot connect to the Ray cluster at {address!r}: {_connect_reason(box['error'])}") from box["error"]
 
+# %% ../nbs/12_ray.ipynb #0eaecb37
 def _resolve_address(ray_address: str | None) -> tuple[str | None, str]:
     "The address to connect to (None: start a local instance) and where it came from."
     if ray_address is None:
@@ -161,6 +174,30 @@ def _resolve_address(ray_address: str | None) -> tuple[str | None, str]:
     a = ray_address.strip()
     return (None, "") if a == "local" else (a, "ray_address")
 
+def _find_local_cluster(source: str) -> str:
+    "The address of the Ray cluster running on this machine (for 'auto'), or a ClusterError."
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+        found = canonicalize_bootstrap_address("auto")
+    except Exception as e: found, why = None, f" ({type(e).__name__}: {e})"
+    else: why = ""
+    if not found: raise ClusterError(f"{source}: 'auto' found no running Ray cluster on this machine{why}; "
+                                     "start one with `ray start --head` or give HOST:PORT")
+    return found
+
+# %% ../nbs/12_ray.ipynb #c692aff6
+def _start_or_connect(ray, address: str | None, num_cpus: int | None) -> str:  # "started" or "connected"
+    "Start a local Ray instance (`address` None) or connect to the cluster at `address`."
+    if address is None:
+        if num_cpus is not None and not _is_int(num_cpus, 1):
+            raise ValueError(f"num_cpus: expected None or an integer >= 1, got {num_cpus!r}")
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
+        return "started"
+    check_reachable(address)
+    _connect(ray, address, CONNECT_TIMEOUT_S)
+    return "connected"
+
+# %% ../nbs/12_ray.ipynb #ee0dfab6
 @contextlib.contextmanager
 def ray_session(ray_address: str | None = None,  # HOST:PORT, ray://HOST:PORT, auto, or None (RAY_ADDRESS, else a local instance)
                 *,
@@ -177,24 +214,8 @@ def ray_session(ray_address: str | None = None,  # HOST:PORT, ray://HOST:PORT, a
         return
     address, source = _resolve_address(ray_address)
     t = time.perf_counter()
-    if address is None:
-        if num_cpus is not None and (isinstance(num_cpus, bool) or not isinstance(num_cpus, int) or num_cpus < 1):
-            raise ValueError(f"num_cpus: expected None or an integer >= 1, got {num_cpus!r}")
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
-        info["started"] = True
-    else:
-        if address == "auto":
-            try:
-                from ray._private.services import canonicalize_bootstrap_address
-                found = canonicalize_bootstrap_address("auto")
-            except Exception as e: found, why = None, f" ({type(e).__name__}: {e})"
-            else: why = ""
-            if not found: raise ClusterError(f"{source}: 'auto' found no running Ray cluster on this machine{why}; "
-                                             "start one with `ray start --head` or give HOST:PORT")
-            address = found
-        check_reachable(address)
-        _connect(ray, address, CONNECT_TIMEOUT_S)
-        info["connected"] = True
+    if address == "auto": address = _find_local_cluster(source)
+    info[_start_or_connect(ray, address, num_cpus)] = True
     try:
         info["address"] = ray.get_runtime_context().gcs_address
         if progress:
@@ -222,6 +243,7 @@ def _probe_shared_folder(folder: str, token: str, node_id: str) -> dict:
         except OSError as e: out["error"] = f"{type(e).__name__}: {e}"
     return out
 
+# %% ../nbs/12_ray.ipynb #3a90eeb3
 def _shared_folder_problems(folder: Path,  # the output folder
                             nodes: list[dict],  # from cluster_nodes
                             results: list,  # per node: the probe's dict, or an exception raised by the probe task
@@ -242,6 +264,21 @@ def _shared_folder_problems(folder: Path,  # the output folder
             out.append(f"{where}: wrote to {folder}, but the driver does not see what it wrote (a different folder at the same path?)")
     return out
 
+# %% ../nbs/12_ray.ipynb #0f2b9c23
+def _probe_results(ray, refs: list, nodes: list[dict], timeout_s: float) -> list:
+    "Each node's probe result (or the exception its task raised); a ClusterError naming the nodes whose probe is late."
+    _, late = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    if late:
+        slow = [_node_label(n) for n, r in zip(nodes, refs) if r in late]
+        for r in late: ray.cancel(r, force=True)
+        raise ClusterError(f"study_dir: the shared-folder check did not finish within {timeout_s:.0f}s on {slow} "
+                           "(no worker could start there?)")
+    results = []
+    for r in refs:
+        try: results.append(ray.get(r))
+        except Exception as e: results.append(e)
+    return results
+
 # %% ../nbs/12_ray.ipynb #6ac9f708
 def check_shared_folder(study_dir: str | Path,  # the study folder (created if missing)
                         nodes: list[dict] | None = None,  # from cluster_nodes (default: ask the cluster)
@@ -252,7 +289,6 @@ def check_shared_folder(study_dir: str | Path,  # the study folder (created if m
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
     folder = Path(study_dir).absolute(); folder.mkdir(parents=True, exist_ok=True)
     nodes = cluster_nodes() if nodes is None else nodes
-    timeout_s = PROBE_TIMEOUT_S if timeout_s is None else timeout_s
     token = uuid.uuid4().hex; token_file = folder / f"{_PROBE_PREFIX}{token}"
     _write_probe_token(token_file, token)
     probe = ray.remote(_probe_shared_folder)
@@ -260,16 +296,7 @@ def check_shared_folder(study_dir: str | Path,  # the study folder (created if m
         refs = [probe.options(num_cpus=0, max_retries=1, name="embvar:shared-folder-check",
                               scheduling_strategy=NodeAffinitySchedulingStrategy(n["node_id"], soft=False))
                 .remote(str(folder), token, n["node_id"]) for n in nodes]
-        _, late = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        if late:
-            slow = [_node_label(n) for n, r in zip(nodes, refs) if r in late]
-            for r in late: ray.cancel(r, force=True)
-            raise ClusterError(f"study_dir: the shared-folder check did not finish within {timeout_s:.0f}s on {slow} "
-                               "(no worker could start there?)")
-        results = []
-        for r in refs:
-            try: results.append(ray.get(r))
-            except Exception as e: results.append(e)
+        results = _probe_results(ray, refs, nodes, PROBE_TIMEOUT_S if timeout_s is None else timeout_s)
         seen = [(token_file.parent / f"{token_file.name}.{n['node_id']}").is_file() for n in nodes]
         problems = _shared_folder_problems(folder, nodes, results, seen)
         if problems:
@@ -280,6 +307,7 @@ def check_shared_folder(study_dir: str | Path,  # the study folder (created if m
         for p in folder.glob(f"{_PROBE_PREFIX}{token}*"):
             with contextlib.suppress(OSError): p.unlink()
 
+# %% ../nbs/12_ray.ipynb #45e63a8a
 def check_cluster(study_dir: str | Path,  # the study folder
                   num_cpus_per_run: int,  # CPUs per run
                   num_gpus_per_run: float | None,  # GPUs per run (None: 1 if the cluster has GPUs, else 0)
@@ -308,6 +336,7 @@ def _ray_task(config: dict, run_dir: str, threads: int, use_gpu: bool, cwd: str)
     res.pop("traceback", None)
     return {**res, "node": socket.gethostname()}
 
+# %% ../nbs/12_ray.ipynb #24f79364
 class RayExecutor:
     "Ray as an executor: entering connects (or starts a local instance) and checks the cluster; `run` submits one task per run."
     def __init__(self, study_dir: str | Path,  # the study folder (must be shared by every node)
@@ -323,7 +352,7 @@ class RayExecutor:
         self.cpus, self.gpus, self.max_retries, self.progress = num_cpus_per_run, num_gpus_per_run, max_retries, progress
         self._session = None
 
-    def __enter__(self) -> "RayExecutor":
+    def __enter__(self) -> RayExecutor:
         self._session = ray_session(self.address, num_cpus=self.jobs * self.cpus if self.jobs > 1 else None, progress=self.progress)
         self._session.__enter__()
         try: self.gpus = check_cluster(self.study_dir, self.cpus, self.gpus, progress=self.progress)["num_gpus_per_run"]
@@ -333,27 +362,40 @@ class RayExecutor:
     def __exit__(self, *exc):
         return self._session.__exit__(*exc)
 
-    def run(self, tasks: list[tuple], on_done: Callable[[object, dict], None]) -> None:
-        "Submit `(key, config, absolute run folder)` tasks; `on_done(key, summary)` as each finishes (Ctrl-C cancels the rest)."
-        ray = self.ray
-        task, cwd, refs = ray.remote(_ray_task), os.getcwd(), {}
-        for key, config, path in tasks:
-            ref = task.options(num_cpus=self.cpus, num_gpus=self.gpus, max_retries=self.max_retries,
-                               retry_exceptions=False, name=f"embvar:{Path(path).name}"
-                               ).remote(config, str(path), self.cpus, self.gpus > 0, cwd)
-            refs[ref] = key
-        pending = list(refs)
-        try:
-            while pending:
-                ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
-                for ref in ready:
-                    try: res = ray.get(ref)
-                    except Exception as e:  # the worker died more than max_retries times, or the node was lost
-                        msg = str(e).strip().splitlines()
-                        res = {"status": "failed", "seconds": 0.0, "node": "",
-                               "error": f"worker died (after max_retries={self.max_retries} retries): {type(e).__name__}: {msg[0] if msg else ''}"}
-                    on_done(refs[ref], res)
-        except BaseException:
-            for ref in pending:
-                with contextlib.suppress(Exception): ray.cancel(ref, force=True)
-            raise
+# %% ../nbs/12_ray.ipynb #ad2a6c0d
+@_method_of(RayExecutor)
+def _submit(self: RayExecutor, tasks: list[tuple]) -> dict:  # {task ref: key}
+    task, cwd, refs = self.ray.remote(_ray_task), os.getcwd(), {}
+    for key, config, path in tasks:
+        ref = task.options(num_cpus=self.cpus, num_gpus=self.gpus, max_retries=self.max_retries,
+                           retry_exceptions=False, name=f"embvar:{Path(path).name}"
+                           ).remote(config, str(path), self.cpus, self.gpus > 0, cwd)
+        refs[ref] = key
+    return refs
+
+def _worker_died(e: Exception, max_retries: int) -> dict:
+    "The summary of a task whose worker died more than `max_retries` times (or whose node was lost)."
+    msg = str(e).strip().splitlines()
+    return {"status": "failed", "seconds": 0.0, "node": "",
+            "error": f"worker died (after max_retries={max_retries} retries): {type(e).__name__}: {msg[0] if msg else ''}"}
+
+# %% ../nbs/12_ray.ipynb #4e302a09
+@_method_of(RayExecutor)
+def run(self: RayExecutor,
+        tasks: list[tuple],  # (key, TrainConfig fields, absolute run folder) per run
+        on_done: Callable[[object, dict], None],  # called with (key, summary) as each run ends
+       ) -> None:
+    "Submit `(key, config, absolute run folder)` tasks; `on_done(key, summary)` as each finishes (Ctrl-C cancels the rest)."
+    ray, refs = self.ray, self._submit(tasks)
+    pending = list(refs)
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
+            for ref in ready:
+                try: res = ray.get(ref)
+                except Exception as e: res = _worker_died(e, self.max_retries)   # died more than max_retries times, or the node was lost
+                on_done(refs[ref], res)
+    except BaseException:
+        for ref in pending:
+            with contextlib.suppress(Exception): ray.cancel(ref, force=True)
+        raise

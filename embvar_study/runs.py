@@ -33,13 +33,24 @@ __all__ = ['NON_IDENTITY_KEYS', 'RESERVED_KEYS', 'VERIFIED_FILE', 'RunAlreadyCom
            'lock_files', 'lock_holder', 'FolderLock', 'run_folder_state', 'RunWriter', 'safe_path', 'read_marker',
            'verify_run', 'Run', 'load_run', 'is_complete', 'find_runs', 'load_runs']
 
+# %% ../nbs/08_runs.ipynb #1c9dc01e
+def _method_of(cls: type):
+    "Decorator: attach the function to `cls` as the method of the same name (a dependency-free `fastcore.patch_to`)."
+    def attach(f):
+        f.__qualname__ = f"{cls.__qualname__}.{f.__name__}"
+        setattr(cls, f.__name__, f)
+        return f
+    return attach
+
 # %% ../nbs/08_runs.ipynb #b220818e
 class RunAlreadyComplete(Exception):
     "The run folder already holds a complete run of this configuration: nothing to do."
-    def __init__(self, run_dir: str | Path, config_hash: str):
+    def __init__(self, run_dir: str | Path,  # the run folder
+                 config_hash: str):          # the hash of the complete run there
         self.run_dir, self.config_hash = Path(run_dir), config_hash
         super().__init__(f"{self.run_dir}: already holds a complete run with config_hash {config_hash}")
 
+# %% ../nbs/08_runs.ipynb #d49bf750
 class IncompleteRunError(ValueError):
     "The run folder has no COMPLETE marker (crashed, killed, or still running)."
 
@@ -48,6 +59,8 @@ class CorruptRunError(ValueError):
 
 class FolderLockedError(RuntimeError):
     "Another process is writing this folder (the message names it)."
+
+def _corrupt(f: Path, what: str) -> CorruptRunError: return CorruptRunError(f"{f}: {what}")
 
 # %% ../nbs/08_runs.ipynb #c0a1b002
 def _json_default(o):
@@ -60,7 +73,10 @@ def _json_default(o):
     if type(o).__module__.startswith("torch") and type(o).__name__ in ("dtype", "device"): return str(o)
     raise TypeError(f"{type(o).__name__} is not JSON serializable")
 
-def canonical_json(obj: object, name: str) -> str:
+# %% ../nbs/08_runs.ipynb #4fae4323
+def canonical_json(obj: object,  # numbers, str, lists, tuples, dicts with str keys, paths, numpy scalars
+                   name: str,    # what `obj` is, for the error message
+                  ) -> str:      # sorted keys, no whitespace
     "Sorted-key, whitespace-free JSON of `obj` (paths, numpy scalars allowed); `ValueError` naming `name` otherwise."
     try: return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_json_default, allow_nan=False)
     except (TypeError, ValueError) as e:
@@ -82,7 +98,7 @@ def config_hash(config: dict,  # run parameters; NON_IDENTITY_KEYS are ignored
     ident = {k: v for k, v in _check_config(config).items() if k not in NON_IDENTITY_KEYS}
     return hashlib.sha256(canonical_json(ident, "config").encode()).hexdigest()[:12]
 
-# %% ../nbs/08_runs.ipynb #57fc147f
+# %% ../nbs/08_runs.ipynb #ec6a2d1c
 _UMASK = os.umask(0); os.umask(_UMASK)
 
 def _fsync_dir(d: Path):
@@ -91,12 +107,15 @@ def _fsync_dir(d: Path):
     try: os.fsync(fd)
     finally: os.close(fd)
 
+def _cannot_write(path: Path, e: OSError) -> OSError: return OSError(e.errno, f"{path}: cannot write ({e.strerror or e})")
+
+# %% ../nbs/08_runs.ipynb #57fc147f
 def _atomic_write(path, write) -> Path:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as e: raise OSError(e.errno, f"{path}: cannot write ({e.strerror or e})") from None
+    except OSError as e: raise _cannot_write(path, e) from None
     try:
         with os.fdopen(fd, "wb") as f:
             write(f); f.flush(); os.fsync(f.fileno())
@@ -104,27 +123,34 @@ def _atomic_write(path, write) -> Path:
         os.replace(tmp, path)
     except BaseException as e:
         with suppress(FileNotFoundError): os.unlink(tmp)
-        if isinstance(e, OSError): raise OSError(e.errno, f"{path}: cannot write ({e.strerror or e})") from None
+        if isinstance(e, OSError): raise _cannot_write(path, e) from None
         raise
     _fsync_dir(path.parent)
     return path
 
 # %% ../nbs/08_runs.ipynb #c0a1b005
-def atomic_write_bytes(path: str | Path,  # target file
+def atomic_write_bytes(path: str | Path,  # target file (parents created)
                        data: bytes,       # full new content
                       ) -> Path:          # `path`
     "Replace `path` with `data` atomically: readers see the old or the new file, never a mix."
     return _atomic_write(path, lambda f: f.write(data))
 
-def atomic_write_text(path: str | Path, text: str) -> Path:
+def atomic_write_text(path: str | Path,  # target file (parents created)
+                      text: str,         # full new content, written as UTF-8
+                     ) -> Path:          # `path`
     "Atomic write of UTF-8 `text` to `path`."
     return atomic_write_bytes(path, text.encode("utf-8"))
 
-def atomic_write_json(path: str | Path, obj: object) -> Path:
-    "Atomic write of `obj` as indented JSON (paths and numpy scalars allowed); serialised before anything is written."
+# %% ../nbs/08_runs.ipynb #6d217608
+def atomic_write_json(path: str | Path,  # target file (parents created)
+                      obj: object,       # JSON-serialisable; paths and numpy scalars allowed
+                     ) -> Path:          # `path`
+    "Atomic write of `obj` as indented JSON; serialised before anything is written."
     return atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default, ensure_ascii=False) + "\n")
 
-def atomic_save_npy(path: str | Path, array: np.ndarray) -> Path:
+def atomic_save_npy(path: str | Path,     # target .npy file (parents created)
+                    array: np.ndarray,    # any shape; object arrays are refused by np.save(allow_pickle=False)
+                   ) -> Path:             # `path`
     "Atomic `np.save` of `array` (no pickled objects) to `path`."
     a = np.asarray(array)
     return _atomic_write(path, lambda f: np.save(f, a, allow_pickle=False))
@@ -132,7 +158,8 @@ def atomic_save_npy(path: str | Path, array: np.ndarray) -> Path:
 # %% ../nbs/08_runs.ipynb #d5b999e2
 _PACKAGES = ("numpy", "scipy", "torch", "transformers", "datasets", "pandas", "embvar_study")
 
-def package_version(pkg: str) -> str | None:
+def package_version(pkg: str,  # an importable name ('embvar_study') or a distribution name ('embvar-study')
+                   ) -> str | None:
     "Installed version of `pkg` (distribution metadata first, then `__version__`), or None."
     for name in (pkg, pkg.replace("_", "-")):
         with suppress(importlib.metadata.PackageNotFoundError): return importlib.metadata.version(name)
@@ -169,6 +196,7 @@ def environment_info() -> dict:  # python, platform, packages, torch_cuda, cudnn
             "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
             **git_info()}
 
+# %% ../nbs/08_runs.ipynb #5440e3bd
 def _now() -> str: return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 def run_context() -> dict:  # {"host", "pid", "command"}
@@ -176,18 +204,21 @@ def run_context() -> dict:  # {"host", "pid", "command"}
     return {"host": socket.gethostname(), "pid": os.getpid(), "command": " ".join(sys.argv)[:300]}
 
 # %% ../nbs/08_runs.ipynb #d0c0a002
-def lock_files(folder: str | Path) -> tuple[Path, Path]:  # (lock file, holder file)
+def lock_files(folder: str | Path,  # a run or study folder (need not exist)
+              ) -> tuple[Path, Path]:  # (lock file, holder file)
     "The lock file of `folder` and the file naming its holder, both hidden beside the folder."
     f = Path(folder).absolute()
     return f.parent / f".{f.name}.lock", f.parent / f".{f.name}.lock.json"
 
-def lock_holder(folder: str | Path) -> dict | None:
+def lock_holder(folder: str | Path,  # a run or study folder
+               ) -> dict | None:     # {"host", "pid", "command", "since"} as the holder wrote it
     "Who last took the lock of `folder` (host, pid, command, since), or None."
     with suppress(OSError, ValueError):
         h = json.loads(lock_files(folder)[1].read_text(encoding="utf-8"))
         return h if isinstance(h, dict) else None
     return None
 
+# %% ../nbs/08_runs.ipynb #f9a12b2c
 def _describe_holder(h: dict | None) -> str:
     if not h: return "another process"
     return f"pid {h.get('pid')} on {h.get('host')} since {h.get('since')} ({h.get('command', '')!s:.80})"
@@ -195,22 +226,10 @@ def _describe_holder(h: dict | None) -> str:
 # %% ../nbs/08_runs.ipynb #d0c0a003
 class FolderLock:
     "Exclusive writer lock on a run or study folder; `FolderLockedError` names the holder when it is taken."
-    def __init__(self, folder: str | Path, what: str = "run folder", timeout: float = 0):
+    def __init__(self, folder: str | Path,     # the run or study folder (need not exist)
+                 what: str = "run folder",     # what the folder is, for the message
+                 timeout: float = 0):          # seconds to wait for the holder to finish (0: refuse at once)
         self.folder, self.what, self.timeout, self._lock = Path(folder), what, float(timeout), None
-    def acquire(self) -> "FolderLock":
-        from filelock import FileLock, Timeout
-        lock_file, holder_file = lock_files(self.folder)
-        lock_file.parent.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(lock_file, timeout=0)
-        try: lock.acquire()
-        except Timeout:
-            if self.timeout <= 0: raise FolderLockedError(self._busy()) from None
-            print(f"waiting up to {self.timeout:g}s for {self.folder}: {self._busy(short=True)}", file=sys.stderr, flush=True)
-            try: lock.acquire(timeout=self.timeout)
-            except Timeout: raise FolderLockedError(self._busy()) from None
-        self._lock = lock
-        atomic_write_json(holder_file, {**run_context(), "since": _now()})
-        return self
     def _busy(self, short: bool = False) -> str:
         who = _describe_holder(lock_holder(self.folder))
         return who if short else f"{self.what} {self.folder} is being written by {who}; wait for it to finish or stop it"
@@ -221,11 +240,37 @@ class FolderLock:
     def __enter__(self): return self.acquire()
     def __exit__(self, *exc): self.release(); return False
 
-# %% ../nbs/08_runs.ipynb #c0a1b010
+# %% ../nbs/08_runs.ipynb #ca671f54
+@_method_of(FolderLock)
+def acquire(self: FolderLock) -> FolderLock:  # self, now holding the lock
+    "Take the lock (waiting up to `timeout` seconds for its holder) and record this process as the holder."
+    from filelock import FileLock, Timeout
+    lock_file, holder_file = lock_files(self.folder)
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(lock_file, timeout=0)
+    try: lock.acquire()
+    except Timeout:
+        if self.timeout <= 0: raise FolderLockedError(self._busy()) from None
+        print(f"waiting up to {self.timeout:g}s for {self.folder}: {self._busy(short=True)}", file=sys.stderr, flush=True)
+        try: lock.acquire(timeout=self.timeout)
+        except Timeout: raise FolderLockedError(self._busy()) from None
+    self._lock = lock
+    atomic_write_json(holder_file, {**run_context(), "since": _now()})
+    return self
+
+# %% ../nbs/08_runs.ipynb #10e6092b
 def _is_hidden(p: Path) -> bool: return p.name.startswith(".")
 
 def _entries(d: Path) -> list[Path]: return [p for p in d.iterdir() if not _is_hidden(p)]
 
+# %% ../nbs/08_runs.ipynb #d1fb91e7
+def _stored_hash(cfg_file: Path) -> str | None:
+    "The config_hash recorded in a run's config.json; `ValueError` when the file cannot be read as JSON."
+    try: return json.loads(cfg_file.read_text(encoding="utf-8")).get("config_hash")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        raise ValueError(f"run_dir: {cfg_file} is unreadable ({e}); refusing to overwrite") from None
+
+# %% ../nbs/08_runs.ipynb #c0a1b010
 def run_folder_state(run_dir: str | Path,   # a run folder (need not exist)
                      config_hash: str,      # the hash of the config that wants to write there
                     ) -> str:               # "empty", "incomplete" or "complete"
@@ -236,18 +281,13 @@ def run_folder_state(run_dir: str | Path,   # a run folder (need not exist)
     cfg_file = p / "config.json"
     if not cfg_file.is_file():
         raise ValueError(f"run_dir: {p} is not empty and holds no config.json (not a run folder); refusing to write there")
-    try: old = json.loads(cfg_file.read_text(encoding="utf-8")).get("config_hash")
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
-        raise ValueError(f"run_dir: {cfg_file} is unreadable ({e}); refusing to overwrite") from None
+    old = _stored_hash(cfg_file)
     if old != config_hash:
         raise ValueError(f"run_dir: {p} holds a run with config_hash {old}, but this config hashes to "
                          f"{config_hash}; refusing to overwrite (use another folder)")
     return "complete" if (p / "COMPLETE").exists() else "incomplete"
 
 # %% ../nbs/08_runs.ipynb #c0a1b013
-_POOLING_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
-_COMPLETE_KEYS = ("status", "config_hash", "files", "steps", "poolings", "shape", "dtype", "started_at", "finished_at", "host")
-
 def _probes_frame(probes) -> pd.DataFrame:
     if isinstance(probes, pd.DataFrame): df = probes.reset_index(drop=True)
     elif isinstance(probes, (list, tuple)) and all(isinstance(r, dict) for r in probes): df = pd.DataFrame(list(probes))
@@ -258,20 +298,42 @@ def _probes_frame(probes) -> pd.DataFrame:
     if bad: raise ValueError(f"probes: expected str column names, got {bad[0]!r}")
     return df
 
+# %% ../nbs/08_runs.ipynb #77ebdb87
 def _jsonl(df: pd.DataFrame) -> str:
     clean = lambda v: None if isinstance(v, (float, np.floating)) and math.isnan(v) else v
     return "".join(json.dumps({k: clean(v) for k, v in rec.items()}, default=_json_default, ensure_ascii=False) + "\n"
                    for rec in df.to_dict(orient="records"))
 
-# %% ../nbs/08_runs.ipynb #c0a1b015
-def _check_step_arrays(arrays, n_probes: int, poolings, shape, dtype: np.dtype) -> dict:
-    "pooling -> array cast to `dtype`, each (L+1, N, d) with N = n_probes and the shape/poolings of earlier steps."
+# %% ../nbs/08_runs.ipynb #b2f1b623
+_POOLING_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+
+def _step_file(step: int, pooling: str) -> str: return f"embeddings/step_{int(step):06d}.{pooling}.npy"
+
+def _check_step(step, saved: list[int], run_dir: Path) -> int:
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise ValueError(f"step: expected a non-negative int, got {step!r}")
+    if int(step) in saved: raise ValueError(f"step: {int(step)} was already saved in {run_dir}")
+    return int(step)
+
+def _check_dtype(dtype, earlier: str | None) -> np.dtype:
+    dt = np.dtype(dtype) if dtype in ("float16", "float32") else None
+    if dt is None: raise ValueError(f"dtype: expected 'float32' or 'float16', got {dtype!r}")
+    if earlier is not None and dt.name != earlier: raise ValueError(f"dtype: expected {earlier} as for earlier steps, got {dt.name}")
+    return dt
+
+# %% ../nbs/08_runs.ipynb #7fe07714
+def _check_poolings(arrays, poolings: list[str] | None) -> None:
     if not isinstance(arrays, dict) or not arrays:
         raise ValueError(f"arrays: expected a non-empty dict pooling -> (L+1, N, d) array, got {arrays!r:.80}")
     bad = [k for k in arrays if not isinstance(k, str) or not _POOLING_NAME.match(k)]
     if bad: raise ValueError(f"arrays: pooling names must match [A-Za-z0-9_-]+, got {bad[0]!r}")
     if poolings is not None and sorted(arrays) != poolings:
         raise ValueError(f"arrays: expected the poolings of earlier steps {poolings}, got {sorted(arrays)}")
+
+# %% ../nbs/08_runs.ipynb #c0a1b015
+def _check_step_arrays(arrays, n_probes: int, poolings, shape, dtype: np.dtype) -> dict:
+    "pooling -> array cast to `dtype`, each (L+1, N, d) with N = n_probes and the shape/poolings of earlier steps."
+    _check_poolings(arrays, poolings)
     out = {}
     for k, v in arrays.items():
         a = as_float_array(v, f"arrays[{k!r}]", ndim=3, dims="(L+1, N, d)")
@@ -284,26 +346,36 @@ def _check_step_arrays(arrays, n_probes: int, poolings, shape, dtype: np.dtype) 
         out[k] = a.astype(dtype)
     return out
 
+# %% ../nbs/08_runs.ipynb #9e6fdffc
+def _writer_config(config) -> dict:
+    clash = [k for k in RESERVED_KEYS if k in _check_config(config)]
+    if clash: raise ValueError(f"config: keys {clash} are reserved (RunWriter adds them to config.json)")
+    return dict(config)
+
+def _prepare_run_folder(run_dir: Path, config_hash: str) -> None:
+    if run_folder_state(run_dir, config_hash) == "complete": raise RunAlreadyComplete(run_dir, config_hash)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for p in run_dir.iterdir():          # incomplete: we hold the lock, so no live writer owns these files
+        if p.is_dir() and not p.is_symlink(): shutil.rmtree(p)
+        else: p.unlink()
+
 # %% ../nbs/08_runs.ipynb #1c197cb7
 class RunWriter:
     "Writes one run folder: config and probes at start, embeddings and history during training, COMPLETE last."
     def __init__(self,
                  run_dir: str | Path,       # folder of this run (created)
                  config: dict,              # every parameter of the run (JSON-serialisable)
-                 probes,                    # pd.DataFrame or list of dicts with a `text` column: the N probes
+                 probes: pd.DataFrame | list[dict],  # the N probes: a `text` column, other columns kept as metadata
                  *,
                  identity: dict | None = None,  # what makes the run this run (default: `config`); hashed to config_hash
                  lock: FolderLock | None = None,  # the folder's lock, already held by the caller (else taken here)
                  wait: float = 0,           # seconds to wait for another writer's lock (0: refuse at once)
                 ):
-        config = _check_config(config)
-        clash = [k for k in RESERVED_KEYS if k in config]
-        if clash: raise ValueError(f"config: keys {clash} are reserved (RunWriter adds them to config.json)")
-        self.path, self.config = Path(run_dir), dict(config)
-        self.config_hash = config_hash(config if identity is None else identity)
+        self.config = _writer_config(config)
+        self.path, self.config_hash = Path(run_dir), config_hash(config if identity is None else identity)
         self.probes, self._own_lock = _probes_frame(probes), lock is None
         self._lock = lock if lock is not None else FolderLock(self.path, timeout=wait).acquire()
-        try: self._prepare_folder()
+        try: _prepare_run_folder(self.path, self.config_hash)
         except BaseException: self._release(); raise
         self._rows, self._steps, self._poolings, self._shape, self._dtype, self._closed = [], [], None, None, None, False
         self._started = _now()
@@ -311,91 +383,78 @@ class RunWriter:
                           {**self.config, "config_hash": self.config_hash, "environment": environment_info()})
         atomic_write_text(self.path / "probes.jsonl", _jsonl(self.probes))
 
-    def _prepare_folder(self):
-        state = run_folder_state(self.path, self.config_hash)
-        if state == "complete": raise RunAlreadyComplete(self.path, self.config_hash)
-        self.path.mkdir(parents=True, exist_ok=True)
-        for p in self.path.iterdir():          # incomplete: we hold the lock, so no live writer owns these files
-            if p.is_dir() and not p.is_symlink(): shutil.rmtree(p)
-            else: p.unlink()
-
     def _release(self):
         if self._own_lock: self._lock.release()
-
     def _check_open(self):
         if self._closed: raise RuntimeError(f"{self.path}: the run is finished; nothing more can be written")
-
-    def save_embeddings(self, step: int, arrays: dict, dtype: str = "float32") -> list[Path]:
-        "Write the embeddings of one tracked `step` (pooling -> (L+1, N, d)), one atomic .npy file per pooling."
-        self._check_open()
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-            raise ValueError(f"step: expected a non-negative int, got {step!r}")
-        if int(step) in self._steps: raise ValueError(f"step: {int(step)} was already saved in {self.path}")
-        dt = np.dtype(dtype) if dtype in ("float16", "float32") else None
-        if dt is None: raise ValueError(f"dtype: expected 'float32' or 'float16', got {dtype!r}")
-        if self._dtype is not None and dt.name != self._dtype:
-            raise ValueError(f"dtype: expected {self._dtype} as for earlier steps, got {dt.name}")
-        checked = _check_step_arrays(arrays, len(self.probes), self._poolings, self._shape, dt)
-        files = [atomic_save_npy(self.path / "embeddings" / f"step_{int(step):06d}.{k}.npy", a) for k, a in checked.items()]
-        self._steps.append(int(step))
-        self._poolings, self._dtype, self._shape = sorted(checked), dt.name, next(iter(checked.values())).shape
-        return files
-
-    def log(self, *, flush: bool = True, **row) -> None:
-        "Append one row (step=..., train_loss=...) to history.csv (columns: union of all keys); `flush=False` defers the rewrite."
-        self._check_open()
-        if not row: raise ValueError("log: expected at least one column=value pair, got none")
-        self._rows.append({k: _scalar(k, v) for k, v in row.items()})
-        if flush: self.flush()
-
-    def flush(self) -> None:
-        "Rewrite history.csv atomically from every row logged so far."
-        if self._rows: atomic_write_text(self.path / "history.csv", pd.DataFrame(self._rows).to_csv(index=False))
-
-    def save_array(self, relpath: str, array: np.ndarray) -> Path:
-        "Save an extra array (e.g. 'perturb/step_000010.typo.npy') atomically; it is checksummed in COMPLETE like every file."
-        self._check_open()
-        rel = Path(relpath)
-        if rel.is_absolute() or ".." in rel.parts or rel.suffix != ".npy" or rel.parts[0] == "embeddings" or _is_hidden(rel):
-            raise ValueError(f"relpath: expected a relative .npy path inside the run folder, outside embeddings/, got {relpath!r}")
-        a = np.asarray(array)
-        if not np.isfinite(a).all(): raise ValueError(f"array: expected finite values for {relpath!r}")
-        return atomic_save_npy(self.path / rel, a)
-
-    def finish(self, status: str = "completed", **extra) -> Path:
-        "Checksum every file and write COMPLETE (`status` and JSON-serialisable `extra` facts), last; release the lock."
-        self._check_open()
-        if not isinstance(status, str) or not status: raise ValueError(f"status: expected a non-empty str, got {status!r}")
-        clash = [k for k in extra if k in _COMPLETE_KEYS]
-        if clash: raise ValueError(f"finish: keys {clash} are reserved in COMPLETE")
-        self.flush()
-        if not (self.path / "history.csv").exists(): atomic_write_text(self.path / "history.csv", "")
-        marker = {"status": status, "config_hash": self.config_hash, "files": _digests(self.path), "steps": sorted(self._steps),
-                  "poolings": self._poolings or [], "shape": list(self._shape) if self._shape else None, "dtype": self._dtype,
-                  "started_at": self._started, "finished_at": _now(), "host": socket.gethostname(), **extra}
-        canonical_json(marker, "finish")      # fail before writing if `extra` is not serialisable
-        atomic_write_json(self.path / "COMPLETE", marker)
-        self._closed = True; self._release()
-        return self.path
-
-    def abandon(self) -> None:
-        "Stop writing without COMPLETE (the run stays incomplete) and release the lock."
-        self._closed = True; self._release()
-
     def __enter__(self): return self
     def __exit__(self, exc_type, exc, tb):
         if exc_type is None and not self._closed: self.finish()
         elif not self._closed: self.abandon()
         return False          # an exception leaves the run incomplete and propagates
-
     def __repr__(self):
         return f"RunWriter({str(self.path)!r}, config_hash={self.config_hash!r}, steps={len(self._steps)}, finished={self._closed})"
 
-def _scalar(key: str, v):
+# %% ../nbs/08_runs.ipynb #c82d39d0
+@_method_of(RunWriter)
+def save_embeddings(self: RunWriter,
+                    step: int,               # the tracked training step: >= 0, not saved before
+                    arrays: dict,            # pooling name -> (L+1, N, d) array; the same poolings and shape at every step
+                    dtype: str = "float32",  # storage: 'float32' or 'float16' (the same at every step)
+                   ) -> list[Path]:          # the files written, one per pooling
+    "Write the embeddings of one tracked `step`, one atomic .npy file per pooling (nothing is kept in memory)."
+    self._check_open()
+    step, dt = _check_step(step, self._steps, self.path), _check_dtype(dtype, self._dtype)
+    checked = _check_step_arrays(arrays, len(self.probes), self._poolings, self._shape, dt)
+    files = [atomic_save_npy(self.path / _step_file(step, k), a) for k, a in checked.items()]
+    self._steps.append(step)
+    self._poolings, self._dtype, self._shape = sorted(checked), dt.name, next(iter(checked.values())).shape
+    return files
+
+# %% ../nbs/08_runs.ipynb #9bafc650
+def _scalar(key: str, v: object) -> object:
     if hasattr(v, "item") and getattr(v, "ndim", None) == 0: v = v.item()   # numpy / torch 0-d
     if v is None or isinstance(v, (bool, int, float, str)): return v
     raise ValueError(f"log: {key} expected a scalar (number, str, bool or None), got {type(v).__name__}")
 
+# %% ../nbs/08_runs.ipynb #a8d7165c
+@_method_of(RunWriter)
+def log(self: RunWriter, *,
+        flush: bool = True,   # rewrite history.csv now (False: at the next flush, log or finish)
+        **row,                # column=value pairs of scalars (numbers, str, bool, None; 0-d arrays)
+       ) -> None:
+    "Append one row (step=..., train_loss=...) to history.csv (columns: union of all keys); `flush=False` defers the rewrite."
+    self._check_open()
+    if not row: raise ValueError("log: expected at least one column=value pair, got none")
+    self._rows.append({k: _scalar(k, v) for k, v in row.items()})
+    if flush: self.flush()
+
+@_method_of(RunWriter)
+def flush(self: RunWriter) -> None:
+    "Rewrite history.csv atomically from every row logged so far."
+    if self._rows: atomic_write_text(self.path / "history.csv", pd.DataFrame(self._rows).to_csv(index=False))
+
+# %% ../nbs/08_runs.ipynb #86d3c32c
+def _check_extra_path(relpath: str) -> Path:
+    rel = Path(relpath)
+    if rel.is_absolute() or ".." in rel.parts or rel.suffix != ".npy" or rel.parts[0] == "embeddings" or _is_hidden(rel):
+        raise ValueError(f"relpath: expected a relative .npy path inside the run folder, outside embeddings/, got {relpath!r}")
+    return rel
+
+# %% ../nbs/08_runs.ipynb #d18514d7
+@_method_of(RunWriter)
+def save_array(self: RunWriter,
+               relpath: str,        # where in the run folder, e.g. 'perturb/step_000010.typo.npy'
+               array: np.ndarray,   # finite values, any shape
+              ) -> Path:            # the file written
+    "Save an extra array atomically; it is checksummed in COMPLETE like every file."
+    self._check_open()
+    rel = _check_extra_path(relpath)
+    a = np.asarray(array)
+    if not np.isfinite(a).all(): raise ValueError(f"array: expected finite values for {relpath!r}")
+    return atomic_save_npy(self.path / rel, a)
+
+# %% ../nbs/08_runs.ipynb #1549c338
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -407,13 +466,40 @@ def _digests(run_dir: Path) -> dict:
     return {p.relative_to(run_dir).as_posix(): _sha256(p) for p in sorted(run_dir.rglob("*"))
             if p.is_file() and not any(_is_hidden(Path(q)) for q in p.relative_to(run_dir).parts) and p.name != "COMPLETE"}
 
+# %% ../nbs/08_runs.ipynb #1a98f713
+_COMPLETE_KEYS = ("status", "config_hash", "files", "steps", "poolings", "shape", "dtype", "started_at", "finished_at", "host")
+
+def _check_finish(status, extra: dict) -> None:
+    if not isinstance(status, str) or not status: raise ValueError(f"status: expected a non-empty str, got {status!r}")
+    clash = [k for k in extra if k in _COMPLETE_KEYS]
+    if clash: raise ValueError(f"finish: keys {clash} are reserved in COMPLETE")
+
+# %% ../nbs/08_runs.ipynb #0232453e
+@_method_of(RunWriter)
+def finish(self: RunWriter,
+           status: str = "completed",  # how the run ended: 'completed', 'diverged', ...
+           **extra,                    # further JSON-serialisable facts for COMPLETE (timings, derived sizes, ...)
+          ) -> Path:                   # the run folder
+    "Checksum every file and write COMPLETE (`status` and `extra`), last; release the lock."
+    self._check_open(); _check_finish(status, extra)
+    self.flush()
+    if not (self.path / "history.csv").exists(): atomic_write_text(self.path / "history.csv", "")
+    marker = {"status": status, "config_hash": self.config_hash, "files": _digests(self.path), "steps": sorted(self._steps),
+              "poolings": self._poolings or [], "shape": list(self._shape) if self._shape else None, "dtype": self._dtype,
+              "started_at": self._started, "finished_at": _now(), "host": socket.gethostname(), **extra}
+    canonical_json(marker, "finish")      # fail before writing if `extra` is not serialisable
+    atomic_write_json(self.path / "COMPLETE", marker)
+    self._closed = True; self._release()
+    return self.path
+
+@_method_of(RunWriter)
+def abandon(self: RunWriter) -> None:
+    "Stop writing without COMPLETE (the run stays incomplete) and release the lock."
+    self._closed = True; self._release()
+
 # %% ../nbs/08_runs.ipynb #c0a1b017
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-
-def _corrupt(f: Path, what: str) -> CorruptRunError: return CorruptRunError(f"{f}: {what}")
-
 def safe_path(run_dir: str | Path,  # the folder the path must stay in
-              rel: str,                  # a relative posix path read from a file of the folder
+              rel: str,             # a relative posix path read from a file of the folder
               source: str | Path,   # the file `rel` was read from (for the message)
              ) -> Path:             # run_dir / rel
     "`run_dir / rel`, or `CorruptRunError` if `rel` is absolute, escapes `run_dir` or passes through a symlink."
@@ -422,21 +508,35 @@ def safe_path(run_dir: str | Path,  # the folder the path must stay in
     parts = rel.split("/")
     if any(p in ("", ".", "..") for p in parts):
         raise _corrupt(Path(source), f"path {rel!r} leaves or is not a plain path inside {run_dir}")
-    base = Path(run_dir); cur = base
+    cur = Path(run_dir)
     for p in parts:
         cur = cur / p
         if cur.is_symlink(): raise _corrupt(Path(source), f"path {rel!r} passes through a symbolic link ({cur})")
     return cur
 
 # %% ../nbs/08_runs.ipynb #c0a1b019
-def _field(marker: dict, key: str, ok, what: str, f: Path):
-    v = marker.get(key)
-    if not ok(v): raise _corrupt(f, f"field {key!r}: expected {what}, got {v!r:.60}")
-    return v
-
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _int = lambda v: isinstance(v, int) and not isinstance(v, bool)
+_MARKER_FIELDS = {   # field: (check, what it must be)
+    "status": (lambda v: isinstance(v, str) and v, "a non-empty str"),
+    "config_hash": (lambda v: isinstance(v, str) and re.fullmatch(r"[0-9a-f]{12}", v), "12 hex digits"),
+    "files": (lambda v: isinstance(v, dict) and all(isinstance(x, str) and _HEX64.match(x) for x in v.values()), "a dict path -> sha256"),
+    "steps": (lambda v: isinstance(v, list) and all(_int(s) and s >= 0 for s in v), "a list of ints >= 0"),
+    "poolings": (lambda v: isinstance(v, list) and all(isinstance(p, str) and _POOLING_NAME.match(p) for p in v),
+                 "a list of pooling names ([A-Za-z0-9_-]+)"),
+    "shape": (lambda v: v is None or (isinstance(v, list) and len(v) == 3 and all(_int(s) and s > 0 for s in v)),
+              "null or [L+1, N, d] positive ints"),
+    "dtype": (lambda v: v in (None, "float16", "float32"), "null, 'float16' or 'float32'"),
+}
 
-def read_marker(run_dir: str | Path) -> dict:
+def _check_fields(m: dict, f: Path) -> None:
+    for key, (ok, what) in _MARKER_FIELDS.items():
+        v = m.get(key)
+        if not ok(v): raise _corrupt(f, f"field {key!r}: expected {what}, got {v!r:.60}")
+
+# %% ../nbs/08_runs.ipynb #c8e52519
+def read_marker(run_dir: str | Path,  # a run folder
+               ) -> dict:             # the COMPLETE marker, checked
     "The COMPLETE marker of `run_dir`, every field type-checked; `IncompleteRunError` / `CorruptRunError` otherwise."
     run_dir = Path(run_dir); f = run_dir / "COMPLETE"
     if not f.is_file() or f.is_symlink():
@@ -444,30 +544,20 @@ def read_marker(run_dir: str | Path) -> dict:
     try: m = json.loads(f.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e: raise _corrupt(f, f"unreadable completion marker ({e})") from None
     if not isinstance(m, dict): raise _corrupt(f, f"expected a JSON object, got {type(m).__name__}")
-    _field(m, "status", lambda v: isinstance(v, str) and v, "a non-empty str", f)
-    _field(m, "config_hash", lambda v: isinstance(v, str) and re.fullmatch(r"[0-9a-f]{12}", v), "12 hex digits", f)
-    files = _field(m, "files", lambda v: isinstance(v, dict) and all(isinstance(x, str) and _HEX64.match(x) for x in v.values()),
-                   "a dict path -> sha256", f)
-    _field(m, "steps", lambda v: isinstance(v, list) and all(_int(s) and s >= 0 for s in v), "a list of ints >= 0", f)
-    _field(m, "poolings", lambda v: isinstance(v, list) and all(isinstance(p, str) and _POOLING_NAME.match(p) for p in v),
-           "a list of pooling names ([A-Za-z0-9_-]+)", f)
-    _field(m, "shape", lambda v: v is None or (isinstance(v, list) and len(v) == 3 and all(_int(s) and s > 0 for s in v)),
-           "null or [L+1, N, d] positive ints", f)
-    _field(m, "dtype", lambda v: v in (None, "float16", "float32"), "null, 'float16' or 'float32'", f)
-    for rel in files: safe_path(run_dir, rel, f)
+    _check_fields(m, f)
+    for rel in m["files"]: safe_path(run_dir, rel, f)
     for rel in ("config.json", "history.csv", "probes.jsonl"):
-        if rel not in files: raise _corrupt(f, f"{rel} is not listed in 'files'")
+        if rel not in m["files"]: raise _corrupt(f, f"{rel} is not listed in 'files'")
     for s in m["steps"]:
         for p in m["poolings"]:
-            if _step_file(s, p) not in files: raise _corrupt(f, f"step {s} has no {p} file listed ({_step_file(s, p)})")
+            if _step_file(s, p) not in m["files"]: raise _corrupt(f, f"step {s} has no {p} file listed ({_step_file(s, p)})")
     return m
 
-def _step_file(step: int, pooling: str) -> str: return f"embeddings/step_{int(step):06d}.{pooling}.npy"
-
-# %% ../nbs/08_runs.ipynb #c0a1b022
+# %% ../nbs/08_runs.ipynb #6e532c5c
 VERIFIED_FILE = ".verified.json"
 
 def _stats(run_dir: Path, files: dict) -> dict:
+    "{relpath: [size, mtime_ns]} of every listed file; `CorruptRunError` for a missing one."
     out = {}
     for rel in files:
         f = run_dir / rel
@@ -475,6 +565,7 @@ def _stats(run_dir: Path, files: dict) -> dict:
         st = f.stat(); out[rel] = [st.st_size, st.st_mtime_ns]
     return out
 
+# %% ../nbs/08_runs.ipynb #c0a1b022
 def verify_run(run_dir: str | Path,  # a complete run folder
                *,
                full: bool = False,   # re-hash every file even if the cache says it verified unchanged
@@ -495,8 +586,13 @@ def verify_run(run_dir: str | Path,  # a complete run folder
 # %% ../nbs/08_runs.ipynb #9e216281
 class Run:
     "A complete run folder, loaded. Embeddings are read lazily with `embeddings` / `embeddings_all_layers`."
-    def __init__(self, path: Path, config: dict, config_hash: str, environment: dict | None, marker: dict,
-                 history: pd.DataFrame, probes: pd.DataFrame):
+    def __init__(self, path: Path,              # the run folder
+                 config: dict,                  # config.json without the keys RunWriter added
+                 config_hash: str,              # 12 hex digits, as in COMPLETE
+                 environment: dict | None,      # the software the run was written with (see `environment_info`)
+                 marker: dict,                  # the checked COMPLETE marker
+                 history: pd.DataFrame,         # history.csv: one row per logged event
+                 probes: pd.DataFrame):         # probes.jsonl: one row per probe, a `text` column
         self.path, self.config, self.config_hash, self.environment = path, config, config_hash, environment
         self.marker, self.history, self.probes, self.status = marker, history, probes, marker["status"]
         self.steps = np.array(sorted(marker["steps"]), dtype=np.int64)
@@ -507,69 +603,6 @@ class Run:
     def __repr__(self):
         return (f"Run({str(self.path)!r}, config_hash={self.config_hash!r}, status={self.status!r}, "
                 f"steps={len(self.steps)}, poolings={self.poolings}, shape={self.shape})")
-
-    def array(self, relpath: str) -> np.ndarray:
-        "An extra array saved with `RunWriter.save_array` (memory-mapped); the error lists the ones saved."
-        if relpath not in self.marker["files"]:
-            extra = sorted(f for f in self.marker["files"] if f.endswith(".npy") and not f.startswith("embeddings/"))
-            raise ValueError(f"relpath: {relpath!r} is not in {self.path}; saved arrays: {extra}")
-        return _load_npy(safe_path(self.path, relpath, self.path / "COMPLETE"))
-
-    def perturbations(self) -> list[tuple[str, int, np.ndarray]]:
-        "(kind, step, array (k, L+1, N, d)) for every perturbation array saved under perturb/, sorted by step and kind."
-        out = []
-        for f in sorted(self.marker["files"]):
-            m = re.fullmatch(r"perturb/step_(\d{6})\.([A-Za-z0-9_-]+)\.npy", f)
-            if m: out.append((m.group(2), int(m.group(1)), self.array(f)))
-        return sorted(out, key=lambda t: (t[1], t[0]))
-
-    def _load(self, step: int, pooling: str) -> np.ndarray:
-        a = _load_npy(self.path / _step_file(step, pooling))
-        if a.shape != self.shape: raise _corrupt(self.path / _step_file(step, pooling), f"expected shape {self.shape}, got {a.shape}")
-        return a
-
-    def embeddings(self,
-                   layer: int = -1,         # hidden-state index in [-(L+1), L]; 0 = embedding output
-                   pooling: str = "mean",   # one of `self.poolings`
-                   *,
-                   steps: list[int] | np.ndarray | None = None,  # subset of `self.steps` (in the given order); None = all
-                  ) -> np.ndarray:          # (T, N, d) float32
-        "One layer's embeddings at every (or the given) tracked step, read from memory-mapped files."
-        self._check_pooling(pooling)
-        n_hidden = self.shape[0]
-        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not -n_hidden <= layer < n_hidden:
-            raise ValueError(f"layer: expected an int in [-{n_hidden}, {n_hidden - 1}] (L = {self.n_layers}), got {layer!r}")
-        s = self._check_steps(steps)
-        out = np.empty((len(s), *self.shape[1:]), np.float32)
-        for t, step in enumerate(s): out[t] = self._load(step, pooling)[layer]
-        return out
-
-    def embeddings_all_layers(self, pooling: str = "mean", *, steps: list[int] | np.ndarray | None = None) -> np.ndarray:  # (T, L+1, N, d) float32
-        "Every layer's embeddings at every (or the given) tracked step."
-        self._check_pooling(pooling)
-        s = self._check_steps(steps)
-        out = np.empty((len(s), *self.shape), np.float32)
-        for t, step in enumerate(s): out[t] = self._load(step, pooling)
-        return out
-
-    def _check_pooling(self, pooling: str):
-        if not self.poolings: raise ValueError(f"{self.path}: the run has no saved embeddings")
-        if pooling not in self.poolings:
-            raise ValueError(f"pooling: expected one of {self.poolings} (saved in {self.path}), got {pooling!r}")
-
-    def _check_steps(self, steps) -> np.ndarray:
-        if steps is None: return self.steps
-        s = np.atleast_1d(np.asarray(steps))
-        if s.size == 0 or not np.issubdtype(s.dtype, np.integer): raise ValueError(f"steps: expected tracked step numbers, got {steps!r}")
-        missing = np.setdiff1d(s, self.steps)
-        if missing.size:
-            valid = self.steps.tolist() if len(self.steps) <= 20 else f"{self.steps[:10].tolist()}... ({len(self.steps)} steps)"
-            raise ValueError(f"steps: {missing.tolist()} were not tracked; valid steps are {valid}")
-        return s.astype(np.int64)
-
-def _load_npy(f: Path) -> np.ndarray:
-    try: return np.load(f, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as e: raise _corrupt(f, f"cannot be read ({e})") from None
 
 # %% ../nbs/08_runs.ipynb #c0a1b025
 def _read_json_object(f: Path) -> dict:
@@ -582,6 +615,12 @@ def _read_table(f: Path, read) -> pd.DataFrame:
     try: return read(f)
     except (OSError, ValueError, UnicodeDecodeError) as e: raise _corrupt(f, f"unreadable ({e})") from None
 
+def _read_history(f: Path) -> pd.DataFrame: return pd.read_csv(f) if f.stat().st_size else pd.DataFrame()
+
+def _read_probes(f: Path) -> pd.DataFrame:
+    return pd.DataFrame([json.loads(line) for line in f.read_text(encoding="utf-8").splitlines() if line.strip()])
+
+# %% ../nbs/08_runs.ipynb #f9fc1f86
 def load_run(path: str | Path,       # run folder
              *,
              verify: bool = True,    # check every file against its sha256 in COMPLETE (cached by size and mtime)
@@ -595,23 +634,109 @@ def load_run(path: str | Path,       # run folder
     h, env = config.pop("config_hash", None), config.pop("environment", None)
     if h != marker["config_hash"]:
         raise _corrupt(path / "config.json", f"field 'config_hash': {h!r} differs from COMPLETE's {marker['config_hash']!r}")
-    history = _read_table(path / "history.csv", lambda f: pd.read_csv(f) if f.stat().st_size else pd.DataFrame())
-    probes = _read_table(path / "probes.jsonl", lambda f: pd.DataFrame([json.loads(line) for line in
-                                                                       f.read_text(encoding="utf-8").splitlines() if line.strip()]))
+    history = _read_table(path / "history.csv", _read_history)
+    probes = _read_table(path / "probes.jsonl", _read_probes)
     return Run(path, config, h, env if isinstance(env, dict) else None, marker, history, probes)
+
+# %% ../nbs/08_runs.ipynb #f1fadf5a
+def _load_npy(f: Path) -> np.ndarray:
+    try: return np.load(f, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as e: raise _corrupt(f, f"cannot be read ({e})") from None
+
+@_method_of(Run)
+def _load(self: Run, step: int, pooling: str) -> np.ndarray:  # (L+1, N, d), memory-mapped
+    a = _load_npy(self.path / _step_file(step, pooling))
+    if a.shape != self.shape: raise _corrupt(self.path / _step_file(step, pooling), f"expected shape {self.shape}, got {a.shape}")
+    return a
+
+# %% ../nbs/08_runs.ipynb #126fb38b
+def _check_saved_pooling(pooling: str, poolings: list[str], run_dir: Path) -> None:
+    if not poolings: raise ValueError(f"{run_dir}: the run has no saved embeddings")
+    if pooling not in poolings: raise ValueError(f"pooling: expected one of {poolings} (saved in {run_dir}), got {pooling!r}")
+
+def _check_layer(layer: int, n_hidden: int) -> None:
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not -n_hidden <= layer < n_hidden:
+        raise ValueError(f"layer: expected an int in [-{n_hidden}, {n_hidden - 1}] (L = {n_hidden - 1}), got {layer!r}")
+
+# %% ../nbs/08_runs.ipynb #f3f2f6a2
+def _check_steps(steps, tracked: np.ndarray) -> np.ndarray:
+    "`steps` as int64 (None: all `tracked`), each one tracked; the error lists the valid steps."
+    if steps is None: return tracked
+    s = np.atleast_1d(np.asarray(steps))
+    if s.size == 0 or not np.issubdtype(s.dtype, np.integer): raise ValueError(f"steps: expected tracked step numbers, got {steps!r}")
+    missing = np.setdiff1d(s, tracked)
+    if missing.size:
+        valid = tracked.tolist() if len(tracked) <= 20 else f"{tracked[:10].tolist()}... ({len(tracked)} steps)"
+        raise ValueError(f"steps: {missing.tolist()} were not tracked; valid steps are {valid}")
+    return s.astype(np.int64)
+
+# %% ../nbs/08_runs.ipynb #1e67b6dc
+@_method_of(Run)
+def embeddings(self: Run,
+               layer: int = -1,         # hidden-state index in [-(L+1), L]; 0 = embedding output
+               pooling: str = "mean",   # one of `self.poolings`
+               *,
+               steps: list[int] | np.ndarray | None = None,  # subset of `self.steps` (in the given order); None = all
+              ) -> np.ndarray:          # (T, N, d) float32
+    "One layer's embeddings at every (or the given) tracked step, read from memory-mapped files."
+    _check_saved_pooling(pooling, self.poolings, self.path)
+    _check_layer(layer, self.shape[0])
+    s = _check_steps(steps, self.steps)
+    out = np.empty((len(s), *self.shape[1:]), np.float32)
+    for t, step in enumerate(s): out[t] = self._load(step, pooling)[layer]
+    return out
+
+# %% ../nbs/08_runs.ipynb #5aaacc9f
+@_method_of(Run)
+def embeddings_all_layers(self: Run,
+                          pooling: str = "mean",  # one of `self.poolings`
+                          *,
+                          steps: list[int] | np.ndarray | None = None,  # subset of `self.steps`; None = all
+                         ) -> np.ndarray:         # (T, L+1, N, d) float32
+    "Every layer's embeddings at every (or the given) tracked step."
+    _check_saved_pooling(pooling, self.poolings, self.path)
+    s = _check_steps(steps, self.steps)
+    out = np.empty((len(s), *self.shape), np.float32)
+    for t, step in enumerate(s): out[t] = self._load(step, pooling)
+    return out
+
+# %% ../nbs/08_runs.ipynb #83ea566f
+@_method_of(Run)
+def array(self: Run,
+          relpath: str,   # the path given to `RunWriter.save_array`
+         ) -> np.ndarray:  # memory-mapped
+    "An extra array saved with `RunWriter.save_array`; the error lists the ones saved."
+    if relpath not in self.marker["files"]:
+        extra = sorted(f for f in self.marker["files"] if f.endswith(".npy") and not f.startswith("embeddings/"))
+        raise ValueError(f"relpath: {relpath!r} is not in {self.path}; saved arrays: {extra}")
+    return _load_npy(safe_path(self.path, relpath, self.path / "COMPLETE"))
+
+@_method_of(Run)
+def perturbations(self: Run) -> list[tuple[str, int, np.ndarray]]:  # [(kind, step, (k, L+1, N, d) array)]
+    "Every perturbation array saved under perturb/, sorted by step and kind."
+    out = []
+    for f in sorted(self.marker["files"]):
+        m = re.fullmatch(r"perturb/step_(\d{6})\.([A-Za-z0-9_-]+)\.npy", f)
+        if m: out.append((m.group(2), int(m.group(1)), self.array(f)))
+    return sorted(out, key=lambda t: (t[1], t[0]))
 
 # %% ../nbs/08_runs.ipynb #c0a1b026
 def is_complete(run_dir: str | Path) -> bool:
     "Whether `run_dir` holds a COMPLETE marker (nothing verified: see `verify_run`)."
     return (Path(run_dir) / "COMPLETE").is_file()
 
-def find_runs(root: str | Path) -> list[Path]:  # complete run folders under `root`, sorted
+def find_runs(root: str | Path,  # a run folder, or a folder to search
+             ) -> list[Path]:    # complete run folders under `root`, sorted
     "Every folder under `root` (or `root` itself) that holds a COMPLETE marker (hidden folders skipped)."
     root = Path(root)
     if not root.is_dir(): raise FileNotFoundError(f"root: {root} is not a folder")
     return sorted({p.parent for p in root.rglob("COMPLETE")
                    if p.is_file() and not any(_is_hidden(Path(q)) for q in p.relative_to(root).parts)})
 
-def load_runs(root: str | Path, *, verify: bool = True) -> list[Run]:  # sorted by path
+# %% ../nbs/08_runs.ipynb #68e29cbb
+def load_runs(root: str | Path,       # a run folder, or a folder to search
+              *,
+              verify: bool = True,    # check each run's checksums (see `load_run`)
+             ) -> list[Run]:          # sorted by path
     "`load_run` of every complete run under `root`."
     return [load_run(p, verify=verify) for p in find_runs(root)]

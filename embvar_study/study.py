@@ -6,25 +6,25 @@
 from __future__ import annotations
 import contextlib, json, os, re
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pandas as pd
 
 from .runs import (Run, RunWriter, load_run, config_hash, atomic_write_json, atomic_write_text, CorruptRunError,
-                               FolderLock, lock_holder)
+                               FolderLock, lock_holder, _method_of)
 
 # %% auto #0
 __all__ = ['LOCK_ENV', 'STUDY_FILE', 'MANIFEST_COLUMNS', 'DESIGN_COLUMNS', 'EXPERIMENT_FACTORS', 'NotComputed', 'study_lock',
            'lock_env', 'write_study_spec', 'read_study_spec', 'manifest_path', 'write_manifest', 'load_manifest',
-           'config_value', 'format_lr', 'RunSet', 'Study', 'check_study', 'load_study', 'study_from_runs',
-           'synthetic_study']
+           'config_value', 'format_lr', 'synthetic_study', 'RunSet', 'Study', 'check_study', 'load_study',
+           'study_from_runs']
 
 # %% ../nbs/13_study.ipynb #19b2c9c2
 class NotComputed(Exception):
     "A part of the study that cannot be computed from what was run; the message says why, for a reader."
 
-# %% ../nbs/13_study.ipynb #1d0289aa
+# %% ../nbs/13_study.ipynb #f962d60e
 LOCK_ENV = "EMBVAR_STUDY_LOCK"
 
 def _held_by_parent(study_dir: Path) -> bool:
@@ -32,10 +32,13 @@ def _held_by_parent(study_dir: Path) -> bool:
     h = lock_holder(study_dir)
     return os.environ.get(LOCK_ENV) == want and bool(h) and h.get("pid") == os.getppid()
 
+# %% ../nbs/13_study.ipynb #1d0289aa
 _HELD: set = set()   # study folders whose lock this process holds (the lock is re-entrant within a process)
 
 @contextlib.contextmanager
-def study_lock(study_dir: str | Path, timeout: float = 0) -> Iterator[FolderLock | None]:
+def study_lock(study_dir: str | Path,   # the study folder (need not exist)
+               timeout: float = 0,      # seconds to wait for another holder (0: refuse at once)
+              ) -> Iterator[FolderLock | None]:  # the lock taken here, or None when this process or its parent holds it
     "Hold the study folder's writer lock (re-entrant in this process; relies on a parent `embvar report` holding it)."
     study_dir = Path(study_dir); key = str(study_dir.resolve())
     if key in _HELD or _held_by_parent(study_dir): yield None; return
@@ -44,14 +47,18 @@ def study_lock(study_dir: str | Path, timeout: float = 0) -> Iterator[FolderLock
         try: yield lock
         finally: _HELD.discard(key)
 
-def lock_env(study_dir: str | Path) -> dict:  # environment for child processes of the lock's holder
+# %% ../nbs/13_study.ipynb #770094c1
+def lock_env(study_dir: str | Path,  # the study folder whose lock this process holds
+            ) -> dict:               # {LOCK_ENV: "<resolved study_dir>:<this pid>"}
     "What the holder of a study lock passes to the notebooks it runs, so they do not take the lock again."
     return {LOCK_ENV: f"{Path(study_dir).resolve()}:{os.getpid()}"}
 
 # %% ../nbs/13_study.ipynb #3aa618f7
 STUDY_FILE = "study.json"
 
-def write_study_spec(study_dir: str | Path, spec: dict) -> Path:
+def write_study_spec(study_dir: str | Path,  # the study folder (created)
+                     spec: dict,             # the resolved profile and provenance (JSON-serialisable)
+                    ) -> Path:               # the file written
     "Write `study.json` (the resolved profile and provenance) atomically."
     return atomic_write_json(Path(study_dir) / STUDY_FILE, spec)
 
@@ -73,10 +80,14 @@ def manifest_path(study_dir: str | Path, experiment: str) -> Path:
         raise ValueError(f"experiment: expected a name of letters, digits, '_' and '-', got {experiment!r}")
     return Path(study_dir) / "sweeps" / f"{experiment}.csv"
 
-def write_manifest(study_dir: str | Path, experiment: str, rows: list[dict]) -> Path:
+def write_manifest(study_dir: str | Path,  # the study folder
+                   experiment: str,        # the experiment's name (letters, digits, '_', '-')
+                   rows: list[dict],       # one per grid point: grid values and MANIFEST_COLUMNS
+                  ) -> Path:               # the manifest written
     "Write the manifest of `experiment` (one row per grid point) atomically."
     return atomic_write_text(manifest_path(study_dir, experiment), pd.DataFrame(rows).to_csv(index=False))
 
+# %% ../nbs/13_study.ipynb #47e5fd76
 def load_manifest(study_dir: str | Path, experiment: str) -> pd.DataFrame:
     "The manifest of `experiment`; `NotComputed` naming the experiments that were run when it was not."
     p = manifest_path(study_dir, experiment)
@@ -93,7 +104,9 @@ def load_manifest(study_dir: str | Path, experiment: str) -> pd.DataFrame:
 # %% ../nbs/13_study.ipynb #4f4cd123
 DESIGN_COLUMNS = ["run_id", "experiment", "factor", "lr", "schedule", "seed", "init_seed", "data_seed", "dropout_seed", "replicate", "status"]
 
-def config_value(config: dict, key: str) -> object:
+def config_value(config: dict,  # a run's config
+                 key: str,      # 'lr', or a dotted path into nested dicts: 'trainer.learning_rate'
+                ) -> object:    # the value, or None where the path does not lead to one
     "A (possibly dotted) key of a run config: 'lr', or 'trainer.learning_rate' for a Trainer callback's run."
     v = config
     for part in key.split("."):
@@ -101,6 +114,7 @@ def config_value(config: dict, key: str) -> object:
         v = v[part]
     return v
 
+# %% ../nbs/13_study.ipynb #04b1c19d
 def _design_row(run: Run, experiment: str = "", factor: str = "") -> dict:
     c = run.config
     lr = config_value(c, "lr") if config_value(c, "lr") is not None else config_value(c, "trainer.learning_rate")
@@ -112,9 +126,6 @@ def _design_row(run: Run, experiment: str = "", factor: str = "") -> dict:
             "replicate": config_value(c, "replicate") or 0, "status": run.status}
 
 # %% ../nbs/13_study.ipynb #222fb603
-_LABEL_WORDS = {"lr": "lr", "schedule": "", "init_seed": "init seed", "data_seed": "data seed", "dropout_seed": "dropout seed",
-                "seed": "seed", "replicate": "replicate"}
-
 def format_lr(lr: float | None) -> str:
     "A learning rate as people write it: 5e-05 -> '5e-5', 0.00025 -> '2.5e-4', 0.1 -> '0.1'."
     if lr is None or (isinstance(lr, float) and np.isnan(lr)): return "?"
@@ -122,188 +133,6 @@ def format_lr(lr: float | None) -> str:
     if x == 0 or abs(x) >= 1e-2: return f"{x:g}"
     mant, exp = f"{x:.2e}".split("e")
     return f"{mant.rstrip('0').rstrip('.')}e{int(exp)}"
-
-# %% ../nbs/13_study.ipynb #3f210280
-class RunSet:
-    "Distinct runs with their design table (`DESIGN_COLUMNS` + extra grid columns); what the analysis functions take."
-    def __init__(self, table: pd.DataFrame, runs: dict[str, Run]):
-        self.table = table.drop_duplicates("run_id").reset_index(drop=True)
-        self._runs = {k: runs[k] for k in self.table["run_id"]}
-
-    @classmethod
-    def of(cls, runs: list[Run], experiment: str = "", factor: str = "") -> "RunSet":
-        "A run set of loaded runs (design columns from their configs)."
-        return cls(pd.DataFrame([_design_row(r, experiment, factor) for r in runs], columns=DESIGN_COLUMNS), {r.config_hash: r for r in runs})
-
-    def __len__(self) -> int: return len(self.table)
-    def __iter__(self): return iter(self.runs)
-    def __repr__(self) -> str: return f"RunSet({len(self)} runs: {', '.join(self.labels()[:4])}{' ...' if len(self) > 4 else ''})"
-    @property
-    def runs(self) -> list[Run]: return [self._runs[k] for k in self.table["run_id"]]
-    def __add__(self, other: "RunSet") -> "RunSet":
-        return RunSet(pd.concat([self.table, other.table], ignore_index=True), {**self._runs, **other._runs})
-
-    def where(self, **conditions) -> "RunSet":
-        "The runs whose design column equals each value (a list/tuple value: any of them)."
-        keep = np.ones(len(self.table), bool)
-        for k, v in conditions.items():
-            if k not in self.table: raise ValueError(f"{k}: not a design column; columns: {list(self.table.columns)}")
-            keep &= self.table[k].isin(v if isinstance(v, (list, tuple)) else [v]).to_numpy()
-        return RunSet(self.table[keep], self._runs)
-
-    def groups(self, by: str | list[str]) -> dict:
-        "{value: RunSet} per distinct value of design column `by` (a tuple of values for a list of columns), sorted."
-        cols = [by] if isinstance(by, str) else list(by)
-        bad = [c for c in cols if c not in self.table]
-        if bad: raise ValueError(f"by: expected design columns, from {list(self.table.columns)}, got {bad}")
-        return {k: RunSet(g, self._runs) for k, g in self.table.groupby(by if isinstance(by, str) else cols, sort=True, dropna=False)}
-
-    def common_steps(self) -> np.ndarray:  # (T,) steps tracked by every run, sorted
-        "The tracked steps all runs share; `NotComputed` if the runs do not embed the same probes (nothing can be pooled)."
-        if not len(self): raise NotComputed("no runs")
-        probes = {tuple(r.probes["text"]) for r in self.runs}
-        if len(probes) > 1:
-            sizes = sorted({len(p) for p in probes})
-            raise NotComputed(f"these {len(self)} runs track {len(probes)} different probe sets ({', '.join(map(str, sizes))} texts): "
-                              "drift and variance can only be compared over runs that embed the same probes")
-        return np.array(sorted(set.intersection(*[set(map(int, r.steps)) for r in self.runs])), dtype=np.int64)
-
-    def stack(self, layer: int = -1, pooling: str = "mean", step: int | None = None) -> np.ndarray:  # (K, N, d)
-        "Every run's embeddings at `step` (default: the last common tracked step)."
-        steps = self.common_steps()
-        if not len(steps): raise NotComputed("the runs share no tracked step")
-        s = int(steps[-1] if step is None else step)
-        return np.stack([r.embeddings(layer=layer, pooling=pooling, steps=[s])[0] for r in self.runs])
-
-    def labels(self, columns: list[str] | None = None) -> list[str]:
-        "One readable label per run naming the design columns that vary: 'init seed 1 · data seed 0'."
-        t = self.table
-        cols = columns or [c for c in ("lr", "schedule", "init_seed", "data_seed", "dropout_seed", "replicate")
-                           if c in t and t[c].nunique(dropna=False) > 1] or ["seed"]
-        word = lambda c, v: (format_lr(v) if c == "lr" else str(v)) if not _LABEL_WORDS.get(c) else \
-            f"{_LABEL_WORDS[c]} {format_lr(v) if c == 'lr' else v}"
-        return [" · ".join(word(c, row[c]) for c in cols) for _, row in t.iterrows()]
-
-# %% ../nbs/13_study.ipynb #4e718cfe
-EXPERIMENT_FACTORS = {"seed_sweep": ("init_seed", "data_seed", "replicate")}
-
-class Study:
-    "A study folder: its plan (`spec`), its manifests, and its runs as run sets."
-    def __init__(self, study_dir: Path, spec: dict, manifests: dict[str, pd.DataFrame], runs: dict[str, Run]):
-        self.study_dir, self.spec, self.manifests, self._runs = Path(study_dir), spec, manifests, runs
-
-    @property
-    def profile(self) -> str: return self.spec.get("profile", "runs")
-    @property
-    def experiments(self) -> list[str]: return list(self.manifests)
-    def has(self, experiment: str) -> bool: return experiment in self.manifests
-    def grid(self, key: str, default: object = None) -> object:
-        "A grid key of the study's resolved profile (`ref_lr`, `seeds`, ...)."
-        return self.spec.get("resolved", {}).get(key, default)
-
-    def runs(self, experiment: str, factor: str | None = None, *, min_runs: int = 1, **where) -> RunSet:
-        "The distinct complete runs of `experiment` (and `factor`); `NotComputed` with the reason when there are too few."
-        if experiment not in self.manifests:
-            raise NotComputed(f"the {experiment} experiment was not run in this study (run: {', '.join(self.experiments) or 'none'})")
-        m = self.manifests[experiment]
-        if factor is not None: m = m[m["factor"] == factor]
-        ok = m[m["run_id"].isin(list(self._runs))]
-        rows = [{**_design_row(self._runs[r["run_id"]], experiment, r.get("factor", "")),
-                 **{k: v for k, v in r.items() if k not in DESIGN_COLUMNS + MANIFEST_COLUMNS}} for _, r in ok.iterrows()]
-        rs = RunSet(pd.DataFrame(rows, columns=list(dict.fromkeys(DESIGN_COLUMNS + [k for r in rows for k in r]))), self._runs).where(**where)
-        if len(rs) < min_runs:
-            what = f"{experiment}" + (f" ({factor})" if factor else "")
-            raise NotComputed(f"{what} has {len(rs)} complete run(s); this needs at least {min_runs}")
-        return rs
-
-    def all_runs(self) -> RunSet:
-        "Every distinct run of the study, each once (its first experiment named)."
-        sets = [self.runs(e) for e in self.experiments if len(self.manifests[e])]
-        if not sets: raise NotComputed("the study has no complete runs")
-        out = sets[0]
-        for s in sets[1:]: out = out + s
-        return out
-
-    def failed(self) -> pd.DataFrame:  # experiment, run_id, status, error
-        "The grid points whose run failed, over every experiment."
-        rows = [m.assign(experiment=e) for e, m in self.manifests.items()]
-        t = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["experiment", "run_id", "status", "error"])
-        return t[t["status"] == "failed"][["experiment", "run_id", "status", "error"]].drop_duplicates("run_id")
-
-    def design(self, experiment: str) -> str:
-        "The design of `experiment` in words, from the runs there are."
-        rs = self.runs(experiment)
-        t = rs.table
-        seeds = lambda n: f"{n} seed{'s' if n != 1 else ''}"
-        lrs = lambda: f"{t['lr'].nunique()} learning rates ({', '.join(format_lr(x) for x in sorted(t['lr'].unique()))})"
-        if experiment == "crossed":
-            return f"{t['init_seed'].nunique()} head seeds x {t['data_seed'].nunique()} data seeds at lr {format_lr(t['lr'].iloc[0])}"
-        if experiment == "seed_sweep":   # from the manifest: a run shared by two factors counts in both
-            m = self.manifests[experiment]
-            vals = lambda f: ", ".join(str(int(v)) for v in sorted(m[m["factor"] == f][f].unique())) or "none"
-            return (f"at lr {format_lr(t['lr'].iloc[0])}: head seeds {vals('init_seed')} (data seed fixed), data seeds "
-                    f"{vals('data_seed')} (head seed fixed), and {int((m['factor'] == 'replicate').sum())} identical-seed replicates")
-        if experiment == "schedule":
-            return f"{lrs()} x schedules {', '.join(sorted(t['schedule'].unique()))} x {seeds(t['seed'].nunique())}"
-        if "lr" in t and t["lr"].nunique() > 1:
-            per = t.groupby("lr").size()
-            return f"{lrs()}, {seeds(per.iloc[0]) + ' each' if per.nunique() == 1 else f'{per.min()}-{per.max()} seeds each'}"
-        return f"{len(rs)} runs"
-
-    def __repr__(self) -> str:
-        return f"Study({str(self.study_dir)!r}, profile={self.profile!r}, experiments={self.experiments}, runs={len(self._runs)})"
-
-# %% ../nbs/13_study.ipynb #d5eecb4d
-def check_study(study_dir: str | Path) -> list[tuple[str, str]]:  # [(run path, one-line error)] of damaged runs
-    "Every run named by a manifest that does not load and verify (nothing is loaded beyond the checks)."
-    from embvar_study.runs import verify_run, IncompleteRunError
-    study_dir, bad = Path(study_dir), []
-    for f in sorted((study_dir / "sweeps").glob("*.csv")):
-        m = load_manifest(study_dir, f.stem)
-        for p in m[m["status"].isin(["completed", "diverged", "skipped"])]["path"].unique():
-            try: verify_run(study_dir / p)
-            except (CorruptRunError, IncompleteRunError, FileNotFoundError) as e: bad.append((p, " ".join(str(e).split())))
-    return list(dict.fromkeys(bad))
-
-def load_study(study_dir: str | Path) -> Study:
-    "Read a study folder: `study.json`, every manifest, and each distinct complete run once (verified)."
-    study_dir = Path(study_dir)
-    if not study_dir.is_dir(): raise FileNotFoundError(f"study_dir: {study_dir} is not a folder")
-    spec = read_study_spec(study_dir)
-    manifests = {f.stem: load_manifest(study_dir, f.stem) for f in sorted((study_dir / "sweeps").glob("*.csv"))}
-    runs: dict[str, Run] = {}
-    for m in manifests.values():
-        for _, r in m[m["status"].isin(["completed", "diverged", "skipped"])].iterrows():
-            if r["run_id"] in runs: continue
-            run = load_run(study_dir / r["path"])
-            if run.config_hash != r["run_id"]:
-                raise CorruptRunError(f"{study_dir / r['path']}: the manifest names run {r['run_id']}, the folder holds {run.config_hash}")
-            runs[r["run_id"]] = run
-    order = spec.get("experiments") or list(manifests)
-    manifests = {e: manifests[e] for e in [*order, *manifests] if e in manifests}
-    return Study(study_dir, spec, manifests, runs)
-
-# %% ../nbs/13_study.ipynb #e3b947d9
-def study_from_runs(run_dirs: list[str | Path],   # run folders, or folders to search for run folders
-                    group_by: str = "lr",         # config key (dotted for nested keys) whose value groups the runs
-                   ) -> Study:
-    "A `Study` of arbitrary run folders: one experiment `runs`, factor = the `group_by` value of each run (design column or config key)."
-    from embvar_study.runs import find_runs
-    folders = []
-    for d in run_dirs:
-        d = Path(d)
-        if not d.is_dir(): raise FileNotFoundError(f"runs: {d} is not a folder")
-        found = find_runs(d)
-        if not found: raise NotComputed(f"runs: {d} holds no complete run folder")
-        folders += found
-    runs = {}
-    for f in dict.fromkeys(folders):
-        r = load_run(f); runs[r.config_hash] = r
-    value = lambda r: _design_row(r)[group_by] if group_by in DESIGN_COLUMNS else config_value(r.config, group_by)
-    rows = [{"run_id": k, "path": str(r.path), "status": r.status, "error": "", "seconds": 0.0, "node": "",
-             "factor": format_lr(value(r)) if group_by == "lr" else str(value(r))} for k, r in runs.items()]
-    spec = {"profile": "runs", "group_by": group_by, "sources": [str(Path(d).resolve()) for d in run_dirs]}
-    return Study(Path(run_dirs[0]), spec, {"runs": pd.DataFrame(rows)}, runs)
 
 # %% ../nbs/13_study.ipynb #96f737ea
 def _synthetic_lrs(lr: float, schedule: str, total: int) -> np.ndarray:  # (total,) the lr of each step
@@ -313,43 +142,48 @@ def _synthetic_lrs(lr: float, schedule: str, total: int) -> np.ndarray:  # (tota
              "cosine": 0.5 * (1 + np.cos(np.pi * np.clip(t - w, 0, None) / max(1, total - w)))}[schedule]
     return lr * np.where(t < w, warm, shape)
 
-def _synthetic_run(run_dir: Path, cfg: dict, base: np.ndarray, probes: pd.DataFrame, total: int, every: int, perturb: bool) -> str:
+# %% ../nbs/13_study.ipynb #a76147d9
+def _synthetic_path(cfg: dict, base: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray, Callable[[int], np.ndarray]]:
+    "lr of each step, cumulative lr (0 at step 0), and step -> (L+1, N, d) embeddings of one synthetic run from `base`."
     lrs = _synthetic_lrs(cfg["lr"], cfg["schedule"], total)
     cum = np.concatenate([[0.0], np.cumsum(lrs)])
     g = lambda s: np.random.default_rng(s).normal(size=(1,) + base.shape[1:])
     direction = g(cfg["init_seed"]) + 0.7 * g(1000 + cfg["data_seed"])
     depth = np.linspace(0.2, 1.0, base.shape[0])[:, None, None]
-    emb = lambda s: base + 40.0 * cum[s] * depth * direction
+    return lrs, cum, lambda s: base + 40.0 * cum[s] * depth * direction
+
+# %% ../nbs/13_study.ipynb #96644844
+def _save_perturbed(w: RunWriter, step: int, emb: np.ndarray) -> None:
+    for kind in ("typo", "token_dropout"):
+        noise = np.random.default_rng(step).normal(scale=0.05, size=(4,) + emb.shape)
+        w.save_array(f"perturb/step_{step:06d}.{kind}.npy", (emb[None] + noise).astype(np.float32))
+
+def _synthetic_run(run_dir: Path, cfg: dict, base: np.ndarray, probes: pd.DataFrame, total: int, every: int, perturb: bool) -> str:
+    lrs, cum, emb = _synthetic_path(cfg, base, total)
     with RunWriter(run_dir, cfg, probes) as w:
         for s in range(total + 1):
-            if s % every == 0 or s == total:
+            tracked = s % every == 0 or s == total
+            if tracked:
                 w.save_embeddings(s, {"mean": emb(s), "cls": 2 * emb(s)})
-                if perturb and s in (0, total):
-                    for kind in ("typo", "token_dropout"):
-                        noise = np.random.default_rng(s).normal(scale=0.05, size=(4,) + base.shape)
-                        w.save_array(f"perturb/step_{s:06d}.{kind}.npy", (emb(s)[None] + noise).astype(np.float32))
+                if perturb and s in (0, total): _save_perturbed(w, s, emb(s))
             loss = 0.69 - 0.25 * (1 - np.exp(-3e3 * cum[s]))
             w.log(step=s, flush=False, lr=float(lrs[s - 1]) if s else 0.0, train_loss=float(loss) if s else None,
-                  **({"eval_loss": float(loss), "eval_acc": float(1.2 - loss)} if s % every == 0 or s == total else {}))
+                  **({"eval_loss": float(loss), "eval_acc": float(1.2 - loss)} if tracked else {}))
         w.finish(derived={"n_probes": len(probes), "torch_threads": 1})
     return w.config_hash
 
-# %% ../nbs/13_study.ipynb #3ae65df4
-def synthetic_study(study_dir: str | Path,     # folder to write (created; must not hold a study)
-                    *,
-                    lrs: tuple[float, ...] = (5e-5, 5e-4), seeds: tuple[int, ...] = (0, 1, 2), steps: int = 12, every: int = 3,
-                    n_probes: int = 24, dim: int = 8, n_layers: int = 2,
-                   ) -> Path:                   # study_dir
-    "A study of synthetic runs (lr_sweep, seed_sweep, crossed, schedule, lr_extended, perturbation) for examples and tests."
-    study_dir = Path(study_dir); rng = np.random.default_rng(0)
-    base = rng.normal(size=(n_layers + 1, n_probes, dim)) + 3.0
-    probes = pd.DataFrame({"text": [f"probe {i}" for i in range(n_probes)], "sentiment": [0, 1] * (n_probes // 2) + [0] * (n_probes % 2)})
+# %% ../nbs/13_study.ipynb #462026ac
+def _synthetic_config(lr: float, seed: int, every: int, *, init: int | None = None, data: int | None = None, replicate: int = 0,
+                      schedule: str = "linear", perturb: bool = False) -> dict:
+    return {"model": "synthetic", "dataset": "synthetic", "probes": "synthetic", "lr": lr, "schedule": schedule, "seed": seed,
+            "init_seed": seed if init is None else init, "data_seed": seed if data is None else data, "dropout_seed": seed,
+            "replicate": replicate, "batch_size": 16, "epochs": 1, "track_every": every,
+            **({"perturb_kinds": ["typo", "token_dropout"]} if perturb else {})}
+
+def _synthetic_design(lrs: tuple[float, ...], seeds: tuple[int, ...], every: int) -> dict:  # experiment -> [(factor, config)]
+    cfg = lambda lr, seed, **kw: _synthetic_config(lr, seed, every, **kw)
     s0, ref = seeds[0], lrs[0]
-    def cfg(lr, seed, init=None, data=None, replicate=0, schedule="linear", perturb=False):
-        return {"model": "synthetic", "dataset": "synthetic", "probes": "synthetic", "lr": lr, "schedule": schedule, "seed": seed,
-                "init_seed": seed if init is None else init, "data_seed": seed if data is None else data, "dropout_seed": seed,
-                "replicate": replicate, "batch_size": 16, "epochs": 1, "track_every": every, **({"perturb_kinds": ["typo", "token_dropout"]} if perturb else {})}
-    design = {
+    return {
         "lr_sweep": [("lr", cfg(lr, s)) for lr in lrs for s in seeds],
         "seed_sweep": [("init_seed", cfg(ref, s0, init=s)) for s in seeds] + [("data_seed", cfg(ref, s0, data=s)) for s in seeds]
                       + [("replicate", cfg(ref, s0, replicate=r)) for r in (0, 1)],
@@ -358,18 +192,278 @@ def synthetic_study(study_dir: str | Path,     # folder to write (created; must 
         "lr_extended": [("lr", cfg(lr, s)) for lr in (lrs[0] / 5, *lrs, lrs[-1] * 10) for s in seeds[:2]],
         "perturbation": [("perturbation", cfg(lr, s0, perturb=True)) for lr in lrs],
     }
-    done = {}
+
+# %% ../nbs/13_study.ipynb #3ae65df4
+def synthetic_study(study_dir: str | Path,     # folder to write (created; must not hold a study)
+                    *,
+                    lrs: tuple[float, ...] = (5e-5, 5e-4),  # peak learning rates; the first is the reference rate
+                    seeds: tuple[int, ...] = (0, 1, 2),      # seeds; the first is the reference seed
+                    steps: int = 12,    # optimizer steps T of every run
+                    every: int = 3,     # tracking interval (the last step is always tracked)
+                    n_probes: int = 24, # N
+                    dim: int = 8,       # d
+                    n_layers: int = 2,  # L (the arrays hold L+1 hidden states)
+                   ) -> Path:           # study_dir
+    "A study of synthetic runs (lr_sweep, seed_sweep, crossed, schedule, lr_extended, perturbation) for examples and tests."
+    study_dir = Path(study_dir); rng = np.random.default_rng(0)
+    base = rng.normal(size=(n_layers + 1, n_probes, dim)) + 3.0
+    probes = pd.DataFrame({"text": [f"probe {i}" for i in range(n_probes)], "sentiment": [0, 1] * (n_probes // 2) + [0] * (n_probes % 2)})
+    design, done = _synthetic_design(lrs, seeds, every), {}
     for e, points in design.items():
         rows = []
         for factor, c in points:
             key = json.dumps(c, sort_keys=True)
             if key not in done:
-                rid = config_hash(c)
-                done[key] = _synthetic_run(study_dir / "runs" / rid, c, base, probes, steps, every, bool(c.get("perturb_kinds")))
+                done[key] = _synthetic_run(study_dir / "runs" / config_hash(c), c, base, probes, steps, every, bool(c.get("perturb_kinds")))
             rows.append({"factor": factor, **{k: c[k] for k in ("lr", "schedule", "seed", "init_seed", "data_seed", "replicate")},
                          "run_id": done[key], "path": f"runs/{done[key]}", "status": "completed", "error": "", "seconds": 0.0, "node": ""})
         write_manifest(study_dir, e, rows)
     write_study_spec(study_dir, {"profile": "synthetic", "overrides": {}, "experiments": list(design),
-                                 "resolved": {"base": cfg(ref, s0), "lrs": list(lrs), "seeds": list(seeds), "ref_lr": ref,
-                                              "schedules": ["linear", "constant"]}})
+                                 "resolved": {"base": _synthetic_config(lrs[0], seeds[0], every), "lrs": list(lrs), "seeds": list(seeds),
+                                              "ref_lr": lrs[0], "schedules": ["linear", "constant"]}})
     return study_dir
+
+# %% ../nbs/13_study.ipynb #3f210280
+class RunSet:
+    "Distinct runs with their design table (`DESIGN_COLUMNS` + extra grid columns); what the analysis functions take."
+    def __init__(self, table: pd.DataFrame,  # one row per run: DESIGN_COLUMNS (+ grid columns); repeated run_ids dropped
+                 runs: dict[str, Run]):      # run_id -> loaded run, for (at least) every run_id of `table`
+        self.table = table.drop_duplicates("run_id").reset_index(drop=True)
+        self._runs = {k: runs[k] for k in self.table["run_id"]}
+
+    @classmethod
+    def of(cls, runs: list[Run], experiment: str = "", factor: str = "") -> RunSet:
+        "A run set of loaded runs (design columns from their configs)."
+        return cls(pd.DataFrame([_design_row(r, experiment, factor) for r in runs], columns=DESIGN_COLUMNS), {r.config_hash: r for r in runs})
+
+    def __len__(self) -> int: return len(self.table)
+    def __iter__(self): return iter(self.runs)
+    def __repr__(self) -> str: return f"RunSet({len(self)} runs: {', '.join(self.labels()[:4])}{' ...' if len(self) > 4 else ''})"
+    @property
+    def runs(self) -> list[Run]: return [self._runs[k] for k in self.table["run_id"]]
+    def __add__(self, other: RunSet) -> RunSet:
+        return RunSet(pd.concat([self.table, other.table], ignore_index=True), {**self._runs, **other._runs})
+
+# %% ../nbs/13_study.ipynb #524db72e
+@_method_of(RunSet)
+def where(self: RunSet, **conditions) -> RunSet:  # column=value or column=[values]
+    "The runs whose design column equals each value (a list/tuple value: any of them)."
+    keep = np.ones(len(self.table), bool)
+    for k, v in conditions.items():
+        if k not in self.table: raise ValueError(f"{k}: not a design column; columns: {list(self.table.columns)}")
+        keep &= self.table[k].isin(v if isinstance(v, (list, tuple)) else [v]).to_numpy()
+    return RunSet(self.table[keep], self._runs)
+
+# %% ../nbs/13_study.ipynb #dc000bec
+@_method_of(RunSet)
+def groups(self: RunSet,
+           by: str | list[str],  # a design column, or several (then each key is a tuple of values)
+          ) -> dict:             # {value: RunSet}, sorted by value
+    "{value: RunSet} per distinct value of design column `by` (a tuple of values for a list of columns), sorted."
+    cols = [by] if isinstance(by, str) else list(by)
+    bad = [c for c in cols if c not in self.table]
+    if bad: raise ValueError(f"by: expected design columns, from {list(self.table.columns)}, got {bad}")
+    return {k: RunSet(g, self._runs) for k, g in self.table.groupby(by if isinstance(by, str) else cols, sort=True, dropna=False)}
+
+# %% ../nbs/13_study.ipynb #ffbd0cf2
+@_method_of(RunSet)
+def common_steps(self: RunSet) -> np.ndarray:  # (T,) steps tracked by every run, sorted
+    "The tracked steps all runs share; `NotComputed` if the runs do not embed the same probes (nothing can be pooled)."
+    if not len(self): raise NotComputed("no runs")
+    probes = {tuple(r.probes["text"]) for r in self.runs}
+    if len(probes) > 1:
+        sizes = sorted({len(p) for p in probes})
+        raise NotComputed(f"these {len(self)} runs track {len(probes)} different probe sets ({', '.join(map(str, sizes))} texts): "
+                          "drift and variance can only be compared over runs that embed the same probes")
+    return np.array(sorted(set.intersection(*[set(map(int, r.steps)) for r in self.runs])), dtype=np.int64)
+
+# %% ../nbs/13_study.ipynb #4a04b790
+@_method_of(RunSet)
+def stack(self: RunSet,
+          layer: int = -1,          # hidden-state index (see `Run.embeddings`)
+          pooling: str = "mean",    # one of the runs' poolings
+          step: int | None = None,  # a common tracked step (None: the last one)
+         ) -> np.ndarray:           # (K, N, d) float32, one row per run in table order
+    "Every run's embeddings at `step` (default: the last common tracked step)."
+    steps = self.common_steps()
+    if not len(steps): raise NotComputed("the runs share no tracked step")
+    s = int(steps[-1] if step is None else step)
+    return np.stack([r.embeddings(layer=layer, pooling=pooling, steps=[s])[0] for r in self.runs])
+
+# %% ../nbs/13_study.ipynb #27ef1444
+_LABEL_WORDS = {"lr": "lr", "schedule": "", "init_seed": "init seed", "data_seed": "data seed", "dropout_seed": "dropout seed",
+                "seed": "seed", "replicate": "replicate"}
+
+def _label_columns(t: pd.DataFrame) -> list[str]:
+    return [c for c in ("lr", "schedule", "init_seed", "data_seed", "dropout_seed", "replicate")
+            if c in t and t[c].nunique(dropna=False) > 1] or ["seed"]
+
+def _label_word(column: str, value: object) -> str:
+    v = format_lr(value) if column == "lr" else value
+    return f"{_LABEL_WORDS[column]} {v}" if _LABEL_WORDS.get(column) else str(v)
+
+# %% ../nbs/13_study.ipynb #34e0edb1
+@_method_of(RunSet)
+def labels(self: RunSet,
+           columns: list[str] | None = None,  # the columns to name (None: those that vary)
+          ) -> list[str]:                     # one label per run, in table order
+    "One readable label per run naming the design columns that vary: 'init seed 1 · data seed 0'."
+    cols = columns or _label_columns(self.table)
+    return [" · ".join(_label_word(c, row[c]) for c in cols) for _, row in self.table.iterrows()]
+
+# %% ../nbs/13_study.ipynb #4e718cfe
+EXPERIMENT_FACTORS = {"seed_sweep": ("init_seed", "data_seed", "replicate")}
+
+class Study:
+    "A study folder: its plan (`spec`), its manifests, and its runs as run sets."
+    def __init__(self, study_dir: Path,                      # the study folder
+                 spec: dict,                                 # study.json
+                 manifests: dict[str, pd.DataFrame],         # experiment -> its manifest, in the study's order
+                 runs: dict[str, Run]):                      # run_id -> loaded run, every complete run of the manifests
+        self.study_dir, self.spec, self.manifests, self._runs = Path(study_dir), spec, manifests, runs
+    @property
+    def profile(self) -> str: return self.spec.get("profile", "runs")
+    @property
+    def experiments(self) -> list[str]: return list(self.manifests)
+    def has(self, experiment: str) -> bool: return experiment in self.manifests
+    def grid(self, key: str, default: object = None) -> object:
+        "A grid key of the study's resolved profile (`ref_lr`, `seeds`, ...)."
+        return self.spec.get("resolved", {}).get(key, default)
+    def __repr__(self) -> str:
+        return f"Study({str(self.study_dir)!r}, profile={self.profile!r}, experiments={self.experiments}, runs={len(self._runs)})"
+
+# %% ../nbs/13_study.ipynb #d5eecb4d
+_DONE = ["completed", "diverged", "skipped"]   # manifest statuses whose run folder is complete
+
+def check_study(study_dir: str | Path) -> list[tuple[str, str]]:  # [(run path, one-line error)] of damaged runs
+    "Every run named by a manifest that does not load and verify (nothing is loaded beyond the checks)."
+    from embvar_study.runs import verify_run, IncompleteRunError
+    study_dir, bad = Path(study_dir), []
+    for f in sorted((study_dir / "sweeps").glob("*.csv")):
+        m = load_manifest(study_dir, f.stem)
+        for p in m[m["status"].isin(_DONE)]["path"].unique():
+            try: verify_run(study_dir / p)
+            except (CorruptRunError, IncompleteRunError, FileNotFoundError) as e: bad.append((p, " ".join(str(e).split())))
+    return list(dict.fromkeys(bad))
+
+# %% ../nbs/13_study.ipynb #660ad01a
+def _load_manifest_runs(study_dir: Path, manifests: dict[str, pd.DataFrame]) -> dict[str, Run]:
+    "run_id -> loaded run, for every complete run the manifests name, each loaded (and verified) once."
+    runs: dict[str, Run] = {}
+    for m in manifests.values():
+        for _, r in m[m["status"].isin(_DONE)].iterrows():
+            if r["run_id"] in runs: continue
+            run = load_run(study_dir / r["path"])
+            if run.config_hash != r["run_id"]:
+                raise CorruptRunError(f"{study_dir / r['path']}: the manifest names run {r['run_id']}, the folder holds {run.config_hash}")
+            runs[r["run_id"]] = run
+    return runs
+
+def load_study(study_dir: str | Path) -> Study:
+    "Read a study folder: `study.json`, every manifest, and each distinct complete run once (verified)."
+    study_dir = Path(study_dir)
+    if not study_dir.is_dir(): raise FileNotFoundError(f"study_dir: {study_dir} is not a folder")
+    spec = read_study_spec(study_dir)
+    manifests = {f.stem: load_manifest(study_dir, f.stem) for f in sorted((study_dir / "sweeps").glob("*.csv"))}
+    runs = _load_manifest_runs(study_dir, manifests)
+    order = spec.get("experiments") or list(manifests)
+    manifests = {e: manifests[e] for e in [*order, *manifests] if e in manifests}
+    return Study(study_dir, spec, manifests, runs)
+
+# %% ../nbs/13_study.ipynb #66c3d9b8
+def _manifest_table(m: pd.DataFrame, experiment: str, runs: dict[str, Run]) -> pd.DataFrame:
+    ok = m[m["run_id"].isin(list(runs))]
+    rows = [{**_design_row(runs[r["run_id"]], experiment, r.get("factor", "")),
+             **{k: v for k, v in r.items() if k not in DESIGN_COLUMNS + MANIFEST_COLUMNS}} for _, r in ok.iterrows()]
+    return pd.DataFrame(rows, columns=list(dict.fromkeys(DESIGN_COLUMNS + [k for r in rows for k in r])))
+
+# %% ../nbs/13_study.ipynb #c448e391
+@_method_of(Study)
+def runs(self: Study,
+         experiment: str,            # an experiment of the study
+         factor: str | None = None,  # only the points of this factor (the seed sweep's 'init_seed', ...)
+         *,
+         min_runs: int = 1,          # fewer complete runs than this: NotComputed
+         **where,                    # design column=value(s), as for `RunSet.where`
+        ) -> RunSet:
+    "The distinct complete runs of `experiment` (and `factor`); `NotComputed` with the reason when there are too few."
+    if experiment not in self.manifests:
+        raise NotComputed(f"the {experiment} experiment was not run in this study (run: {', '.join(self.experiments) or 'none'})")
+    m = self.manifests[experiment]
+    if factor is not None: m = m[m["factor"] == factor]
+    rs = RunSet(_manifest_table(m, experiment, self._runs), self._runs).where(**where)
+    if len(rs) < min_runs:
+        what = f"{experiment}" + (f" ({factor})" if factor else "")
+        raise NotComputed(f"{what} has {len(rs)} complete run(s); this needs at least {min_runs}")
+    return rs
+
+# %% ../nbs/13_study.ipynb #7878b642
+@_method_of(Study)
+def all_runs(self: Study) -> RunSet:
+    "Every distinct run of the study, each once (its first experiment named)."
+    sets = [self.runs(e) for e in self.experiments if len(self.manifests[e])]
+    if not sets: raise NotComputed("the study has no complete runs")
+    out = sets[0]
+    for s in sets[1:]: out = out + s
+    return out
+
+@_method_of(Study)
+def failed(self: Study) -> pd.DataFrame:  # experiment, run_id, status, error
+    "The grid points whose run failed, over every experiment."
+    rows = [m.assign(experiment=e) for e, m in self.manifests.items()]
+    t = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["experiment", "run_id", "status", "error"])
+    return t[t["status"] == "failed"][["experiment", "run_id", "status", "error"]].drop_duplicates("run_id")
+
+# %% ../nbs/13_study.ipynb #6adc201e
+def _seeds(n: int) -> str: return f"{n} seed{'s' if n != 1 else ''}"
+
+def _lrs_words(t: pd.DataFrame) -> str:
+    return f"{t['lr'].nunique()} learning rates ({', '.join(format_lr(x) for x in sorted(t['lr'].unique()))})"
+
+def _seed_sweep_words(t: pd.DataFrame, m: pd.DataFrame) -> str:   # from the manifest: a run shared by two factors counts in both
+    vals = lambda f: ", ".join(str(int(v)) for v in sorted(m[m["factor"] == f][f].unique())) or "none"
+    return (f"at lr {format_lr(t['lr'].iloc[0])}: head seeds {vals('init_seed')} (data seed fixed), data seeds "
+            f"{vals('data_seed')} (head seed fixed), and {int((m['factor'] == 'replicate').sum())} identical-seed replicates")
+
+def _design_words(experiment: str, t: pd.DataFrame, m: pd.DataFrame) -> str:
+    if experiment == "crossed":
+        return f"{t['init_seed'].nunique()} head seeds x {t['data_seed'].nunique()} data seeds at lr {format_lr(t['lr'].iloc[0])}"
+    if experiment == "seed_sweep": return _seed_sweep_words(t, m)
+    if experiment == "schedule": return f"{_lrs_words(t)} x schedules {', '.join(sorted(t['schedule'].unique()))} x {_seeds(t['seed'].nunique())}"
+    if "lr" in t and t["lr"].nunique() > 1:
+        per = t.groupby("lr").size()
+        return f"{_lrs_words(t)}, {_seeds(per.iloc[0]) + ' each' if per.nunique() == 1 else f'{per.min()}-{per.max()} seeds each'}"
+    return f"{len(t)} runs"
+
+# %% ../nbs/13_study.ipynb #ed295b96
+@_method_of(Study)
+def design(self: Study, experiment: str) -> str:
+    "The design of `experiment` in words, from the runs there are."
+    return _design_words(experiment, self.runs(experiment).table, self.manifests[experiment])
+
+# %% ../nbs/13_study.ipynb #d34f1f1e
+def _run_folders(run_dirs: list[str | Path]) -> list[Path]:
+    "The complete run folders under each of `run_dirs`, in order, each once."
+    from embvar_study.runs import find_runs
+    folders = []
+    for d in run_dirs:
+        d = Path(d)
+        if not d.is_dir(): raise FileNotFoundError(f"runs: {d} is not a folder")
+        found = find_runs(d)
+        if not found: raise NotComputed(f"runs: {d} holds no complete run folder")
+        folders += found
+    return list(dict.fromkeys(folders))
+
+# %% ../nbs/13_study.ipynb #e3b947d9
+def study_from_runs(run_dirs: list[str | Path],   # run folders, or folders to search for run folders
+                    group_by: str = "lr",         # config key (dotted for nested keys) whose value groups the runs
+                   ) -> Study:
+    "A `Study` of arbitrary run folders: one experiment `runs`, factor = the `group_by` value of each run (design column or config key)."
+    runs = {}
+    for f in _run_folders(run_dirs):
+        r = load_run(f); runs[r.config_hash] = r
+    value = lambda r: _design_row(r)[group_by] if group_by in DESIGN_COLUMNS else config_value(r.config, group_by)
+    rows = [{"run_id": k, "path": str(r.path), "status": r.status, "error": "", "seconds": 0.0, "node": "",
+             "factor": format_lr(value(r)) if group_by == "lr" else str(value(r))} for k, r in runs.items()]
+    spec = {"profile": "runs", "group_by": group_by, "sources": [str(Path(d).resolve()) for d in run_dirs]}
+    return Study(Path(run_dirs[0]), spec, {"runs": pd.DataFrame(rows)}, runs)

@@ -411,3 +411,15 @@ def test_save_array_perturbations_and_buffered_log(tmp_path):
     f = tmp_path / "r" / "perturb" / "step_000010.typo.npy"; b = bytearray(f.read_bytes()); b[-1] ^= 1; f.write_bytes(bytes(b))
     with pytest.raises(CorruptRunError, match="step_000010.typo.npy"):
         load_run(tmp_path / "r")
+
+
+def test_methods_written_in_their_own_cells_belong_to_their_class():
+    # RunWriter, Run and FolderLock are written over several notebook cells (runs._method_of, `#| exporti`): each
+    # method is its class's, under its own name, and none of them is part of the module's public API
+    for cls in (runs.RunWriter, runs.Run, runs.FolderLock):
+        for name, f in vars(cls).items():
+            if callable(f) and not name.startswith("__"): assert f.__qualname__ == f"{cls.__name__}.{name}", (cls, name)
+    attached = {"acquire", "save_embeddings", "log", "flush", "save_array", "finish", "abandon", "embeddings",
+                "embeddings_all_layers", "array", "perturbations"}
+    assert attached <= {n for c in (runs.RunWriter, runs.Run, runs.FolderLock) for n in vars(c)}
+    assert not attached & set(runs.__all__)
