@@ -15,7 +15,7 @@ def run_times(study: Path) -> pd.DataFrame:
     "One row per distinct run: the wall seconds of the run and the parts its COMPLETE records."
     rows = []
     for f in sorted((study / "sweeps").glob("*.csv")):
-        m = pd.read_csv(f, keep_default_na=False)
+        m = pd.read_csv(f, keep_default_na=False, dtype={"run_id": str})
         for _, r in m[m["status"].isin(["completed", "diverged"])].iterrows():
             c = json.loads((study / r["path"] / "COMPLETE").read_text())
             t = c.get("timing", {})

@@ -94,7 +94,7 @@ def load_manifest(study_dir: str | Path, experiment: str) -> pd.DataFrame:
     if not p.exists():
         have = sorted(q.stem for q in (Path(study_dir) / "sweeps").glob("*.csv"))
         raise NotComputed(f"the {experiment} experiment was not run in this study (experiments run: {', '.join(have) or 'none'})")
-    m = pd.read_csv(p, keep_default_na=False)
+    m = pd.read_csv(p, keep_default_na=False, dtype={"run_id": str})
     missing = [c for c in MANIFEST_COLUMNS if c not in m]
     if missing: raise CorruptRunError(f"{p}: expected the columns {MANIFEST_COLUMNS}, missing {missing}")
     bad = m[m["path"] != "runs/" + m["run_id"].astype(str)]
