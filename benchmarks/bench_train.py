@@ -23,7 +23,8 @@ ap.add_argument("--max-length", type=int, default=128)
 ap.add_argument("--model", default="minilm-offline")
 a = ap.parse_args()
 
-from embvar_study.train import TrainConfig, train_run, prepare_data
+from embvar_study.config import TrainConfig
+from embvar_study.train import train_run, prepare_data
 from embvar_study.models import load_model_and_tokenizer
 
 shared = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imdb_train.csv"

@@ -23,8 +23,8 @@ pre{background:#f6f7f9;padding:8px 10px;border-radius:4px;overflow-x:auto;white-
 table{border-collapse:collapse;font-size:13px}td,th{border-bottom:1px solid #e3e5e8;padding:3px 8px;text-align:left}
 img{max-width:100%;height:auto}a.anchor-link{display:none}.prompt{display:none}"""
 
-LAYERS = [("numerics", ["00", "01", "02", "03", "04"]), ("material", ["05", "06", "07"]), ("runs", ["08", "09", "10"]),
-          ("studies", ["11", "12", "13", "14"]), ("findings", ["15", "16", "17", "18", "19"]), ("interface", ["20", "21"])]
+LAYERS = [("numerics", ["00", "01", "02", "03", "04"]), ("material", ["05", "06", "07"]), ("runs", ["08", "09", "10", "11"]),
+          ("studies", ["12", "13", "14", "15"]), ("findings", ["16", "17", "18", "19", "20"]), ("interface", ["21", "22"])]
 
 
 def settings() -> configparser.SectionProxy:

@@ -9,7 +9,7 @@ import pytest
 from conftest import TINY, cli_args
 from embvar_study.cli import main
 from embvar_study.runs import load_run
-from embvar_study.train import TrainConfig
+from embvar_study.config import TrainConfig
 
 
 def embvar(*args, cwd=None, timeout=300) -> subprocess.CompletedProcess:

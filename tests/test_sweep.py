@@ -20,7 +20,8 @@ from embvar_study.runs import IncompleteRunError, is_complete, load_run
 from embvar_study.study import NotComputed, load_manifest, load_study
 from embvar_study.sweep import (EXPERIMENT_NAMES, PROFILE_KEYS, PROFILES, expand_grid, experiment_grid, get_profile, plan_study,
                                 run_study, run_sweep)
-from embvar_study.train import TrainConfig, train_run
+from embvar_study.config import TrainConfig
+from embvar_study.train import train_run
 
 pytestmark = [pytest.mark.filterwarnings("ignore:.*truncated to max_length"),
               pytest.mark.filterwarnings("ignore:.*NumPy array is not writable")]

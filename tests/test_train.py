@@ -23,7 +23,8 @@ from embvar_study.extract import embed_texts
 from embvar_study.metrics import drift_curve
 from embvar_study.runs import CorruptRunError, IncompleteRunError, is_complete, load_run
 from embvar_study.sweep import run_sweep
-from embvar_study.train import TrainConfig, prepare_data, train_run
+from embvar_study.config import TrainConfig
+from embvar_study.train import prepare_data, train_run
 
 pytestmark = [pytest.mark.filterwarnings("ignore:.*truncated to max_length"),
               pytest.mark.filterwarnings("ignore:.*NumPy array is not writable")]
