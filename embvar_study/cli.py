@@ -125,7 +125,8 @@ def report_parser() -> argparse.ArgumentParser:
     g.add_argument("--runs", nargs="+", default=None, metavar="DIR", help="report on these run folders (or folders holding them) instead of a profile")
     g.add_argument("--group-by", dest="group_by", default="lr", metavar="KEY", help="with --runs: the config key that groups runs (dotted for nested keys)")
     g = p.add_argument_group("execution")
-    g.add_argument("--jobs", type=int, default=1, help="local CPU worker processes (each with cores/jobs torch threads)")
+    g.add_argument("--jobs", default="auto", metavar="N|auto", help="local CPU worker processes, each with cores/jobs torch threads; "
+                   "auto: one per core on a CPU-only machine (fastest for the small models, measured), 1 with GPUs (see --runs-per-gpu)")
     g.add_argument("--runs-per-gpu", dest="runs_per_gpu", default="1", metavar="N|auto", help="local workers per visible GPU; auto: from one run's peak memory")
     g.add_argument("--executor", default="local", choices=("local", "ray"), help="where runs execute: warm local workers, or Ray tasks")
     g.add_argument("--ray-address", dest="ray_address", default=None, metavar="HOST:PORT", help="a running Ray cluster (default: start a local instance)")
@@ -137,6 +138,17 @@ def report_parser() -> argparse.ArgumentParser:
 # %% ../nbs/22_cli.ipynb #751d81f7
 class StudyFailed(RuntimeError):
     "Runs of the study failed (or are damaged): the report is not rendered; the message lists them in one line each."
+
+def _jobs(v: str) -> int:
+    "`--jobs`: a positive integer, or auto (one worker per core without GPUs; with GPUs, --runs-per-gpu decides)."
+    import os
+    if v == "auto":
+        from embvar_study.executors import visible_gpus
+        return 1 if visible_gpus() else max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    try: n = int(v)
+    except ValueError: n = 0
+    if n < 1: raise ValueError(f"jobs: expected an integer >= 1 or 'auto', got {v!r}")
+    return n
 
 def _runs_per_gpu(v: str):
     if v == "auto": return "auto"
@@ -176,14 +188,15 @@ def report_main(argv: list[str]) -> Path:
             names = [e for e in spec.get("experiments", []) if (study_dir / "notebooks" / f"{e}.ipynb").is_file()]
             run_names = ["report"]
         else:
-            manifests = run_study(profile, study_dir, overrides=sets, experiments=a.experiments, executor=a.executor, jobs=a.jobs,
+            jobs = _jobs(a.jobs) if a.executor == "local" else (1 if a.jobs == "auto" else _jobs(a.jobs))
+            manifests = run_study(profile, study_dir, overrides=sets, experiments=a.experiments, executor=a.executor, jobs=jobs,
                                   runs_per_gpu=_runs_per_gpu(a.runs_per_gpu), ray_address=a.ray_address, gpus_per_run=a.gpus_per_run,
                                   cpus_per_run=a.cpus_per_run)
             timing["runs_s"] = time.perf_counter() - t0
             failed = _failed_runs(study_dir, manifests)
             if failed: raise StudyFailed(failed)
             names = list(manifests); run_names = [*names, "report"]
-        params = {"profile": profile, "study_dir": str(study_dir), "overrides": json.dumps(sets), "jobs": a.jobs,
+        params = {"profile": profile, "study_dir": str(study_dir), "overrides": json.dumps(sets), "jobs": 1,
                   "executor": a.executor, "ray_address": a.ray_address or "", "cpus_per_run": a.cpus_per_run,
                   "gpus_per_run": -1.0 if a.gpus_per_run is None else a.gpus_per_run}
         t = time.perf_counter()
