@@ -16,43 +16,47 @@ def run_times(study: Path) -> pd.DataFrame:
     rows = []
     for f in sorted((study / "sweeps").glob("*.csv")):
         m = pd.read_csv(f, keep_default_na=False, dtype={"run_id": str})
-        for _, r in m[m["status"].isin(["completed", "diverged"])].iterrows():
+        for _, r in m[m["status"].isin(["completed", "diverged", "skipped"])].iterrows():
             c = json.loads((study / r["path"] / "COMPLETE").read_text())
-            t = c.get("timing", {})
-            rows.append({"run_id": r["run_id"], "seconds": float(r["seconds"]), "train_s": t.get("train_s", 0.0), "track_s": t.get("track_s", 0.0),
+            t = c.get("timing", {})      # a manifest row says "skipped" when a later notebook found the run done: time it by COMPLETE
+            took = (pd.Timestamp(c["finished_at"]) - pd.Timestamp(c["started_at"])).total_seconds() if c.get("started_at") else float(r["seconds"])
+            rows.append({"run_id": r["run_id"], "seconds": took, "train_s": t.get("train_s", 0.0), "track_s": t.get("track_s", 0.0),
                          "eval_s": t.get("eval_s", 0.0), "perturb_s": t.get("perturb_s", 0.0), "threads": c.get("derived", {}).get("torch_threads")})
-    return pd.DataFrame(rows).drop_duplicates("run_id")
+    return pd.DataFrame(rows).sort_values("seconds", ascending=False).drop_duplicates("run_id")   # a run shared by experiments: its timed row
 
 
-def split(study: Path, wall: float | None, log: Path | None) -> tuple[pd.DataFrame, dict]:
+def split(study: Path, wall: float | None, log: Path | None) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    "Two tables: the wall time by phase (shares of the wall), and the runs' own seconds by part (shares of run-seconds)."
     runs = run_times(study)
-    parts = {"training steps": runs["train_s"].sum(), "tracking (probes + perturbations)": (runs["track_s"] + runs["perturb_s"]).sum(),
-             "evaluation": runs["eval_s"].sum()}
-    parts["model and data loading (per run)"] = (runs["seconds"] - runs[["train_s", "track_s", "eval_s", "perturb_s"]].sum(axis=1)).sum()
+    inside = {"training steps": runs["train_s"].sum(), "tracking (probes + perturbations)": (runs["track_s"] + runs["perturb_s"]).sum(),
+              "evaluation": runs["eval_s"].sum()}
+    inside["model and data loading, bookkeeping"] = runs["seconds"].sum() - sum(inside.values())
     timing_file = study / "logs" / "timing.json"
-    if timing_file.is_file():                               # made by this version of embvar report
+    if timing_file.is_file():                               # made by this version of embvar report: runs first, then notebooks
         t = json.loads(timing_file.read_text()); nb = t.get("notebooks_s", {})
         total = wall or t["total_s"]
-        info = {"wall_s": total, "runs_wall_s": t.get("runs_s"), "runs_cpu_s": runs["seconds"].sum(), "threads": sorted(set(runs["threads"]))}
-        rows = {**parts, "experiment notebooks (kernel start-up, imports, pages)": sum(v for k, v in nb.items() if k != "report"),
-                "analysis and rendering (report notebook + HTML)": nb.get("report", 0.0) + t.get("render_s", 0.0)}
-        rows["start-up and planning (CLI imports, plan, verification)"] = total - t.get("runs_s", 0) - t.get("all_notebooks_s", 0) - t.get("render_s", 0)
-    else:                                                   # an older version: training ran inside the notebooks
+        phases = {"runs (all experiments, one plan)": t["runs_s"],
+                  "experiment notebooks (kernel start-up, imports, pages)": sum(v for k, v in nb.items() if k != "report"),
+                  "analysis and rendering (report notebook + HTML)": nb.get("report", 0.0) + t.get("render_s", 0.0)}
+    else:                                                   # an older version: the runs ran inside the notebooks, one at a time
         nb = {m.group(1): float(m.group(2)) for m in re.finditer(r"== (\w+): done in ([\d.]+)s", log.read_text())} if log else {}
         total = wall or sum(nb.values())
-        info = {"wall_s": total, "runs_cpu_s": runs["seconds"].sum(), "threads": sorted(set(runs["threads"]))}
-        rows = {**parts, "analysis and rendering (report notebook + HTML)": nb.get("report", 0.0),
-                "start-up (kernels, imports, sweep bookkeeping)": sum(v for k, v in nb.items() if k != "report") - runs["seconds"].sum()}
-        rows["start-up (kernels, imports, sweep bookkeeping)"] += total - sum(nb.values())     # the CLI's own start-up
-    df = pd.DataFrame({"part": list(rows), "seconds": list(rows.values())})
-    return df.assign(share_of_wall=df["seconds"] / total), info
+        phases = {"runs (inside the experiment notebooks)": runs["seconds"].sum(),
+                  "experiment notebooks (kernel start-up, imports, pages)": sum(v for k, v in nb.items() if k != "report") - runs["seconds"].sum(),
+                  "analysis and rendering (report notebook + HTML)": nb.get("report", 0.0)}
+    phases["start-up (CLI imports, planning, verification)"] = total - sum(phases.values())
+    info = {"wall_s": total, "runs_cpu_s": runs["seconds"].sum(), "n_runs": len(runs), "threads": sorted(set(runs["threads"]))}
+    wall_df = pd.DataFrame({"part": list(phases), "seconds": list(phases.values())}).assign(share=lambda d: d["seconds"] / total)
+    run_df = pd.DataFrame({"part": list(inside), "seconds": list(inside.values())}).assign(share=lambda d: d["seconds"] / runs["seconds"].sum())
+    return wall_df, run_df, info
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(); ap.add_argument("study"); ap.add_argument("--wall", type=float); ap.add_argument("--log", type=Path)
     a = ap.parse_args()
-    df, info = split(Path(a.study), a.wall, a.log)
-    print(f"{a.study}: wall {info['wall_s']:.0f}s; {len(run_times(Path(a.study)))} runs, {info['runs_cpu_s']:.0f} run-seconds, torch threads {info['threads']}"
-          + (f"; training phase {info['runs_wall_s']:.0f}s wall" if info.get("runs_wall_s") else ""))
-    print("| part | seconds | share of the wall time |\n|---|---|---|")
-    for _, r in df.iterrows(): print(f"| {r['part']} | {r['seconds']:.0f} | {100 * r['share_of_wall']:.0f}% |")
+    wall_df, run_df, info = split(Path(a.study), a.wall, a.log)
+    print(f"{a.study}: wall {info['wall_s']:.0f}s; {info['n_runs']} runs, {info['runs_cpu_s']:.0f} run-seconds, torch threads {info['threads']}")
+    print("| phase | seconds | share of the wall time |\n|---|---|---|")
+    for _, r in wall_df.iterrows(): print(f"| {r['part']} | {r['seconds']:.0f} | {100 * r['share']:.0f}% |")
+    print("| inside the runs | run-seconds | share of the run-seconds |\n|---|---|---|")
+    for _, r in run_df.iterrows(): print(f"| {r['part']} | {r['seconds']:.0f} | {100 * r['share']:.0f}% |")

@@ -84,6 +84,7 @@ def _stack_drift(rs: RunSet, steps: np.ndarray, layer: int, pooling: str) -> np.
 def drift_summary(rs: RunSet, by: str | list = "lr", layer: int = -1, pooling: str = "mean", *,
                   n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0) -> pd.DataFrame:  # one row per group and step
     "Per group and common tracked step: seeds, mean drift, spread over seeds, probe quantiles, cluster-bootstrap CI."
+    # the CI is [0, 0] at step 0, where drift is 0 by definition, and NaN for a group of one seed (no interval from one cluster)
     out, cols = [], [by] if isinstance(by, str) else list(by)
     for g, grp in rs.groups(by).items():
         steps = grp.common_steps()
@@ -96,7 +97,7 @@ def drift_summary(rs: RunSet, by: str | list = "lr", layer: int = -1, pooling: s
                         "drift": pd_[:, j].mean(), "sd_seeds": seed_means[:, j].std(ddof=1) if len(grp) > 1 else np.nan,
                         "min_seed": seed_means[:, j].min(), "max_seed": seed_means[:, j].max(),
                         "probe_q10": q[0, j], "probe_median": q[1, j], "probe_q90": q[2, j],
-                        "ci_low": ci.low if ci else np.nan, "ci_high": ci.high if ci else np.nan})
+                        **({"ci_low": ci.low, "ci_high": ci.high} if ci else {"ci_low": 0.0 if s == 0 else np.nan, "ci_high": 0.0 if s == 0 else np.nan})})
     return pd.DataFrame(out)
 
 # %% ../nbs/16_analysis.ipynb #5c07b2f2

@@ -165,3 +165,18 @@ def test_a_failed_run_stops_before_the_report_with_one_line_per_run(tmp_path):
     assert len([l for l in lines if l.startswith("  lr_sweep ") and "HubUnavailableError" in l]) == 4
     assert lines[-1].startswith("  tracebacks: ") and lines[-1].endswith("lr_sweep.errors.txt")
     assert not (tmp_path / "s" / "report.html").exists() and not (tmp_path / "s" / "notebooks").exists()
+
+
+def test_only_report_names_every_damaged_run_and_renders_nothing(tmp_path):
+    from embvar_study.study import synthetic_study
+    study = synthetic_study(tmp_path / "s")
+    runs = sorted(p for p in (study / "runs").iterdir() if p.is_dir())[:2]
+    for r in runs:                                          # one byte of one embedding file flipped in each
+        f = sorted((r / "embeddings").glob("*.npy"))[-1]; b = bytearray(f.read_bytes()); b[-1] ^= 1; f.write_bytes(bytes(b))
+    r = embvar("report", "--profile", "smoke", "--only-report", "--out", str(study))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert lines[0].startswith("embvar report: error: 2 damaged run(s); the report was not rendered"), lines[0]
+    assert len(lines) == 3 and all("checksum" in l for l in lines[1:]), lines
+    assert {run.name for run in runs} == {next(p for p in Path(l.split(":")[0].strip()).parts if p in {x.name for x in runs}) for l in lines[1:]}
+    assert not (study / "report.html").exists() and not (study / "notebooks").exists()
