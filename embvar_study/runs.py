@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import suppress
 from pathlib import Path
 
@@ -231,10 +232,16 @@ class FolderLock:
                  timeout: float = 0):          # seconds to wait for the holder to finish (0: refuse at once)
         self.folder, self.what, self.timeout, self._lock = Path(folder), what, float(timeout), None
     def _busy(self, short: bool = False) -> str:
-        who = _describe_holder(lock_holder(self.folder))
+        h = lock_holder(self.folder)
+        for _ in range(40):                     # the holder writes who it is just after taking the lock: wait up to 2 s
+            if h is not None: break
+            time.sleep(0.05); h = lock_holder(self.folder)
+        who = _describe_holder(h)
         return who if short else f"{self.what} {self.folder} is being written by {who}; wait for it to finish or stop it"
-    def release(self) -> None:
-        if self._lock is not None: self._lock.release(); self._lock = None
+    def release(self) -> None:                  # the holder record goes first, so no one reads a finished holder's
+        if self._lock is not None:
+            with suppress(OSError): lock_files(self.folder)[1].unlink()
+            self._lock.release(); self._lock = None
     @property
     def held(self) -> bool: return self._lock is not None
     def __enter__(self): return self.acquire()
