@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 # %% auto #0
-__all__ = ['TRAIN_GROUPS', 'parse_value', 'parse_sets', 'absolute_path', 'fix_negatives', 'flag_message', 'field_docs',
+__all__ = ['TRAIN_GROUPS', 'parse_value', 'parse_sets', 'absolute_path', 'fix_negatives', 'Parser', 'flag_message', 'field_docs',
            'train_parser', 'train_main', 'report_parser', 'StudyFailed', 'report_main', 'runs_report', 'main']
 
 # %% ../nbs/22_cli.ipynb #765022ee
@@ -44,6 +44,18 @@ def fix_negatives(argv: list[str]) -> list[str]:
     return out
 
 # %% ../nbs/22_cli.ipynb #fd87cbe6
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    "Defaults in the help, except where there is none or the help already says what it is."
+    def _get_help_string(self, action):
+        h = action.help or ""
+        return h if action.default in (None, argparse.SUPPRESS) or "default" in h else super()._get_help_string(action)
+
+class Parser(argparse.ArgumentParser):
+    "An argparse parser whose errors are one line (`embvar train: error: ...`), exit code 2, without the usage block."
+    def __init__(self, **kw): super().__init__(formatter_class=_Help, **kw)
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
 def _dest_flags(parser: argparse.ArgumentParser) -> dict:
     return {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings and a.dest != "help"}
 
@@ -75,8 +87,7 @@ def train_parser() -> argparse.ArgumentParser:
     "The parser of `embvar train`: TrainConfig fields in groups, then the output options."
     from embvar_study.config import TrainConfig
     import dataclasses
-    p = argparse.ArgumentParser(prog="embvar train", description="Fine-tune one model with embedding tracking and write a run folder.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(prog="embvar train", description="Fine-tune one model with embedding tracking and write a run folder.")
     docs, fields = field_docs(TrainConfig), {f.name: f for f in dataclasses.fields(TrainConfig)}
     for group, names in TRAIN_GROUPS.items():
         g = p.add_argument_group(group)
@@ -98,7 +109,7 @@ def train_main(argv: list[str]) -> Path:
     from embvar_study.train import train_run
     from embvar_study.runs import run_folder_state, verify_run
     args = vars(train_parser().parse_args(fix_negatives(argv)))
-    run_dir, wait, progress = Path(args.pop("run_dir")), args.pop("wait"), not args.pop("no_progress")
+    run_dir, wait, progress = _folder(args.pop("run_dir"), "run_dir"), args.pop("wait"), not args.pop("no_progress")
     cfg = TrainConfig.from_dict(args)
     t, done = time.perf_counter(), run_folder_state(run_dir, cfg.run_id()) == "complete"
     path = train_run(cfg, run_dir, progress=progress, wait=wait, say=print)
@@ -112,10 +123,9 @@ def train_main(argv: list[str]) -> Path:
 # %% ../nbs/22_cli.ipynb #78b62151
 def report_parser() -> argparse.ArgumentParser:
     "The parser of `embvar report`."
-    p = argparse.ArgumentParser(prog="embvar report", description="Run a study (or read run folders) and render one HTML report.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(prog="embvar report", description="Run a study (or read run folders) and render one HTML report.")
     g = p.add_argument_group("study")
-    g.add_argument("--profile", default="quick", help="paper, quick, reviews or smoke (see README)")
+    g.add_argument("--profile", default=None, help="paper, quick, reviews or smoke (see README); default quick")
     g.add_argument("--out", dest="study_dir", default=None, help="study folder (default reports/PROFILE, relative to this folder)")
     g.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a profile key (lrs, seeds, schedules, ...) or a run field (dataset, n_train, ...); repeatable; values are JSON")
@@ -158,20 +168,46 @@ def _runs_per_gpu(v: str):
     return n
 
 def _failed_runs(study_dir: Path, manifests: dict) -> str | None:
-    lines = [f"  {r['experiment']} {r['run_id']}: {r['error']}" for e, m in manifests.items()
-             for r in m.assign(experiment=e).drop_duplicates("run_id").to_dict("records") if r["status"] == "failed"]
-    if not lines: return None
+    "One line per distinct error (how many runs, which experiments and runs), then where the tracebacks are; None if none failed."
+    rows = {r["run_id"]: (e, r["error"]) for e, m in manifests.items() for r in m.to_dict("records") if r["status"] == "failed"}
+    if not rows: return None
+    by_error: dict = {}
+    for rid, (e, err) in rows.items(): by_error.setdefault(err, []).append((e, rid))
+    def line(err, runs):
+        ids = ", ".join(rid for _, rid in runs[:3]) + (", ..." if len(runs) > 3 else "")
+        return f"  {len(runs)} run(s) of {', '.join(dict.fromkeys(e for e, _ in runs))} ({ids}): {err}"
     errs = sorted(str(p) for p in (study_dir / "sweeps").glob("*.errors.txt"))
-    return f"{len(lines)} run(s) failed; the report was not rendered:\n" + "\n".join(lines) + (f"\n  tracebacks: {', '.join(errs)}" if errs else "")
+    return (f"{len(rows)} run(s) failed; the report was not rendered:\n" + "\n".join(line(err, runs) for err, runs in by_error.items())
+            + (f"\n  tracebacks: {', '.join(errs)}" if errs else ""))
+
+# %% ../nbs/22_cli.ipynb #bf938865
+_NOT_WITH_RUNS = (("profile", "--profile"), ("sets", "--set"), ("experiments", "--experiments"), ("only_report", "--only-report"))
+
+def _check_report_args(a: argparse.Namespace) -> None:
+    "Flags that cannot go together, and numbers out of range, refused before any work (one line each)."
+    if a.runs:
+        for dest, flag in _NOT_WITH_RUNS:
+            if getattr(a, dest): raise ValueError(f"{dest}: {flag} cannot be used with --runs (a report of run folders has no profile and trains nothing)")
+    if a.cpus_per_run < 1: raise ValueError(f"cpus_per_run: expected an integer >= 1, got {a.cpus_per_run}")
+    if a.gpus_per_run is not None and not a.gpus_per_run >= 0: raise ValueError(f"gpus_per_run: expected a number >= 0, got {a.gpus_per_run}")
+
+def _folder(path: str | Path, name: str) -> Path:
+    "`path` made absolute; `ValueError` naming `name` when it is an existing file (a folder is expected)."
+    p = Path(path).resolve()
+    if p.exists() and not p.is_dir(): raise ValueError(f"{name}: {p} is a file; expected a folder")
+    return p
 
 # %% ../nbs/22_cli.ipynb #9fa0206e
 def report_main(argv: list[str]) -> Path:
     "`embvar report`: run (or read) a study, execute the notebooks, render report.html."
     a = report_parser().parse_args(fix_negatives(argv))
-    if a.runs: return runs_report(a.runs, a.group_by, Path(a.study_dir or "reports/runs").resolve(), templates=a.templates)
-    from embvar_study.sweep import check_profile_name
-    profile = check_profile_name(a.profile)                         # before anything heavy is imported
-    sets, study_dir = parse_sets(a.sets), Path(a.study_dir or Path("reports") / profile).resolve()
+    _check_report_args(a)
+    if a.runs: return runs_report(a.runs, a.group_by, _folder(a.study_dir or "reports/runs", "study_dir"), templates=a.templates)
+    from embvar_study.sweep import check_profile_name, check_experiments
+    profile = check_profile_name(a.profile or "quick")              # before anything heavy is imported
+    if a.experiments: check_experiments(a.experiments)
+    sets, study_dir = parse_sets(a.sets), _folder(a.study_dir or Path("reports") / profile, "study_dir")
+    jobs = _jobs(a.jobs) if a.executor == "local" else (1 if a.jobs == "auto" else _jobs(a.jobs))
     from embvar_study.sweep import get_profile, run_study
     from embvar_study.study import study_lock, lock_env, check_study, read_study_spec
     from embvar_study.runs import atomic_write_json
@@ -188,7 +224,6 @@ def report_main(argv: list[str]) -> Path:
             names = [e for e in spec.get("experiments", []) if (study_dir / "notebooks" / f"{e}.ipynb").is_file()]
             run_names = ["report"]
         else:
-            jobs = _jobs(a.jobs) if a.executor == "local" else (1 if a.jobs == "auto" else _jobs(a.jobs))
             manifests = run_study(profile, study_dir, overrides=sets, experiments=a.experiments, executor=a.executor, jobs=jobs,
                                   runs_per_gpu=_runs_per_gpu(a.runs_per_gpu), ray_address=a.ray_address, gpus_per_run=a.gpus_per_run,
                                   cpus_per_run=a.cpus_per_run)
@@ -249,12 +284,12 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     cmds = {"train": (train_main, train_parser), "report": (report_main, report_parser)}
     if argv[:1] in (["--version"], ["-V"]): print(f"embvar-study {_version()}"); return
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in cmds:
-        print("usage: embvar {train,report} [options]   (embvar train --help, embvar report --help, embvar --version)")
-        if argv and argv[0] not in ("-h", "--help"):
-            from embvar_study.sweep import suggest
-            print(f"embvar: error: unknown command {argv[0]!r}{suggest(argv[0], cmds)}; valid: train, report", file=sys.stderr); sys.exit(2)
-        return
+    if argv[:1] in (["-h"], ["--help"]):
+        print("usage: embvar {train,report} [options]   (embvar train --help, embvar report --help, embvar --version)"); return
+    if not argv: print("embvar: error: expected a command: train or report (see embvar --help)", file=sys.stderr); sys.exit(2)
+    if argv[0] not in cmds:
+        from embvar_study.sweep import suggest
+        print(f"embvar: error: unknown command {argv[0]!r}{suggest(argv[0], cmds)}; valid: train, report", file=sys.stderr); sys.exit(2)
     run, parser = cmds[argv[0]]
     global _T_MAIN; _T_MAIN = time.perf_counter()
     try: run(argv[1:])

@@ -244,7 +244,7 @@ def load_texts(source: str | os.PathLike | pd.DataFrame, # "bundled", a .csv/.ts
     missing = [c for c in (text_col, label_col) if c not in raw.columns]
     if missing:
         raise ValueError(f"load_texts: {origin} has no column(s) {missing}; columns found: {list(raw.columns)} "
-                         f"(choose them with text_col= and label_col=)")
+                         f"(choose them with text_col and label_col: on the command line --text-col/--label-col, or --set text_col=NAME)")
     frame = raw[[text_col, label_col]]
     if limit is not None: frame = frame.iloc[:_check_positive_int(limit, "limit")]
     hint = "" if limit is None else (f" (limit={limit} keeps the first rows, which can all share one label when the source "
@@ -505,4 +505,6 @@ def probes_fingerprint(probes: str | os.PathLike, # "builtin", a probe file, or 
         source, split = parse_heldout(probes, dataset=dataset)
         return {"kind": "heldout", "source": source_fingerprint(source, split=split), "split": split}
     if _is_file_source(probes): return _file_fingerprint(probes, "probes", "'builtin' or 'heldout:SOURCE[:SPLIT]'")
-    raise ValueError(f"probes: expected 'builtin', a probe file path or 'heldout:SOURCE[:SPLIT]', got {probes!r}")
+    missing = isinstance(probes, (str, os.PathLike)) and (os.sep in os.fspath(probes) or Path(os.fspath(probes)).suffix != "")
+    raise ValueError(f"probes: {'no such file ' + repr(os.fspath(probes)) + '; ' if missing else ''}expected 'builtin', a probe file "
+                     f"({', '.join(_TABLE_SUFFIXES)}) or 'heldout:SOURCE[:SPLIT]', got {probes!r}")

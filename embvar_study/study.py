@@ -463,7 +463,13 @@ def study_from_runs(run_dirs: list[str | Path],   # run folders, or folders to s
     for f in _run_folders(run_dirs):
         r = load_run(f); runs[r.config_hash] = r
     value = lambda r: _design_row(r)[group_by] if group_by in DESIGN_COLUMNS else config_value(r.config, group_by)
+    values = {k: value(r) for k, r in runs.items()}
+    if all(v is None or v != v for v in values.values()):   # None, or NaN for a design column the run does not set
+        keys = sorted({k for r in runs.values() for k in r.config if not k.startswith("_")})
+        raise ValueError(f"group_by: no run has a value for {group_by!r}; use a design column {DESIGN_COLUMNS[3:-1]} or a config key "
+                         f"(dotted for nested keys), e.g. {keys[:12]}")
+    label = lambda v: "not set" if v is None or v != v else format_lr(v) if group_by == "lr" else str(v)
     rows = [{"run_id": k, "path": str(r.path), "status": r.status, "error": "", "seconds": 0.0, "node": "",
-             "factor": format_lr(value(r)) if group_by == "lr" else str(value(r))} for k, r in runs.items()]
+             "factor": label(values[k])} for k, r in runs.items()]
     spec = {"profile": "runs", "group_by": group_by, "sources": [str(Path(d).resolve()) for d in run_dirs]}
     return Study(Path(run_dirs[0]), spec, {"runs": pd.DataFrame(rows)}, runs)

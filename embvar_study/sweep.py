@@ -16,8 +16,8 @@ from .study import study_lock, write_study_spec, read_study_spec, write_manifest
 
 # %% auto #0
 __all__ = ['EXPERIMENT_NAMES', 'PROFILES', 'PROFILE_KEYS', 'EXECUTORS', 'suggest', 'check_profile_name', 'get_profile',
-           'expand_grid', 'experiment_grid', 'plan_study', 'execute_plan', 'ray_options', 'run_study', 'run_experiment',
-           'run_sweep']
+           'expand_grid', 'experiment_grid', 'plan_study', 'check_plan_data', 'execute_plan', 'check_experiments',
+           'ray_options', 'run_study', 'run_experiment', 'run_sweep']
 
 # %% ../nbs/15_sweep.ipynb #f10dbc4a
 EXPERIMENT_NAMES = ("lr_sweep", "seed_sweep", "perturbation", "crossed", "lr_extended", "schedule")
@@ -149,6 +149,19 @@ def plan_study(profile: dict, experiments: list[str] | None = None) -> pd.DataFr
             rows.append({"experiment": e, **pt, "run_id": cfg.run_id(), "config": cfg.to_dict()})
     return pd.DataFrame(rows)
 
+# %% ../nbs/15_sweep.ipynb #f5172313
+_DATA_FIELDS = ("dataset", "split", "text_col", "label_col", "n_train", "n_eval", "eval_fraction", "probes", "n_probes", "probe_seed")
+
+def check_plan_data(configs: list[dict]) -> None:
+    "Load the local data of every distinct data setting among `configs` once; the first problem raises its one-line error."
+    from embvar_study.data import _is_file_source
+    from embvar_study.train import prepare_data   # lazy: torch is imported only when there is something to run
+    seen = set()
+    for c in configs:
+        key = json.dumps([c.get(k) for k in _DATA_FIELDS], sort_keys=True, default=str)
+        if key in seen or not (c.get("dataset") == "bundled" or _is_file_source(c.get("dataset"))): continue
+        seen.add(key); prepare_data(TrainConfig.from_dict(c))
+
 # %% ../nbs/15_sweep.ipynb #899db8d0
 def _fmt_seconds(s: float) -> str:
     s = int(round(s)); return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
@@ -208,6 +221,7 @@ def execute_plan(plan: pd.DataFrame,        # from plan_study (or any rows with 
                 if r["run_id"] == rid: r["status"] = "skipped"
             continue
         todo.append(rid)
+    check_plan_data([configs[rid] for rid in todo])   # one line for bad data, before any run or manifest is written
     def save():
         for e in experiments: write_manifest(study_dir, e, [{k: v for k, v in r.items() if k != "experiment"} for r in rows if r["experiment"] == e])
     t0, done, errors, warned = time.perf_counter(), [0], {}, set()
@@ -244,6 +258,12 @@ def _spec(prof: dict, overrides: dict, experiments: list, old: dict | None) -> d
             "resolved": {k: prof[k] for k in ("base", *PROFILE_KEYS)}, "embvar_study": package_version("embvar_study"),
             **git_info(), "created": (old or {}).get("created", now), "updated": now}
 
+def check_experiments(names: list[str]) -> list[str]:
+    "`names` if every one is an experiment; else the first unknown one named, with a suggestion."
+    for e in names:
+        if e not in EXPERIMENT_NAMES: raise ValueError(f"experiments: unknown {e!r}{suggest(e, EXPERIMENT_NAMES)}; valid: {list(EXPERIMENT_NAMES)}")
+    return list(names)
+
 def _check_executor(executor: str, jobs: int):
     if executor not in EXECUTORS: raise ValueError(f"executor: expected one of {list(EXECUTORS)}, got {executor!r}")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1: raise ValueError(f"jobs: expected an integer >= 1, got {jobs!r}")
@@ -277,8 +297,7 @@ def run_study(profile: str,                 # profile name (see PROFILES)
     prof = get_profile(profile, overrides)
     _check_executor(executor, jobs)
     experiments = list(experiments if experiments is not None else prof["experiments"])
-    for e in experiments:
-        if e not in EXPERIMENT_NAMES: raise ValueError(f"experiments: unknown {e!r}{suggest(e, EXPERIMENT_NAMES)}; valid: {list(EXPERIMENT_NAMES)}")
+    check_experiments(experiments)
     study_dir = Path(study_dir)
     with study_lock(study_dir):
         old = read_study_spec(study_dir) if (study_dir / STUDY_FILE).exists() else None

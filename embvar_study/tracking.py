@@ -121,6 +121,7 @@ class EmbvarCallback(TrainerCallback):
     def __init__(self, probes, run_dir: str | Path, every: int = 10, *, config: dict | None = None, **tracker_kwargs):
         self.probes, self.run_dir, self.every, self.extra, self.kwargs = probes, Path(run_dir), every, config or {}, tracker_kwargs
         self.tracker: EmbeddingTracker | None = None
+        self.summary: dict = {}   # Trainer's end-of-training log (runtime, mean loss, ...): a fact for COMPLETE, not a history row
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model: torch.nn.Module | None = None,
                        processing_class: object = None, tokenizer: object = None, **kwargs) -> None:
@@ -137,8 +138,9 @@ class EmbvarCallback(TrainerCallback):
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, logs: dict | None = None, **kwargs) -> None:
         row = {_LOG_NAMES.get(k, k): v for k, v in (logs or {}).items() if isinstance(v, (int, float, str, bool)) or v is None}
-        if row: self.tracker.log(state.global_step, **row)
+        if "train_runtime" in row: self.summary.update(row)
+        elif row: self.tracker.log(state.global_step, **row)
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs) -> None:
         self.tracker.step(state.global_step, force=True)
-        self.tracker.close(status="completed", steps_done=state.global_step)
+        self.tracker.close(status="completed", steps_done=state.global_step, trainer_summary=self.summary)

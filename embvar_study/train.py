@@ -30,8 +30,12 @@ def split_sizes(cfg: TrainConfig, n_rows: int) -> tuple[int, int]:  # (n_train, 
     if cfg.n_train is not None and cfg.n_eval is None: n_eval = min(n_eval, n_rows - cfg.n_train)
     n_train = cfg.n_train if cfg.n_train is not None else n_rows - n_eval
     if n_train < 1 or n_eval < 1 or n_train + n_eval > n_rows:
-        raise ValueError(f"n_train + n_eval: expected at most {n_rows} (rows in {cfg.dataset!r}) with at least 1 each, "
-                         f"got {cfg.n_train} + {cfg.n_eval} (resolved to {n_train} + {n_eval})")
+        rows = f"{n_rows} rows in {cfg.dataset!r}"
+        if cfg.n_eval is None:   # the one size given is n_train (or none: a dataset too small to split)
+            raise ValueError(f"n_train: expected at most {n_rows - 1} ({rows}; at least 1 is kept for evaluation), got {cfg.n_train}")
+        if cfg.n_train is None:
+            raise ValueError(f"n_eval: expected at most {n_rows - 1} ({rows}; at least 1 is kept for training), got {cfg.n_eval}")
+        raise ValueError(f"n_train: n_train + n_eval = {cfg.n_train} + {cfg.n_eval} is more than the {rows}; ask for fewer")
     return n_train, n_eval
 
 # %% ../nbs/11_train.ipynb #de899925

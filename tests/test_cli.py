@@ -162,7 +162,7 @@ def test_a_failed_run_stops_before_the_report_with_one_line_per_run(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()
     assert lines[0] == "embvar report: error: 4 run(s) failed; the report was not rendered:"
-    assert len([l for l in lines if l.startswith("  lr_sweep ") and "HubUnavailableError" in l]) == 4
+    assert len(lines) == 3 and lines[1].startswith("  4 run(s) of lr_sweep (") and "HubUnavailableError" in lines[1]   # one line per distinct error
     assert lines[-1].startswith("  tracebacks: ") and lines[-1].endswith("lr_sweep.errors.txt")
     assert not (tmp_path / "s" / "report.html").exists() and not (tmp_path / "s" / "notebooks").exists()
 
@@ -180,3 +180,39 @@ def test_only_report_names_every_damaged_run_and_renders_nothing(tmp_path):
     assert len(lines) == 3 and all("checksum" in l for l in lines[1:]), lines
     assert {run.name for run in runs} == {next(p for p in Path(l.split(":")[0].strip()).parts if p in {x.name for x in runs}) for l in lines[1:]}
     assert not (study / "report.html").exists() and not (study / "notebooks").exists()
+
+
+def test_bad_data_for_a_study_is_one_line_before_any_run(tmp_path):
+    bad = tmp_path / "nolabel.csv"; bad.write_text("text\n" + "\n".join(f"review {i}" for i in range(80)) + "\n")
+    line = one_line_error(embvar("report", "--profile", "smoke", "--set", f"dataset={bad}", "--out", str(tmp_path / "s")), "report")
+    assert line.startswith("embvar report: error: --set dataset: ") and "has no column(s) ['label']" in line
+    assert not (tmp_path / "s" / "runs").exists()
+
+
+def test_report_flags_are_checked_before_any_work(tmp_path):
+    f = tmp_path / "file.txt"; f.write_text("x")
+    cases = [(["--runs", str(tmp_path), "--only-report"], "--only-report: --only-report cannot be used with --runs"),
+             (["--runs", str(tmp_path), "--experiments", "lr_sweep"], "--experiments: --experiments cannot be used with --runs"),
+             (["--profile", "smoke", "--cpus-per-run", "0", "--out", str(tmp_path / "s")], "--cpus-per-run: expected an integer >= 1, got 0"),
+             (["--profile", "smoke", "--experiments", "nosuch", "--out", str(tmp_path / "s")], "--experiments: unknown 'nosuch'"),
+             (["--profile", "smoke", "--out", str(f)], f"--out: {f} is a file; expected a folder"),
+             (["--profile", "smoke", "--jobs", "0", "--out", str(tmp_path / "s")], "--jobs: expected an integer >= 1 or 'auto', got '0'")]
+    for args, expected in cases:
+        line = one_line_error(embvar("report", *args), "report")
+        assert expected in line, (args, line)
+    assert not (tmp_path / "s").exists() and not list(tmp_path.glob(".s.lock*"))   # refused before the study lock
+
+
+def test_group_by_a_key_no_run_has_is_one_line(tmp_path):
+    from embvar_study.study import synthetic_study
+    study = synthetic_study(tmp_path / "s")
+    line = one_line_error(embvar("report", "--runs", str(study / "runs"), "--group-by", "nosuchkey", "--out", str(tmp_path / "r")), "report")
+    assert "--group-by: no run has a value for 'nosuchkey'" in line
+
+
+def test_argparse_errors_and_a_missing_command_are_one_line(tmp_path):
+    line = one_line_error(embvar("train", "--dataset", "bundled"))
+    assert "the following arguments are required: --out" in line
+    r = embvar()
+    assert r.returncode == 2 and r.stderr.strip() == "embvar: error: expected a command: train or report (see embvar --help)"
+    assert "(default: None)" not in embvar("report", "--help").stdout

@@ -1,6 +1,7 @@
 """Tracking inside anyone's loop: the `Trainer` callback's run folder is a run folder like `embvar train`'s (loadable,
 drift 0 at step 0, the steps asked for), its embeddings are those of the saved checkpoints embedded by hand, the
 losses are those of the same training without the callback, and the plain-loop example from the README runs."""
+import json
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +63,9 @@ def test_the_callback_run_folder_loads_and_starts_at_zero_drift(tracked):
 def test_the_losses_are_those_of_training_without_the_callback(tracked):
     assert losses(tracked["trainer"]) == losses(tracked["plain"])
     assert tracked["run"].history.dropna(subset=["train_loss"])["train_loss"].tolist() == losses(tracked["plain"])
+    assert tracked["run"].history["step"].is_unique                  # one row per step: Trainer's end summary is not a step
+    summary = json.loads((tracked["out"] / "run" / "COMPLETE").read_text())["trainer_summary"]
+    assert summary["mean_train_loss"] == pytest.approx(sum(losses(tracked["plain"])) / len(losses(tracked["plain"])), rel=1e-5)
 
 
 def test_the_embeddings_are_the_saved_checkpoints_embedded_by_hand(tracked):
@@ -85,8 +89,9 @@ def test_the_readme_plain_loop_example_runs(tmp_path):
             loss = model(**batch, labels=labels).loss
             loss.backward(); opt.step(); opt.zero_grad()
             tracker.step(step); tracker.log(step, train_loss=loss.item())
+        tracker.step(step, force=True)
     run = load_run(tmp_path / "run")
-    assert run.steps.tolist() == [0, 2, 4] and len(run.probes) == 128 and run.history["step"].tolist() == [1, 2, 3, 4, 5]
+    assert run.steps.tolist() == [0, 2, 4, 5] and len(run.probes) == 128 and run.history["step"].tolist() == [1, 2, 3, 4, 5]
 
 
 def test_tracking_restores_mode_and_rng(tmp_path):
