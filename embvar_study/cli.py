@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 # %% auto #0
-__all__ = ['TRAIN_GROUPS', 'parse_value', 'parse_sets', 'absolute_path', 'fix_negatives', 'Parser', 'flag_message', 'field_docs',
+__all__ = ['TRAIN_GROUPS', 'parse_value', 'parse_sets', 'absolute_path', 'fix_negatives', 'flag_message', 'field_docs',
            'train_parser', 'train_main', 'report_parser', 'StudyFailed', 'report_main', 'runs_report', 'main']
 
 # %% ../nbs/22_cli.ipynb #765022ee
@@ -50,10 +50,10 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
         h = action.help or ""
         return h if action.default in (None, argparse.SUPPRESS) or "default" in h else super()._get_help_string(action)
 
-class Parser(argparse.ArgumentParser):
+class _Parser(argparse.ArgumentParser):
     "An argparse parser whose errors are one line (`embvar train: error: ...`), exit code 2, without the usage block."
     def __init__(self, **kw): super().__init__(formatter_class=_Help, **kw)
-    def error(self, message: str):
+    def error(self, message: str) -> None:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 def _dest_flags(parser: argparse.ArgumentParser) -> dict:
@@ -87,7 +87,7 @@ def train_parser() -> argparse.ArgumentParser:
     "The parser of `embvar train`: TrainConfig fields in groups, then the output options."
     from embvar_study.config import TrainConfig
     import dataclasses
-    p = Parser(prog="embvar train", description="Fine-tune one model with embedding tracking and write a run folder.")
+    p = _Parser(prog="embvar train", description="Fine-tune one model with embedding tracking and write a run folder.")
     docs, fields = field_docs(TrainConfig), {f.name: f for f in dataclasses.fields(TrainConfig)}
     for group, names in TRAIN_GROUPS.items():
         g = p.add_argument_group(group)
@@ -123,7 +123,7 @@ def train_main(argv: list[str]) -> Path:
 # %% ../nbs/22_cli.ipynb #78b62151
 def report_parser() -> argparse.ArgumentParser:
     "The parser of `embvar report`."
-    p = Parser(prog="embvar report", description="Run a study (or read run folders) and render one HTML report.")
+    p = _Parser(prog="embvar report", description="Run a study (or read run folders) and render one HTML report.")
     g = p.add_argument_group("study")
     g.add_argument("--profile", default=None, help="paper, quick, reviews or smoke (see README); default quick")
     g.add_argument("--out", dest="study_dir", default=None, help="study folder (default reports/PROFILE, relative to this folder)")

@@ -383,7 +383,7 @@ def test_empty_probe_file_names_the_argument(tmp_path):
 
 def test_more_examples_than_data(tmp_path):
     n = len(pd.read_csv(REPO / "embvar_study" / "resources" / "mini_corpus.csv"))
-    with pytest.raises(ValueError, match=rf"n_train \+ n_eval: expected at most {n}"):
+    with pytest.raises(ValueError, match=rf"n_train: n_train \+ n_eval = {n - 10} \+ 11 is more than the {n} rows"):
         train_run({**TINY, "n_train": n - 10, "n_eval": 11}, tmp_path / "run")
     assert not (tmp_path / "run").exists()
     prepare_data(TrainConfig(**{**TINY, "n_train": n - 10, "n_eval": 10}))   # exactly all rows is fine
