@@ -96,7 +96,7 @@ def get_profile(name: str,  # one of PROFILES
     for k, v in (overrides or {}).items():
         if k in PROFILE_KEYS: prof[k] = v
         elif k in fields: prof["base"][k] = v
-        else: raise ValueError(f"{k}: unknown key{suggest(k, [*PROFILE_KEYS, *fields])}; valid keys: {sorted(PROFILE_KEYS)} "
+        else: raise ValueError(f"{k}: unknown key{suggest(k, PROFILE_KEYS) or suggest(k, fields)}; valid keys: {sorted(PROFILE_KEYS)} "
                                f"and the run fields {sorted(fields)}")
     if prof["base"].get("dataset") is None:
         raise ValueError(f"dataset: the {name} profile needs a dataset: --set dataset=PATH (a .csv/.jsonl/.parquet file with "
