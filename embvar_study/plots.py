@@ -15,8 +15,8 @@ from typing import Iterable
 from .study import format_lr
 
 # %% auto #0
-__all__ = ['group_label', 'palette', 'plot_drift_and_loss', 'plot_layer_heatmaps', 'plot_seed_variance', 'plot_matrices',
-           'plot_spectra', 'plot_perturbation', 'plot_mitigation', 'plot_schedule']
+__all__ = ['group_label', 'palette', 'plot_drift_and_loss', 'plot_layer_heatmaps', 'plot_seed_variance', 'colour_range',
+           'plot_matrices', 'plot_spectra', 'plot_perturbation', 'plot_mitigation', 'plot_schedule']
 
 # %% ../nbs/20_plots.ipynb #e1ec5063
 def group_label(by: str, value: object) -> str:
@@ -39,17 +39,18 @@ def plot_drift_and_loss(summary: pd.DataFrame,   # analysis.drift_summary(by=by)
     pal = palette(summary[by])
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
     for g, s in summary.groupby(by):
-        c = pal[g]
-        a.plot(s["step"], s["drift"], color=c, lw=2, label=f"{group_label(by, g)} ({int(s['n_seeds'].iloc[0])} seeds)")
+        c, n = pal[g], int(s["n_seeds"].iloc[0])
+        a.plot(s["step"], s["drift"], color=c, lw=2, label=f"{group_label(by, g)} ({n} seed{'' if n == 1 else 's'})")
         a.fill_between(s["step"], s["min_seed"], s["max_seed"], color=c, alpha=0.15, lw=0)
         if s["ci_low"].notna().any(): a.plot(s["step"], s["ci_low"], color=c, ls=":", lw=1); a.plot(s["step"], s["ci_high"], color=c, ls=":", lw=1)
     a.set(xlabel="optimizer step", ylabel="drift 1 − cos(e⁰, eᵗ), mean over probes", title="Drift from step 0 (band: seeds; dotted: 95% CI)")
     a.legend(frameon=False)
     key = by if by in curves else "lr"
     for (g, rid), c in curves.groupby([key, "run_id"]):
-        b.plot(c["step"], c["train_loss"], color=pal.get(g, "grey"), alpha=0.7, lw=1.2)
-    for g, c in pal.items(): b.plot([], [], color=c, label=group_label(by, g))
+        b.plot(c["step"], c["train_loss"], color=pal.get(g, "grey"), alpha=0.7, lw=1.2, marker="o", ms=3)   # a run with one point still shows
+    for g, c in pal.items(): b.plot([], [], color=c, marker="o", ms=3, label=group_label(by, g))
     b.set(xlabel="optimizer step", ylabel="training loss (mean since previous checkpoint)", title="Training loss, one line per run")
+    b.ticklabel_format(axis="y", useOffset=False)   # losses that barely move read as 0.69315, not 1e-5 + 6.931e-1
     b.legend(frameon=False)
     if title: fig.suptitle(title)
     return fig
@@ -57,13 +58,17 @@ def plot_drift_and_loss(summary: pd.DataFrame,   # analysis.drift_summary(by=by)
 # %% ../nbs/20_plots.ipynb #268fbe67
 def plot_layer_heatmaps(layer_table: pd.DataFrame,  # analysis.layer_drift_table
                         by: str = "lr") -> plt.Figure:
-    "Drift per layer (rows) and step (columns): one heatmap per group and pooling, each with its own colour scale and colorbar."
+    "Drift per layer (rows) and step (columns): one heatmap per group and pooling, each with its own colour scale and colorbar; a pooling a group did not store is a panel that says so."
     groups, pools = sorted(layer_table[by].unique()), list(dict.fromkeys(layer_table["pooling"]))
     fig, axes = plt.subplots(len(pools), len(groups), figsize=(5.4 * len(groups), 3.2 * len(pools)), squeeze=False, constrained_layout=True)
     for i, p in enumerate(pools):
         for j, g in enumerate(groups):
             t = layer_table[(layer_table[by] == g) & (layer_table["pooling"] == p)].pivot(index="layer", columns="step", values="drift")
             ax, steps = axes[i, j], t.columns.to_numpy()
+            if t.empty:
+                ax.set_axis_off(); ax.set_title(f"{group_label(by, g)}, {p} pooling")
+                ax.text(0.5, 0.5, f"{p} pooling not stored\nby every run of this group", ha="center", va="center", transform=ax.transAxes, color="grey")
+                continue
             im = ax.imshow(t.to_numpy(), aspect="auto", origin="lower", cmap="viridis", vmin=0,
                            extent=[steps[0] - 0.5, steps[-1] + 0.5, -0.5, t.shape[0] - 0.5], interpolation="nearest")
             ax.set_xticks(np.unique(np.linspace(steps[0], steps[-1], min(6, len(steps))).round().astype(int)))
@@ -83,14 +88,28 @@ def plot_seed_variance(dispersion: dict[str, pd.DataFrame]) -> plt.Figure:  # la
     ax.legend(frameon=False, fontsize=8)
     return fig
 
+# %% ../nbs/20_plots.ipynb #1090f7ba
+def colour_range(values: np.ndarray,       # any shape; NaN ignored
+                 min_span: float = 0.05,   # narrowest colour range
+                ) -> tuple[float, float]:  # (vmin, vmax)
+    "The values' range, widened about its centre to at least `min_span` and kept inside [0, 1] if the values are."
+    v = np.asarray(values, dtype=float); lo, hi = float(np.nanmin(v)), float(np.nanmax(v))
+    if hi - lo >= min_span: return lo, hi
+    a, b = (lo + hi - min_span) / 2, (lo + hi + min_span) / 2
+    if 0 <= lo and hi <= 1: a, b = (1 - min_span, 1.0) if b > 1 else (0.0, min_span) if a < 0 else (a, b)
+    return a, b
+
 # %% ../nbs/20_plots.ipynb #b0e45c02
-def plot_matrices(mats: dict[str, pd.DataFrame]) -> plt.Figure:  # label -> square matrix (analysis.similarity_matrix)
+def plot_matrices(mats: dict[str, pd.DataFrame],  # label -> square matrix (analysis.similarity_matrix)
+                  min_span: float = 0.05,          # narrowest colour range (see colour_range)
+                 ) -> plt.Figure:
     "Square run-by-run matrices (CKA, RSA, k-NN overlap) side by side, annotated, each with its colorbar."
     n = len(mats); size = max(4.2, 0.55 * max(len(m) for m in mats.values()) + 2.2)
     fig, axes = plt.subplots(1, n, figsize=(size * n, size * 0.9), squeeze=False, constrained_layout=True)
     for ax, (lab, m) in zip(axes[0], mats.items()):
-        sns.heatmap(m, ax=ax, annot=len(m) <= 10, fmt=".3f", cmap="mako", cbar=True, square=True, annot_kws={"size": 7},
-                    cbar_kws={"shrink": 0.7, "label": lab, "format": FormatStrFormatter("%.4g")})
+        vmin, vmax = colour_range(m.to_numpy(), min_span)
+        sns.heatmap(m, ax=ax, annot=len(m) <= 10, fmt=".3f", cmap="mako", cbar=True, square=True, annot_kws={"size": 7}, vmin=vmin, vmax=vmax,
+                    cbar_kws={"shrink": 0.7, "format": FormatStrFormatter("%.3g")})
         ax.set_title(lab); ax.tick_params(labelsize=7)
     return fig
 

@@ -16,22 +16,23 @@ from .study import Study, NotComputed, format_lr
 from .runs import atomic_write_bytes, package_version, git_info
 
 # %% auto #0
-__all__ = ['COLLAPSE_GAP', 'format_value', 'format_table', 'table_html', 'Figure', 'figure_png', 'figure_html', 'RawHTML',
-           'Table', 'note_html', 'to_html', 'show', 'memo', 'header', 'section_drift', 'section_reference',
-           'section_schedule', 'collapse_answer', 'section_effects', 'section_layers', 'section_seed_variance',
-           'section_pairs', 'section_noise_floor', 'section_geometry', 'section_perturbation', 'section_mitigation',
-           'section_components', 'section_early_warning', 'note_md', 'section_agreement', 'section_pooling',
+__all__ = ['COLLAPSE_GAP', 'format_value', 'format_sci', 'format_table', 'table_html', 'Figure', 'figure_png', 'figure_html',
+           'RawHTML', 'Table', 'note_html', 'note_md', 'to_html', 'show', 'memo', 'header', 'section_drift',
+           'section_reference', 'section_schedule', 'collapse_answer', 'section_effects', 'section_layers',
+           'section_seed_variance', 'section_pairs', 'section_noise_floor', 'section_geometry', 'section_perturbation',
+           'section_mitigation', 'section_components', 'section_early_warning', 'section_agreement', 'section_pooling',
            'section_provenance', 'section_runs_overview', 'section_runs_seeds', 'section_runs_noise_floor', 'findings',
            'section_experiment', 'json_list', 'project_root', 'resolve_study_dir', 'template_dir', 'check_templates',
-           'NotebookFailed', 'execute_notebooks', 'render_html']
+           'NotebookFailed', 'execute_notebooks', 'doc_title', 'render_html']
 
 # %% ../nbs/21_report.ipynb #ee566980
 def format_value(v: object, digits: int = 3) -> str:
-    "One value for reading: 3 significant digits, no trailing exponent noise, '—' for missing, '[a, b]' for pairs."
+    "One value for reading: 3 significant digits, no trailing exponent noise, '—' for missing, '[a, b]' for pairs, 'a, b, c' for lists."
     if v is None or v is pd.NA or v is pd.NaT or (isinstance(v, (float, np.floating)) and np.isnan(v)): return "—"
     if isinstance(v, (bool, np.bool_)): return "yes" if v else "no"
     if isinstance(v, (tuple, list)) and len(v) == 2 and all(isinstance(x, (int, float, np.number)) or x is None for x in v):
         return f"[{format_value(v[0], digits)}, {format_value(v[1], digits)}]"
+    if isinstance(v, (tuple, list)): return ", ".join(format_value(x, digits) for x in v) or "—"
     if isinstance(v, (int, np.integer)): return f"{int(v):,}" if abs(int(v)) >= 10000 else str(int(v))
     if isinstance(v, (float, np.floating)):
         x = float(v)
@@ -42,15 +43,27 @@ def format_value(v: object, digits: int = 3) -> str:
         return s
     return str(v)
 
+# %% ../nbs/21_report.ipynb #a73b8941
+def format_sci(v: object, digits: int = 3) -> str:
+    "A number as mantissa and exponent for a column spanning decades: 0.00125 -> '1.25e-3', 0.05 -> '5e-2'; '—' for missing."
+    if v is None or pd.isna(v): return "—"
+    if float(v) == 0: return "0"
+    m, e = f"{float(v):.{digits - 1}e}".split("e")
+    return f"{m.rstrip('0').rstrip('.')}e{int(e)}"
+
 # %% ../nbs/21_report.ipynb #6c13b8f1
-_LR_COLUMN = re.compile(r"(^|_)lr$|^lr(_|$)|learning_rate")
+_LR_COLUMN = re.compile(r"^(ref_|peak_)?lr$|(^|\.)learning_rate$")   # a learning rate; not gap_cum_lr, not cum_lr
+_CUM_LR_COLUMN = re.compile(r"^cum_lr(_low|_high)?$")
+
+def _lr(v) -> str: return "—" if v is None or pd.isna(v) else format_lr(v)
 
 def format_table(df: pd.DataFrame, digits: int = 3) -> pd.DataFrame:  # same shape, every cell a str
-    "Every cell as text for reading: lr columns as 5e-5, whole-number columns as integers, the rest by format_value."
+    "Every cell as text for reading: lr columns as 5e-5, cumulative lr as 1.25e-3, whole-number columns as integers, the rest by format_value."
     out = {}
     for c in df.columns:
         col = df[c]
-        if _LR_COLUMN.search(str(c)) and pd.api.types.is_numeric_dtype(col): out[c] = [format_lr(v) for v in col]
+        if _LR_COLUMN.search(str(c)) and pd.api.types.is_numeric_dtype(col): out[c] = [_lr(v) for v in col]
+        elif _CUM_LR_COLUMN.search(str(c)) and pd.api.types.is_numeric_dtype(col): out[c] = [format_sci(v) for v in col]
         elif pd.api.types.is_float_dtype(col) and col.notna().any() and np.all(np.mod(col.dropna(), 1) == 0) and col.abs().max() < 1e15:
             out[c] = ["—" if pd.isna(v) else str(int(v)) for v in col]
         else: out[c] = [format_value(v, digits) for v in col]
@@ -106,8 +119,11 @@ class Table:
     digits: int = 3
 
 def note_html(reason: str) -> str:
-    "The one way a section that could not be computed is shown."
-    return f'<p class="not-computed"><strong>Not computed:</strong> {html.escape(str(reason))}</p>'
+    "The one way a section that could not be computed is shown (`name` in the reason shown as code)."
+    text = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(str(reason)))
+    return f'<p class="not-computed"><strong>Not computed:</strong> {text}</p>'
+
+def note_md(text: str) -> str: return f"*{text}*"   # a one-line note inside a section (Markdown)
 
 def to_html(item: object, study_dir: str | Path | None = None) -> str:
     "HTML of one displayable item (Table, DataFrame, Figure, Markdown string)."
@@ -141,19 +157,33 @@ def memo(study: Study, key: tuple, fn: Callable, *args, **kwargs) -> object:
     return val
 
 # %% ../nbs/21_report.ipynb #0cf56b35
-def header(study: Study) -> RawHTML:
-    "A definition list: date, version, commit, profile, model, data (content hash), runs."
-    runs, gi = list(study._runs.values()), git_info()
-    c = runs[0].config if runs else {}
+def _count(n: int, word: str) -> str: return f"{n} {word}{'' if n == 1 else 's'}"
+
+def _per_run(values: list) -> str:
+    "One setting over runs: the value if all share it, else 'varies: ' with each value's run count; None is 'not recorded'."
+    vals = ["not recorded" if v is None else str(v) for v in values]
+    counts = pd.Series(vals, dtype=object).value_counts(sort=False)
+    if len(counts) <= 1: return vals[0] if vals else "—"
+    return "varies: " + "; ".join(f"{v} ({_count(n, 'run')})" for v, n in counts.items())
+
+def _data(c: dict) -> str | None:
     fp = (c.get("resolved") or {}).get("dataset") or {}
-    data = str(c.get("dataset", "?")) + (f" (sha256 {fp['sha256'][:12]})" if fp.get("sha256") else "")
+    return None if "dataset" not in c else str(c["dataset"]) + (f" (sha256 {fp['sha256'][:12]})" if fp.get("sha256") else "")
+
+# %% ../nbs/21_report.ipynb #a189cf49
+def header(study: Study) -> RawHTML:
+    "A definition list: date, version, commit, profile (or the grouping of a report from run folders), model, data (content hash), runs."
+    runs, gi = list(study._runs.values()), git_info()
     commit = (gi["git_commit"] or "")[:10] or "not a git checkout"
     state = "" if gi["git_dirty"] is None else (", uncommitted changes" if gi["git_dirty"] else ", clean")
-    failed = len(study.failed())
+    failed, by = len(study.failed()), study.spec.get("group_by")
+    what = {"report": f"from run folders, grouped by {by}"} if by else {"profile": study.profile}
+    n = (f"{_count(len(runs), 'run')} in {_count(study.manifests['runs']['factor'].nunique(), 'group')}" if by else
+         f"{_count(len(runs), 'distinct run')} in {_count(len(study.experiments), 'experiment')}")
     items = {"rendered": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-             "embvar-study": f"{package_version('embvar_study')} (commit {commit}{state})", "profile": study.profile,
-             "model": c.get("model", "?"), "data": data,
-             "runs": f"{len(runs)} distinct runs in {len(study.experiments)} experiments" + (f", {failed} failed" if failed else "")}
+             "embvar-study": f"{package_version('embvar_study')} (commit {commit}{state})", **what,
+             "model": _per_run([r.config.get("model") for r in runs]), "data": _per_run([_data(r.config) for r in runs]),
+             "runs": n + (f", {failed} failed" if failed else "")}
     rows = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(v))}</dd>" for k, v in items.items())
     return RawHTML(f'<dl class="report-meta">{rows}</dl>')
 
@@ -180,7 +210,8 @@ def section_drift(study: Study, experiment: str = "lr_sweep", by: str = "lr", **
     alt = (f"Two panels. Left: mean drift from step 0 against the optimizer step, one line per group with a band "
            f"spanning the seeds and dotted 95% CI lines; {ends}. Right: the training loss of each run against the step.")
     return [Figure(P.plot_drift_and_loss(s, c, by=by), "drift_and_loss", alt),
-            Table(last[[by, "step", "n_seeds", "drift", "ci_low", "ci_high", "sd_seeds", "probe_q10", "probe_median", "probe_q90"]],
+            Table(last[[by, "step", "n_seeds", "drift", "ci_low", "ci_high", "sd_seeds", "probe_q10", "probe_median", "probe_q90"]]
+                  .rename(columns={"factor": study.spec.get("group_by", "group")}),   # a report from run folders: its grouping key
                   "Drift at the last step: mean over seeds and probes, 95% cluster-bootstrap CI, spread over seeds, and quantiles over probes")]
 
 # %% ../nbs/21_report.ipynb #6b42e093
@@ -226,7 +257,16 @@ def section_schedule(study: Study, **o) -> list:
            "against the cumulative learning rate, and against the drop in training loss since the first steps.")
     return [Figure(P.plot_schedule(s, c), "schedule", alt), collapse_answer(ct),
             Table(se, "Final drift per learning rate and schedule (95% cluster-bootstrap CI), its ratio to the linear schedule's, the cumulative learning rate and the loss drop"),
-            Table(ct, "Every two groups: the range of cumulative learning rate both cover at tracked steps, and the gap between their mean drift curves there, relative to the drift (95% CI, seeds resampled); beside it, the gap at the same steps")]
+            Table(_collapse_for_reading(ct), "Every two groups: the range of cumulative learning rate both cover at tracked steps ('no overlap' where "
+                  "their ranges are disjoint: nothing to compare, so no gap), and the gap between their mean drift curves there as a fraction of "
+                  "the drift (95% CI, seeds resampled); beside it, the same fraction at the same steps")]
+
+def _collapse_for_reading(ct: pd.DataFrame) -> pd.DataFrame:
+    "collapse_table with the common cumulative-lr range as one cell, 'no overlap' where the two groups' ranges are disjoint."
+    rng = ["no overlap" if lo > hi else f"{format_sci(lo)} to {format_sci(hi)}" for lo, hi in zip(ct["cum_lr_low"], ct["cum_lr_high"])]
+    out = ct.drop(columns=["cum_lr_low", "cum_lr_high"])
+    out.insert(2, "common_cum_lr", rng)
+    return out
 
 COLLAPSE_GAP = 0.10   # two curves are "one curve" where they differ by at most this share of the drift
 
@@ -266,7 +306,18 @@ def section_layers(study: Study, experiment: str = "lr_sweep", by: str = "lr", *
     alt = ("Heatmaps of drift by layer (rows, 0 = embeddings) and step (columns), one per group and pooling, each with "
            "its own colour scale and colorbar; the most-moved layer at the last step: "
            + "; ".join(f"{r.pooling} pooling at {P.group_label(by, getattr(r, by))}: layer {r.layer} ({format_value(r.drift)})" for r in top.itertuples()) + ".")
-    return [Figure(P.plot_layer_heatmaps(lt, by), "layer_drift", alt), Table(wide.reset_index(), "Drift of each layer at the last step")]
+    return [Figure(P.plot_layer_heatmaps(lt, by), "layer_drift", alt), *_missing_poolings(lt, by, ("mean", "cls")),
+            Table(wide.reset_index(), "Drift of each layer at the last step")]
+
+def _missing_poolings(lt: pd.DataFrame, by: str, poolings: tuple[str, ...]) -> list[str]:  # Markdown notes; none if all stored
+    "A note per pooling that some group did not store (a tracker or callback run stores only the poolings it was given)."
+    from embvar_study.plots import group_label
+    have = lt.groupby(by)["pooling"].agg(set)
+    lacking = {p: [group_label(by, g) for g, stored in have.items() if p not in stored] for p in poolings}
+    why = "a tracker or callback run stores only the poolings it was given, mean by default"
+    return [note_md(f"{p} pooling is stored by no run ({why}): left out." if len(lack) == len(have) else
+                    f"{p} pooling is not stored by every run of {', '.join(lack)} ({why}): its panels say so and its table columns are left out.")
+            for p, lack in lacking.items() if lack]
 
 # %% ../nbs/21_report.ipynb #0b1879a3
 def section_seed_variance(study: Study, **o) -> list:
@@ -283,9 +334,14 @@ def section_seed_variance(study: Study, **o) -> list:
     last["removed_by_alignment"] = 1 - last["aligned_dispersion"] / last["raw_dispersion"]
     alt = ("Line chart of the mean squared distance of the runs' probe embeddings to their mean against the step, solid raw and dashed "
            "after generalised Procrustes alignment, one colour per group; at the end: "
-           + "; ".join(f"{r.runs}: raw {r.raw_dispersion:.3g}, aligned {r.aligned_dispersion:.3g}" for r in last.itertuples()) + ".")
+           + "; ".join(f"{r.runs}: raw {format_value(r.raw_dispersion)}, aligned {format_value(r.aligned_dispersion)}" for r in last.itertuples()) + ".")
     return [Figure(P.plot_seed_variance(disp), "seed_dispersion", alt),
             Table(last, "At the last step: raw and aligned dispersion, mean pairwise cosine distance, share removed by alignment")]
+
+def _span(values: pd.Series) -> str:
+    "The range of `values` in words, as format_value shows them."
+    lo, hi = format_value(values.min()), format_value(values.max())
+    return f"{lo} to {hi}" if lo != hi else f"all {lo} to 3 significant digits"
 
 def section_pairs(study: Study, **o) -> list:
     "Every pair of seed-sweep runs at the last step: raw vs aligned distance, CKA, RSA, k-NN overlap."
@@ -296,9 +352,8 @@ def section_pairs(study: Study, **o) -> list:
     pairs = A.pairwise_table(rs, o["layer"], o["pooling"])
     mats = {"linear CKA": A.similarity_matrix(pairs, "cka"), "RSA (Spearman)": A.similarity_matrix(pairs, "rsa"),
             "k-NN overlap (k=10)": A.similarity_matrix(pairs, "knn_overlap")}
-    alt = (f"Three annotated matrices over {len(rs)} runs (labelled by their head and data seeds), each with a colorbar: linear CKA "
-           f"({pairs['cka'].min():.3f}-{pairs['cka'].max():.3f}), RSA ({pairs['rsa'].min():.3f}-{pairs['rsa'].max():.3f}) and k-NN overlap "
-           f"({pairs['knn_overlap'].min():.2f}-{pairs['knn_overlap'].max():.2f}) between every pair.")
+    alt = (f"Three annotated matrices over {len(rs)} runs (labelled by their head and data seeds), each with a colorbar at least 0.05 wide: "
+           f"linear CKA ({_span(pairs['cka'])}), RSA ({_span(pairs['rsa'])}) and k-NN overlap ({_span(pairs['knn_overlap'])}) between every pair.")
     return [Figure(P.plot_matrices(mats), "pair_similarity", alt),
             Table(pairs.drop(columns=["i", "j"]), "Every pair of runs: raw and aligned mean squared distance, cosine distance, CKA, RSA, k-NN overlap")]
 
@@ -322,7 +377,7 @@ def section_geometry(study: Study, **o) -> list:
     t = geo.groupby(["lr", "when"])[cols].mean().reset_index()
     alt = ("Log-scale line chart of the share of variance per covariance eigenvalue rank, one line per run, dotted at step 0 and solid "
            "at the last step, coloured by learning rate; effective rank at the end: "
-           + "; ".join(f"lr {format_lr(r.lr)} {r.effective_rank:.1f}" for r in t[t["when"] == "last"].itertuples()) + ".")
+           + "; ".join(f"lr {format_lr(r.lr)} {format_value(r.effective_rank)}" for r in t[t["when"] == "last"].itertuples()) + ".")
     return [Table(t, "Mean over seeds of the spectrum summaries at the first and last step"), Figure(P.plot_spectra(eig), "spectra", alt)]
 
 def section_perturbation(study: Study, **o) -> list:
@@ -345,7 +400,7 @@ def section_mitigation(study: Study, **o) -> list:
     except NotComputed: pass
     mt = A.mitigation_table(pool, o["layer"], o["pooling"])
     alt = ("Line chart of the seed dispersion left, relative to one checkpoint of one run, against the number of checkpoints (m) or "
-           "seeds (s) averaged: " + "; ".join(f"{r.method} of {r.size}: {r.relative:.2f}" for r in mt.itertuples()) + ".")
+           "seeds (s) averaged: " + "; ".join(f"{r.method} of {r.size}: {format_value(r.relative)}" for r in mt.itertuples()) + ".")
     return [Table(mt, f"Seed dispersion after averaging, {len(pool)} distinct runs at lr {format_lr(ref)}"), Figure(P.plot_mitigation(mt), "mitigation", alt)]
 
 # %% ../nbs/21_report.ipynb #0530f8c8
@@ -368,14 +423,12 @@ def section_early_warning(study: Study, **o) -> list:
     except NotComputed: rep = np.array([])
     th = EW.drift_threshold(rep, fallback_drifts=EW.seed_distances(ext.where(lr=ref), layer=o["layer"], pooling=o["pooling"]))
     ew = EW.early_warning_table(ext, th, layer=o["layer"], pooling=o["pooling"])
-    out = [f"Threshold **{th.value:.3g}** (source: {th.source}; {th.note}).",
+    out = [f"Threshold **{format_value(th.value)}** (source: {th.source}; {th.note}).",
            Table(ew.drop(columns=[c for c in ("steps", "drift", "threshold", "threshold_source") if c in ew]),
                  "Per run: the step drift first crosses the threshold, the step the run shows failing, the lead time, and its outcome")]
     try: out.append(Table(EW.outcome_auc_table(ew, n_resamples=o["n_resamples"]), "How well drift at an early step separates runs that end up failing (AUC, 95% CI)"))
     except (NotComputed, ValueError) as e: out.append(note_md(f"AUC not computed: {e}"))
     return out
-
-def note_md(text: str) -> str: return f"*{text}*"
 
 # %% ../nbs/21_report.ipynb #114b9959
 def section_agreement(study: Study, **o) -> list:
@@ -384,26 +437,43 @@ def section_agreement(study: Study, **o) -> list:
     o = _opts(**o); rs = study.runs("seed_sweep", min_runs=3)
     pairs, agree, inv = AG.agreement_tables(rs, layer=o["layer"], pooling=o["pooling"], n_resamples=o["n_resamples"])
     tab = inv.pivot(index="measure", columns="transform", values="invariant").replace({True: "invariant", False: "changes"})
-    return [Table(agree[["measure_a", "measure_b", "spearman", "ci_low", "ci_high", "n_valid"]], "Spearman correlation between measures over the run pairs (95% CI, runs resampled)"),
+    used = f"resamples_used_of_{o['n_resamples']}"
+    return [Table(agree[["measure_a", "measure_b", "spearman", "ci_low", "ci_high", "n_valid"]].rename(columns={"n_valid": used}),
+                  f"Spearman correlation between measures over the run pairs (95% CI, runs resampled); resamples used: of the {o['n_resamples']} "
+                  "bootstrap resamples, those in which both measures vary over the drawn pairs (the others have no correlation)"),
             Table(tab.reset_index(), "Live invariance table: each transform applied to one run, each measure recomputed"),
             f"The live table matches theory in **{int(inv['agrees'].sum())}/{len(inv)}** entries."]
 
 def section_pooling(study: Study, **o) -> list:
-    "Does the conclusion depend on the pooling? Drift and seed-variance share per layer under every stored pooling."
+    "Does the conclusion depend on the pooling? Drift and between/within-run variance ratio per layer under every stored pooling."
     from embvar_study import agreement as AG
     o = _opts(**o)
     sens = AG.pooling_sensitivity(study.runs("seed_sweep", min_runs=2), n_resamples=o["n_resamples"])
     prof = sens.pivot(index="layer", columns="pooling", values="drift")
     return [Table(prof.reset_index(), "Drift from step 0 per layer and pooling"),
-            Table(sens.pivot(index="layer", columns="pooling", values="seed_share").reset_index(), "Seed-variance share per layer and pooling"),
+            Table(sens.pivot(index="layer", columns="pooling", values="seed_share").reset_index(),
+                  "Between-run over within-run variance per layer and pooling: the variance across runs of a probe's embedding divided by the "
+                  "variance across probes within a run (a ratio, not a share: above 1 the seeds move the embeddings more than the probes differ). "
+                  "— where the within-run variance is 0: at layer 0 every probe's CLS vector is the same [CLS] token and position embedding"),
             Table(prof.corr(method="spearman").reset_index().rename(columns={"pooling": "Spearman"}), "Rank correlation of the layer profiles of drift between poolings")]
 
 def section_provenance(study: Study, **o) -> list:
     "Every run's configuration and environment: what all share, what varies, which environments."
     from embvar_study import analysis as A
-    shared, varying, envs = A.provenance_tables(study.all_runs())
+    shared, varying, envs = (t.map(_decoded) for t in A.provenance_tables(study.all_runs()))
     return [Table(shared, "Settings every run shares"), Table(varying, "Settings that vary, one row per run"),
             Table(envs[~envs["key"].isin(["platform"])], "Environments the runs ran in (distinct values)")]
+
+def _decoded(v: object) -> object:
+    "A provenance cell as a value: a JSON list string as a list, 'None' as None, 'True' as True (shown as 'a, b', '—', 'yes')."
+    if not isinstance(v, str): return v
+    if " | " in v: return " | ".join(format_value(_decoded(p)) for p in v.split(" | "))
+    if v in ("None", "null"): return None
+    if v in ("True", "False"): return v == "True"
+    if v.startswith("[") and v.endswith("]"):
+        try: return json.loads(v)
+        except ValueError: return v
+    return v
 
 # %% ../nbs/21_report.ipynb #3cae7faa
 def section_runs_overview(study: Study, **o) -> list:
@@ -556,7 +626,9 @@ def execute_notebooks(names: list[str], study_dir: str | Path, parameters: dict,
                 pm.execute_notebook(str(tdir / f"{name}.ipynb"), str(study_dir / "notebooks" / f"{name}.ipynb"), parameters=params,
                                     progress_bar=False, log_output=True, cwd=str(study_dir), kernel_name="python3",
                                     extra_arguments=["--IPKernelApp.log_level=CRITICAL"])   # the kernel's own start-up chatter stays out of the console
-            except pm.PapermillExecutionError as e:
+            except pm.PapermillExecutionError as e:      # the cell's traceback goes to the log the message points to
+                tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(e.traceback))
+                log.error("notebook %s failed in cell %s: %s: %s\n%s", name, e.exec_count, e.ename, e.evalue, tb)
                 raise NotebookFailed(f"notebook {name} failed in cell {e.exec_count}: {e.ename}: {e.evalue} (log: {study_dir / 'logs' / (name + '.log')})") from None
             finally: log.removeHandler(handler); handler.close()
             if say: say(f"[{i}/{len(names)}] notebook {name}: done in {(_dt.datetime.now() - t).total_seconds():.1f}s")
@@ -603,6 +675,12 @@ def _demote(fragment: str, by: int, prefix: str) -> str:
     frag = re.sub(r"<(/?)h([1-4])", lambda m: f"<{m.group(1)}h{min(6, int(m.group(2)) + by)}", fragment)
     return re.sub(r'(id|href)="#?([^"]+)"', lambda m: f'{m.group(1)}="{"#" if m.group(1) == "href" else ""}{prefix}-{m.group(2)}"', frag)
 
+# %% ../nbs/21_report.ipynb #e4644966
+def doc_title(title: str, profile: str = "") -> str:
+    "The page title: the report's heading and a profile name ('— smoke profile'), or a description as it is ('runs grouped by lr')."
+    if not profile: return title
+    return f"{title}: {profile}" if " " in profile.strip() else f"{title} — {profile} profile"
+
 # %% ../nbs/21_report.ipynb #2f00b35b
 def render_html(study_dir: str | Path, report: str | Path, appendix: list[str | Path] = (), *, profile: str = "") -> Path:
     "Compose the executed report notebook and experiment notebooks into <study_dir>/report.html (title, contents, no network)."
@@ -620,7 +698,7 @@ def render_html(study_dir: str | Path, report: str | Path, appendix: list[str | 
     for level, hid, text in heads:
         label = html.escape(html.unescape(re.sub(r"<[^>]+>", "", text)).strip())
         if level == "2": toc.append(f'<li><a href="#{hid}">{label}</a></li>')
-    full_title = f"{title} — {profile} profile" if profile else title
+    full_title = doc_title(title, profile)
     page = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">'
             f"<title>{html.escape(full_title)}</title><style>{_CSS}</style></head><body>"
             f'<header class="doc"><h1>{html.escape(full_title)}</h1>{meta.group(0) if meta else ""}</header><main>'

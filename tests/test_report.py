@@ -173,3 +173,47 @@ def test_the_reviews_profile_on_a_review_file(tmp_path):
     assert "Traceback" not in page and "Do the curves of every rate and schedule fall onto one curve" in page
     text = html_lib.unescape(re.sub(r"<[^>]+>", " ", page))
     assert not [r for r in rows if r.split(",")[0].strip('"')[:25] in text]              # no review text in the report
+
+
+def test_a_runs_report_over_runs_with_different_poolings(tmp_path):
+    # an `embvar train` run stores mean/cls/max; a plain-loop tracker run at another lr only mean: the layer section
+    # draws what each group has and says what is missing; the header and title read as a runs report
+    import torch
+    from embvar_study.models import load_model_and_tokenizer
+    from embvar_study.tracking import EmbeddingTracker
+    a, b = tmp_path / "runs" / "a", tmp_path / "runs" / "b"
+    main(["train", "--model", "tiny-distilbert", "--dataset", "bundled", "--n-train", "32", "--n-eval", "16", "--max-length", "32",
+          "--probe-max-length", "32", "--n-probes", "16", "--track-every", "2", "--lr", "5e-4", "--out", str(a), "--no-progress"])
+    model, tok = load_model_and_tokenizer("tiny-distilbert", num_labels=2, init_seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batch = tok(["a good film", "a bad film", "great acting", "dull plot"], padding=True, return_tensors="pt")
+    with EmbeddingTracker(model, tok, ["the movie was wonderful", "the plot made no sense", "fine work", "poor script"], b,
+                          every=2, config={"lr": 1e-3}, max_length=32) as tracker:
+        tracker.step(0)
+        for step in (1, 2, 3):
+            loss = model(**batch, labels=torch.tensor([1, 0, 1, 0])).loss
+            loss.backward(); opt.step(); opt.zero_grad()
+            tracker.step(step); tracker.log(step, train_loss=loss.item())
+        tracker.step(3, force=True)
+    main(["report", "--runs", str(a), str(b), "--group-by", "lr", "--out", str(tmp_path / "rr")])
+    page = (tmp_path / "rr" / "report.html").read_text(encoding="utf-8")
+    assert "Traceback" not in page
+    assert re.search(r"<title>[^<]*: runs grouped by lr</title>", page) and "profile</title>" not in page
+    meta = re.search(r'<dl class="report-meta">.*?</dl>', page, flags=re.S).group(0)
+    assert "?" not in meta and "2 runs in 2 groups" in meta and "<dt>profile</dt>" not in meta
+    text = html_lib.unescape(re.sub(r"<[^>]+>", " ", page))
+    assert re.search(r"cls pooling is not stored by every run of 1e-3", text)
+    assert "`" not in re.sub(r"<code>.*?</code>", "", " ".join(re.findall(r'<p class="not-computed">.*?</p>', page, flags=re.S)))
+    assert (tmp_path / "rr" / "figures" / "layer_drift.png").is_file()
+
+
+def test_a_failing_notebook_leaves_its_traceback_in_the_log(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("x = 1  # a number", metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell("def f(v):\n    return v / 0\nf(x)")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    (tmp_path / "t").mkdir(); nbformat.write(nb, tmp_path / "t" / "bad.ipynb")
+    with pytest.raises(Exception, match=r"notebook bad failed in cell \d+: ZeroDivisionError: division by zero \(log: .*bad\.log\)"):
+        execute_notebooks(["bad"], tmp_path / "s", {"x": 2}, templates=tmp_path / "t", say=None)
+    log = (tmp_path / "s" / "logs" / "bad.log").read_text()
+    assert "ZeroDivisionError" in log and "return v / 0" in log and "\x1b[" not in log
