@@ -30,9 +30,9 @@ from .checks import as_float_array
 # %% auto #0
 __all__ = ['NON_IDENTITY_KEYS', 'RESERVED_KEYS', 'VERIFIED_FILE', 'RunAlreadyComplete', 'IncompleteRunError', 'CorruptRunError',
            'FolderLockedError', 'canonical_json', 'config_hash', 'atomic_write_bytes', 'atomic_write_text',
-           'atomic_write_json', 'atomic_save_npy', 'package_version', 'git_info', 'environment_info', 'run_context',
-           'lock_files', 'lock_holder', 'FolderLock', 'run_folder_state', 'RunWriter', 'safe_path', 'read_marker',
-           'verify_run', 'Run', 'load_run', 'is_complete', 'find_runs', 'load_runs']
+           'atomic_write_json', 'atomic_save_npy', 'package_version', 'git_dirty', 'git_info', 'environment_info',
+           'run_context', 'lock_files', 'lock_holder', 'FolderLock', 'run_folder_state', 'RunWriter', 'safe_path',
+           'read_marker', 'verify_run', 'Run', 'load_run', 'is_complete', 'find_runs', 'load_runs']
 
 # %% ../nbs/08_runs.ipynb #1c9dc01e
 def _method_of(cls: type):
@@ -175,16 +175,20 @@ def _git(args: list[str], cwd: Path) -> str | None:
     except (OSError, subprocess.SubprocessError): return None
     return r.stdout.strip() if r.returncode == 0 else None
 
+def git_dirty(root: Path) -> bool | None:
+    "Whether tracked files of the checkout at `root` differ from HEAD; the outputs in `reports/` do not count."
+    status = _git(["status", "--porcelain", "--untracked-files=no", "--", ":(top)", ":(top,exclude)reports"], root)
+    return None if status is None else bool(status)
+
 def git_info() -> dict:  # {"git_commit": sha or None, "git_dirty": bool or None}
-    "The commit of the checkout `embvar_study` is imported from, and whether its tracked files have changes."
+    "The commit of the checkout `embvar_study` is imported from, and whether its tracked files (reports/ aside) changed."
     spec = importlib.util.find_spec("embvar_study")
     if spec is None or spec.origin is None: return {"git_commit": None, "git_dirty": None}
     pkg = Path(spec.origin).resolve().parent
     # only a checkout where the package is tracked counts (not a wheel inside some repo's ignored .venv)
     if _git(["ls-files", "--error-unmatch", "--", str(pkg / "__init__.py")], pkg.parent) is None:
         return {"git_commit": None, "git_dirty": None}
-    status = _git(["status", "--porcelain", "--untracked-files=no"], pkg.parent)
-    return {"git_commit": _git(["rev-parse", "HEAD"], pkg.parent), "git_dirty": None if status is None else bool(status)}
+    return {"git_commit": _git(["rev-parse", "HEAD"], pkg.parent), "git_dirty": git_dirty(pkg.parent)}
 
 # %% ../nbs/08_runs.ipynb #c0a1b009
 def environment_info() -> dict:  # python, platform, packages, torch_cuda, cudnn, cuda_devices, git_commit, git_dirty

@@ -384,6 +384,22 @@ def test_environment_info_keys():
     json.dumps(env)
 
 
+def test_git_dirty_counts_code_changes_not_rendered_reports(tmp_path):
+    "Rendering the quick report rewrites the tracked reports/quick/report.html; the next report must still say 'clean'."
+    def git(*a): subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True)
+    git("init", "-q"); git("config", "user.email", "t@t"); git("config", "user.name", "t")
+    (tmp_path / "reports" / "quick").mkdir(parents=True); (tmp_path / "pkg").mkdir()
+    (tmp_path / "reports" / "quick" / "report.html").write_text("old"); (tmp_path / "pkg" / "code.py").write_text("x = 1")
+    git("add", "-A"); git("commit", "-qm", "init")
+    assert runs.git_dirty(tmp_path) is False
+    (tmp_path / "reports" / "quick" / "report.html").write_text("new")      # an output changed
+    (tmp_path / "pkg" / "new_untracked.py").write_text("")                    # untracked files never count
+    assert runs.git_dirty(tmp_path) is False and runs.git_dirty(tmp_path / "pkg") is False
+    (tmp_path / "pkg" / "code.py").write_text("x = 2")                        # code changed
+    assert runs.git_dirty(tmp_path) is True and runs.git_dirty(tmp_path / "reports") is True
+    assert runs.git_dirty(tmp_path.parent / "nowhere") is None
+
+
 # ---------------------------------------------------------------- extra arrays and buffered history
 
 def test_save_array_perturbations_and_buffered_log(tmp_path):
