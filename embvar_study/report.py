@@ -283,8 +283,8 @@ def collapse_answer(ct: pd.DataFrame) -> str:  # Markdown
     elif (comp["gap_cum_lr_low"] > COLLAPSE_GAP).any():
         verdict = f"No: at the same cumulative learning rate, some curves differ by more than {pct(COLLAPSE_GAP)} of the drift ({pairs})."
     else: verdict = f"Not clearly: the gaps' CIs straddle {pct(COLLAPSE_GAP)}, the agreement we call one curve ({pairs})."
-    rest = (f" The curves of {', '.join(f'{r.group_a} and {r.group_b}' for r in apart.itertuples())} cover disjoint ranges of cumulative "
-            "learning rate at tracked steps: they cannot be compared without extrapolating, so they are not." if len(apart) else "")
+    rest = (" These pairs cover disjoint ranges of cumulative learning rate at tracked steps, so they cannot be compared without "
+            f"extrapolating and are not: {'; '.join(f'{r.group_a} vs {r.group_b}' for r in apart.itertuples())}." if len(apart) else "")
     return f"{q} {verdict}{rest}"
 
 # %% ../nbs/21_report.ipynb #fd121b10
