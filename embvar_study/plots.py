@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import matplotlib.pyplot as plt
 import seaborn as sns
-from matplotlib.ticker import FormatStrFormatter
+from matplotlib.ticker import FormatStrFormatter, MaxNLocator
 
 from typing import Iterable
 
@@ -31,6 +31,10 @@ def palette(values: "Iterable") -> dict:
     vals = sorted(set(values), key=str); cols = sns.color_palette("colorblind", max(len(vals), 3))
     return {v: cols[i % len(cols)] for i, v in enumerate(vals)}
 
+def _step_ticks(*axes: plt.Axes) -> None:
+    "Ticks on the x axes at whole optimizer steps only (a run of 20 steps reads 0, 5, 10, not 2.5, 7.5)."
+    for ax in axes: ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
 # %% ../nbs/20_plots.ipynb #648ca1d1
 def plot_drift_and_loss(summary: pd.DataFrame,   # analysis.drift_summary(by=by)
                         curves: pd.DataFrame,    # analysis.drift_curves (the same runs)
@@ -51,7 +55,7 @@ def plot_drift_and_loss(summary: pd.DataFrame,   # analysis.drift_summary(by=by)
     for g, c in pal.items(): b.plot([], [], color=c, marker="o", ms=3, label=group_label(by, g))
     b.set(xlabel="optimizer step", ylabel="training loss (mean since previous checkpoint)", title="Training loss, one line per run")
     b.ticklabel_format(axis="y", useOffset=False)   # losses that barely move read as 0.69315, not 1e-5 + 6.931e-1
-    b.legend(frameon=False)
+    b.legend(frameon=False); _step_ticks(a, b)
     if title: fig.suptitle(title)
     return fig
 
@@ -85,7 +89,7 @@ def plot_seed_variance(dispersion: dict[str, pd.DataFrame]) -> plt.Figure:  # la
         ax.plot(t["step"], t["raw_dispersion"], color=c, lw=2, label=f"{lab}: raw")
         ax.plot(t["step"], t["aligned_dispersion"], color=c, lw=2, ls="--", label=f"{lab}: aligned")
     ax.set(xlabel="optimizer step", ylabel="mean squared distance to the runs' mean", title="Seed-to-seed dispersion of probe embeddings")
-    ax.legend(frameon=False, fontsize=8)
+    ax.legend(frameon=False, fontsize=8); _step_ticks(ax)
     return fig
 
 # %% ../nbs/20_plots.ipynb #1090f7ba
@@ -167,5 +171,5 @@ def plot_schedule(summary: pd.DataFrame,  # analysis.drift_summary(by=["lr", "sc
     axes[0].set(xlabel="optimizer step", ylabel="drift from step 0", title="Against the step (mean, 95% CI)")
     axes[1].set(xlabel="cumulative learning rate Σ ηₛ (log scale)", ylabel="drift from step 0", title="Against the cumulative learning rate (each run)")
     axes[2].set(xlabel="training-loss drop since the first steps", ylabel="drift from step 0", title="Against the change in loss (each run)")
-    axes[0].legend(frameon=False, fontsize=8)
+    axes[0].legend(frameon=False, fontsize=8); _step_ticks(axes[0])
     return fig
