@@ -5,7 +5,7 @@ analysis and rendering. Reads a finished study folder (the runs' COMPLETE timing
 
     python benchmarks/profile_study.py reports/quick [--wall 367] [--log old_console.log]
 """
-import argparse, json, re
+import argparse, json, re, sys
 from pathlib import Path
 
 import pandas as pd
@@ -30,10 +30,11 @@ def split(study: Path, wall: float | None, log: Path | None) -> tuple[pd.DataFra
     runs = run_times(study)
     inside = {"training steps": runs["train_s"].sum(), "tracking (probes + perturbations)": (runs["track_s"] + runs["perturb_s"]).sum(),
               "evaluation": runs["eval_s"].sum()}
-    inside["model and data loading, bookkeeping"] = runs["seconds"].sum() - sum(inside.values())
+    inside["model and data loading, bookkeeping (the rest of each run)"] = runs["seconds"].sum() - sum(inside.values())
     timing_file = study / "logs" / "timing.json"
     if timing_file.is_file():                               # made by this version of embvar report: runs first, then notebooks
         t = json.loads(timing_file.read_text()); nb = t.get("notebooks_s", {})
+        if "runs_s" not in t: sys.exit(f"{timing_file}: written by `embvar report --only-report`, which times no runs; profile a study right after a full `embvar report`")
         total = wall or t["total_s"]
         phases = {"runs (all experiments, one plan)": t["runs_s"],
                   "experiment notebooks (kernel start-up, imports, pages)": sum(v for k, v in nb.items() if k != "report"),
@@ -44,7 +45,7 @@ def split(study: Path, wall: float | None, log: Path | None) -> tuple[pd.DataFra
         phases = {"runs (inside the experiment notebooks)": runs["seconds"].sum(),
                   "experiment notebooks (kernel start-up, imports, pages)": sum(v for k, v in nb.items() if k != "report") - runs["seconds"].sum(),
                   "analysis and rendering (report notebook + HTML)": nb.get("report", 0.0)}
-    phases["start-up (CLI imports, planning, verification)"] = total - sum(phases.values())
+    phases["start-up, planning, verification (the rest of the wall time)"] = total - sum(phases.values())
     info = {"wall_s": total, "runs_cpu_s": runs["seconds"].sum(), "n_runs": len(runs), "threads": sorted(set(runs["threads"]))}
     wall_df = pd.DataFrame({"part": list(phases), "seconds": list(phases.values())}).assign(share=lambda d: d["seconds"] / total)
     run_df = pd.DataFrame({"part": list(inside), "seconds": list(inside.values())}).assign(share=lambda d: d["seconds"] / runs["seconds"].sum())

@@ -27,8 +27,12 @@ def parse_sets(items: list[str] | None) -> dict:
     return {k: absolute_path(v) if k in ("dataset", "probes", "model") else v for k, v in out.items()}
 
 def absolute_path(value: object) -> object:
-    "A relative path that exists here, made absolute (the notebooks run in the study folder); anything else as it is."
-    return str(Path(value).resolve()) if isinstance(value, str) and not Path(value).is_absolute() and Path(value).exists() else value
+    "A relative path that exists here, made absolute (the notebooks run in the study folder), also as `heldout:PATH[:SPLIT]`."
+    if not isinstance(value, str): return value
+    if value.startswith("heldout:"):
+        head, sep, split = value[len("heldout:"):].partition(":")
+        return ":".join(["heldout", absolute_path(head)] + ([split] if sep else []))
+    return str(Path(value).resolve()) if value and not Path(value).is_absolute() and Path(value).exists() else value
 
 # %% ../nbs/22_cli.ipynb #11d62537
 _NEGATIVE = re.compile(r"^-(\d|\.\d)")
@@ -169,13 +173,16 @@ def _runs_per_gpu(v: str):
 
 def _failed_runs(study_dir: Path, manifests: dict) -> str | None:
     "One line per distinct error (how many runs, which experiments and runs), then where the tracebacks are; None if none failed."
-    rows = {r["run_id"]: (e, r["error"]) for e, m in manifests.items() for r in m.to_dict("records") if r["status"] == "failed"}
+    rows: dict = {}                                # run_id -> (experiments it belongs to, error)
+    for e, m in manifests.items():
+        for r in m.to_dict("records"):
+            if r["status"] == "failed": rows.setdefault(r["run_id"], ([], r["error"]))[0].append(e)
     if not rows: return None
     by_error: dict = {}
-    for rid, (e, err) in rows.items(): by_error.setdefault(err, []).append((e, rid))
+    for rid, (es, err) in rows.items(): by_error.setdefault(err, []).append((es, rid))
     def line(err, runs):
         ids = ", ".join(rid for _, rid in runs[:3]) + (", ..." if len(runs) > 3 else "")
-        return f"  {len(runs)} run(s) of {', '.join(dict.fromkeys(e for e, _ in runs))} ({ids}): {err}"
+        return f"  {len(runs)} run(s) of {', '.join(dict.fromkeys(e for es, _ in runs for e in es))} ({ids}): {err}"
     errs = sorted(str(p) for p in (study_dir / "sweeps").glob("*.errors.txt"))
     return (f"{len(rows)} run(s) failed; the report was not rendered:\n" + "\n".join(line(err, runs) for err, runs in by_error.items())
             + (f"\n  tracebacks: {', '.join(errs)}" if errs else ""))

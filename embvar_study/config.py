@@ -70,7 +70,7 @@ def as_field(field: str) -> Iterator[None]:
     except (ValueError, FileNotFoundError, HubUnavailableError) as e:
         msg = re.sub(r"^(source|load_texts|load_probes|path|folder|name|text|probes|dataset)(\[[^\]]*\])?:\s*", "", str(e))
         msg = re.sub(r"^(model|dataset) (?='|\")", "", msg)     # "model 'x': the Hub ..." -> "'x': the Hub ..."
-        raise type(e)(f"{field}: {msg.replace('text_col=', 'text_col').replace('label_col=', 'label_col')}") from None
+        raise type(e)(f"{field}: {msg}") from None
 
 # %% ../nbs/09_config.ipynb #52c07809
 def _without_paths(d):

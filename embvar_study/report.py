@@ -263,7 +263,7 @@ def section_schedule(study: Study, **o) -> list:
 
 def _collapse_for_reading(ct: pd.DataFrame) -> pd.DataFrame:
     "collapse_table with the common cumulative-lr range as one cell, 'no overlap' where the two groups' ranges are disjoint."
-    rng = ["no overlap" if lo > hi else f"{format_sci(lo)} to {format_sci(hi)}" for lo, hi in zip(ct["cum_lr_low"], ct["cum_lr_high"])]
+    rng = ["no overlap" if not hi > lo else f"{format_sci(lo)} to {format_sci(hi)}" for lo, hi in zip(ct["cum_lr_low"], ct["cum_lr_high"])]
     out = ct.drop(columns=["cum_lr_low", "cum_lr_high"])
     out.insert(2, "common_cum_lr", rng)
     return out
@@ -273,7 +273,7 @@ COLLAPSE_GAP = 0.10   # two curves are "one curve" where they differ by at most 
 def collapse_answer(ct: pd.DataFrame) -> str:  # Markdown
     "The answer to 'do the curves fall onto one curve of the cumulative learning rate?', in words, from collapse_table."
     q = "**Do the curves of every rate and schedule fall onto one curve against the cumulative learning rate?**"
-    comp, apart = ct[ct["gap_cum_lr"].notna()], ct[ct["gap_cum_lr"].isna()]
+    comp, apart = ct[ct["gap_cum_lr"].notna()], ct[~(ct["cum_lr_high"] > ct["cum_lr_low"])]   # curve_gap's rule for no overlap
     pct = lambda v: f"{100 * v:.0f}%"
     pairs = "; ".join(f"{r.group_a} vs {r.group_b}: {pct(r.gap_cum_lr)} [{pct(r.gap_cum_lr_low)}, {pct(r.gap_cum_lr_high)}] "
                       f"against the cumulative learning rate, {pct(r.gap_step)} against the step" for r in comp.itertuples())

@@ -130,7 +130,7 @@ class EmbvarCallback(TrainerCallback):
             raise ValueError("EmbvarCallback: the Trainer passed no model or tokenizer; create it with processing_class=tokenizer")
         name = getattr(getattr(model, "config", None), "name_or_path", None) or type(model).__name__
         cfg = {"model": name, "trainer": trainer_config(args), "seed": args.seed, **self.extra}
-        self.tracker = EmbeddingTracker(model, tok, self.probes, self.run_dir, every=self.every, config=cfg, **self.kwargs)
+        self.tracker, self.summary = EmbeddingTracker(model, tok, self.probes, self.run_dir, every=self.every, config=cfg, **self.kwargs), {}
         self.tracker.step(state.global_step, force=True)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs) -> None:

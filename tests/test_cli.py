@@ -167,6 +167,25 @@ def test_a_failed_run_stops_before_the_report_with_one_line_per_run(tmp_path):
     assert not (tmp_path / "s" / "report.html").exists() and not (tmp_path / "s" / "notebooks").exists()
 
 
+def test_a_failed_run_shared_by_two_experiments_is_named_under_both(tmp_path):
+    import pandas as pd
+    from embvar_study.cli import _failed_runs
+    row = lambda rid, st, err: {"run_id": rid, "status": st, "error": err}
+    manifests = {"lr_sweep": pd.DataFrame([row("a", "failed", "E"), row("b", "completed", None)]),
+                 "schedule": pd.DataFrame([row("a", "failed", "E"), row("c", "failed", "E")])}
+    lines = _failed_runs(tmp_path, manifests).splitlines()
+    assert lines[0] == "2 run(s) failed; the report was not rendered:"      # distinct runs, not manifest rows
+    assert lines[1] == "  2 run(s) of lr_sweep, schedule (a, c): E"
+    assert _failed_runs(tmp_path, {"lr_sweep": manifests["lr_sweep"].iloc[1:]}) is None
+
+
+def test_a_study_with_nothing_left_to_run_does_not_import_torch():
+    # every experiment notebook re-plans its runs after the parent ran them all: checking an empty plan must stay cheap
+    code = "import sys, embvar_study.sweep as s; s.check_plan_data([]); print('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr[-2000:]
+
+
 def test_only_report_names_every_damaged_run_and_renders_nothing(tmp_path):
     from embvar_study.study import synthetic_study
     study = synthetic_study(tmp_path / "s")

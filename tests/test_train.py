@@ -360,7 +360,7 @@ def test_dataset_without_named_columns_lists_columns_found(tmp_path):
         train_run({**TINY, "dataset": str(f)}, tmp_path / "run")
     msg = str(err.value)
     assert str(f) in msg and "'text'" in msg and "'label'" in msg and "['sentence', 'y']" in msg
-    assert "text_col" in msg and "label_col" in msg
+    assert "text_col" in msg and "label_col" in msg and "--set text_col=NAME" in msg    # the hint reads as typed
     assert not (tmp_path / "run").exists()
     # naming the columns fixes it (the file itself is fine)
     tr, ev, _ = prepare_data(TrainConfig(**{**TINY, "dataset": str(f), "text_col": "sentence", "label_col": "y"}))
