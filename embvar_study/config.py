@@ -15,7 +15,7 @@ from .models import model_fingerprint
 from .runs import config_hash
 
 # %% auto #0
-__all__ = ['POOLINGS', 'PERTURB_KINDS', 'SCHEDULES', 'DIVERGENCE_LOSS', 'CONFIG_RULES', 'tracker_settings', 'as_field',
+__all__ = ['POOLINGS', 'PERTURB_KINDS', 'SCHEDULES', 'DIVERGENCE_FACTOR', 'CONFIG_RULES', 'tracker_settings', 'as_field',
            'TrainConfig']
 
 # %% ../nbs/09_config.ipynb #0958c746
@@ -34,7 +34,7 @@ def tracker_settings(every: int, layers: str | int | list[int], poolings: str | 
 POOLINGS = ("mean", "cls", "max")
 PERTURB_KINDS = ("token_dropout", "typo", "mc_dropout")
 SCHEDULES = ("linear", "constant", "cosine")
-DIVERGENCE_LOSS = 1e3  # a training loss above this counts as divergence (cross-entropy; chance level is ln C)
+DIVERGENCE_FACTOR = 10  # a run diverges when its training loss is non-finite or above this multiple of its first step's loss
 
 def _int(v) -> bool: return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 def _real(v) -> bool: return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)

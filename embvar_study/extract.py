@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 # %% auto #0
-__all__ = ['POOLINGS', 'PERTURBATIONS', 'count_truncated', 'position_limit', 'embed_texts', 'perturb_texts', 'embed_perturbed']
+__all__ = ['POOLINGS', 'PERTURBATIONS', 'LINEAR_KERNELS', 'count_truncated', 'length_groups', 'onednn_available', 'linear_kernel',
+           'choose_linear_kernel', 'position_limit', 'embed_texts', 'perturb_texts', 'embed_perturbed']
 
 # %% ../nbs/07_extract.ipynb #7f4078f1
 POOLINGS = ("mean", "cls", "max")          # supported pooling names
@@ -133,6 +134,140 @@ def _autocast(dev: torch.device, autocast: bool | None):
     use = (dev.type == "cuda") if autocast is None else bool(autocast)
     return torch.autocast(device_type=dev.type, dtype=torch.bfloat16) if use else nullcontext()
 
+# %% ../nbs/07_extract.ipynb #d273b32e
+def length_groups(lengths: Sequence[int],  # (B,) token counts of a batch's examples
+                  overhead: int = 32,        # fixed cost of one forward pass, in token slots
+                 ) -> list[np.ndarray]:      # index arrays into the batch: a partition, longest group first
+    "Micro-batches of similar length: the partition minimising padded token slots + `overhead` per group."
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.ndim != 1 or len(lengths) == 0 or (lengths < 0).any():
+        raise ValueError(f"lengths: expected a non-empty 1-d sequence of token counts >= 0, got {lengths.tolist()!r}")
+    if isinstance(overhead, bool) or not isinstance(overhead, (int, np.integer)) or overhead < 0:
+        raise ValueError(f"overhead: expected an int >= 0, got {overhead!r}")
+    order = np.argsort(-lengths, kind="stable")
+    L, n = lengths[order], len(lengths)
+    best, cut = np.zeros(n + 1), np.zeros(n + 1, dtype=np.int64)
+    for j in range(1, n + 1):                     # B_j = min_i B_i + (j - i) * L[i] + c, over i < j (vectorised)
+        i = np.arange(j); c = best[:j] + (j - i) * L[:j] + overhead
+        cut[j] = int(np.argmin(c)); best[j] = c[cut[j]]
+    bounds, j = [], n
+    while j > 0: bounds.append((int(cut[j]), j)); j = int(cut[j])
+    return [order[a:b] for a, b in reversed(bounds)]
+
+# %% ../nbs/07_extract.ipynb #6e9b07e0
+LINEAR_KERNELS = ("default", "onednn")   # F.linear (MKL sgemm on CPU) or oneDNN's fp32 linear
+
+def _onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    "x @ w.T + b through oneDNN: x (..., K), w (N, K), b (N,) -> (..., N)."
+    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), w, b, "none", [], "")
+    return y.reshape(*x.shape[:-1], w.shape[0])
+
+class _OneDNNLinearFn(torch.autograd.Function):
+    "oneDNN forward; the backward's two products also through oneDNN (grad_x = g W, grad_W = g^T x)."
+    @staticmethod
+    def forward(ctx, x, w, b):
+        ctx.save_for_backward(x, w); ctx.has_bias = b is not None
+        return _onednn_linear(x, w, b)
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
+        gx = _onednn_linear(g2, w.t().contiguous(), None).reshape(x.shape) if ctx.needs_input_grad[0] else None
+        gw = torch.mm(g2.t(), x2) if ctx.needs_input_grad[1] else None
+        gb = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return gx, gw, gb
+
+@functools.lru_cache(maxsize=1)
+def onednn_available() -> bool:  # True when oneDNN's linear exists here and matches F.linear (forward and gradients)
+    "Does the installed torch have oneDNN's fp32 linear, giving F.linear's results to fp32 rounding?"
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")): return False
+    try:
+        g = torch.Generator().manual_seed(0)
+        x, w, b = (torch.randn(*s, generator=g, requires_grad=True) for s in ((2, 5, 16), (8, 16), (8,)))
+        y = _OneDNNLinearFn.apply(x, w, b); y.square().sum().backward(); got = [y.detach(), x.grad, w.grad, b.grad]
+        x.grad = w.grad = b.grad = None
+        y = torch.nn.functional.linear(x, w, b); y.square().sum().backward(); ref = [y.detach(), x.grad, w.grad, b.grad]
+        return all(torch.allclose(a, r, rtol=1e-5, atol=1e-5) for a, r in zip(got, ref))
+    except (RuntimeError, AttributeError, NotImplementedError): return False
+
+# %% ../nbs/07_extract.ipynb #523591a5
+_F_LINEAR = torch.nn.functional.linear
+
+def _fast_linear(x, w, b=None):
+    "F.linear through oneDNN for float32 CPU tensors (differentiable), F.linear itself for anything else."
+    if x.device.type == "cpu" and x.dtype == w.dtype == torch.float32 and x.dim() >= 2 and not torch.is_autocast_enabled("cpu"):
+        return _OneDNNLinearFn.apply(x, w, b) if torch.is_grad_enabled() else _onednn_linear(x, w, b)
+    return _F_LINEAR(x, w, b)
+
+@contextmanager
+def linear_kernel(kernel: str = "default",  # one of LINEAR_KERNELS
+                 ) -> Iterator[None]:
+    "Inside the block, every `nn.Linear` (all of `F.linear`) runs on `kernel`; restored on exit, even on error."
+    if kernel not in LINEAR_KERNELS: raise ValueError(f"kernel: expected one of {LINEAR_KERNELS}, got {kernel!r}")
+    if kernel == "default" or not onednn_available(): yield; return
+    saved = torch.nn.functional.linear
+    torch.nn.functional.linear = _fast_linear
+    try: yield
+    finally: torch.nn.functional.linear = saved
+
+# %% ../nbs/07_extract.ipynb #bd1ce37e
+def _time_kernels(train: bool, reps: int = 5) -> dict[str, float]:
+    "GFLOP/s of each kernel on a transformer block's shapes (256 tokens, 384 -> 1536 -> 384), medians of `reps` interleaved trials."
+    import time
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 384, generator=g, requires_grad=train)
+    lins = [torch.nn.Linear(384, 1536), torch.nn.Linear(1536, 384)]
+    flops = 2 * 256 * 384 * 1536 * 2 * (3 if train else 1)
+    def once():
+        with torch.set_grad_enabled(train):
+            y = lins[1](lins[0](x))
+            if train: y.sum().backward()
+    rates = {k: [] for k in LINEAR_KERNELS}
+    for _ in range(reps):
+        for k in LINEAR_KERNELS:
+            with linear_kernel(k):
+                once(); t = time.perf_counter(); once(); once(); rates[k].append(2 * flops / (time.perf_counter() - t) / 1e9)
+    return {k: float(np.median(v)) for k, v in rates.items()}
+
+def choose_linear_kernel(train: bool = False,  # the training path (forward + backward) or inference (forward)
+                        ) -> dict:  # {"kernel": one of LINEAR_KERNELS, "gflops": {kernel: rate}, "how": how it was chosen, "threads": n}
+    "The faster exact fp32 linear kernel of this machine, measured once per machine, torch version and thread count."
+    import json, os, platform, filelock
+    threads, mode = torch.get_num_threads(), "train" if train else "infer"
+    forced = os.environ.get("EMBVAR_LINEAR_KERNEL")
+    if forced:
+        if forced not in LINEAR_KERNELS: raise ValueError(f"EMBVAR_LINEAR_KERNEL: expected one of {LINEAR_KERNELS}, got {forced!r}")
+        return {"kernel": forced, "gflops": {}, "how": "EMBVAR_LINEAR_KERNEL", "threads": threads}
+    if not onednn_available(): return {"kernel": "default", "gflops": {}, "how": "oneDNN linear not available", "threads": threads}
+    key = (threads, mode)
+    if key in _CHOICES: return _CHOICES[key]
+    from embvar_study.models import _cache_root
+    cpu = torch.backends.cpu.get_cpu_capability()
+    name = f"linear-kernel-{torch.__version__}-{platform.machine()}-{cpu}-{_cpu_model()}-t{threads}-{mode}.json"
+    path = _cache_root() / "kernels" / "".join(ch if ch.isalnum() or ch in "-._" else "_" for ch in name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(str(path) + ".lock"):
+        try: choice = json.loads(path.read_text())
+        except (OSError, ValueError): choice = None
+        if not (isinstance(choice, dict) and choice.get("kernel") in LINEAR_KERNELS):
+            rates = _time_kernels(train)
+            best = max(rates, key=rates.get)
+            choice = {"kernel": best if rates[best] > 1.05 * rates["default"] else "default", "gflops": {k: round(v, 1) for k, v in rates.items()},
+                      "how": f"measured on this machine ({'forward and backward' if train else 'forward'}; oneDNN only when >= 5% faster)",
+                      "threads": threads}
+            tmp = path.with_suffix(f".{os.getpid()}.tmp"); tmp.write_text(json.dumps(choice)); os.replace(tmp, path)
+    _CHOICES[key] = choice
+    return choice
+
+_CHOICES: dict = {}   # (threads, mode) -> choice, per process
+
+def _cpu_model() -> str:
+    "The CPU's model name (Linux /proc/cpuinfo; platform.processor elsewhere)."
+    import platform, re
+    try: m = re.search(r"^model name\s*:\s*(.+)$", open("/proc/cpuinfo").read(), re.M)
+    except OSError: m = None
+    return (m.group(1) if m else platform.processor() or "cpu").strip()[:40]
+
 # %% ../nbs/07_extract.ipynb #9d8e3272
 def position_limit(model: PreTrainedModel, # HF model (its `config` is read)
                   ) -> int | None:  # longest input in tokens, special tokens included; None when the config does not say
@@ -190,13 +325,15 @@ def _embed(model, tokenizer, texts: list[str], *, poolings: tuple[str, ...], lay
     if (n_hidden := _n_hidden_states(model)) is not None: _check_layers(layers, n_hidden)   # before any forward pass
     order = np.argsort(-np.minimum(lengths, max_length), kind="stable")   # longest first: OOM shows up at once
     out, single = {}, False
-    with _on_device(model, device) as dev, _module_modes(model, dropout), torch.inference_mode(), _autocast(dev, autocast):
+    with _on_device(model, device) as dev, _module_modes(model, dropout), torch.inference_mode(), _autocast(dev, autocast), \
+         linear_kernel(choose_linear_kernel()["kernel"] if dev.type == "cpu" else "default"):
         for start in range(0, len(texts), batch_size):
             sel = order[start:start + batch_size]
             pooled, single = _forward_pooled(model, tokenizer, [texts[i] for i in sel], max_length, dev, layers, poolings)
             for p, a in pooled.items():                      # (L', B, d) back to the caller's order
                 out.setdefault(p, np.empty((a.shape[0], len(texts), a.shape[-1]), np.float32))[:, sel] = a
     return out, single
+
 
 # %% ../nbs/07_extract.ipynb #a3a73699
 def embed_texts(model: PreTrainedModel,             # HF encoder or `...ForSequenceClassification` model

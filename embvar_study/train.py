@@ -12,16 +12,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .config import TrainConfig, SCHEDULES, DIVERGENCE_LOSS, as_field
+from .config import TrainConfig, SCHEDULES, DIVERGENCE_FACTOR, as_field
 from .data import load_texts, train_eval_split, load_probes, parse_heldout
 from .models import load_model_and_tokenizer, model_summary
-from .extract import embed_perturbed, count_truncated, position_limit
+from .extract import embed_perturbed, count_truncated, position_limit, length_groups, linear_kernel, choose_linear_kernel
 from .runs import FolderLock, run_folder_state, verify_run, CorruptRunError
 from .tracking import EmbeddingTracker, NonFiniteEmbeddings
 
 # %% auto #0
-__all__ = ['STEP0_CACHE', 'split_sizes', 'prepare_data', 'resolve_device', 'Batches', 'evaluate', 'make_optimizer',
-           'make_schedule', 'train_run']
+__all__ = ['STEP0_CACHE', 'split_sizes', 'prepare_data', 'resolve_device', 'Batches', 'evaluate', 'forward_backward',
+           'make_optimizer', 'make_schedule', 'train_run']
 
 # %% ../nbs/11_train.ipynb #d1e2f302
 def split_sizes(cfg: TrainConfig, n_rows: int) -> tuple[int, int]:  # (n_train, n_eval)
@@ -73,24 +73,36 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 # %% ../nbs/11_train.ipynb #d1e2f305
 class Batches:
-    "Pre-tokenized examples; batches padded per batch, order from a seeded generator (never the global RNG)."
-    def __init__(self, tokenizer, texts, labels, max_length: int, batch_size: int, accepted: set | None = None):
+    "Pre-tokenized examples; batches drawn by a seeded generator (never the global RNG), computed as length-grouped micro-batches."
+    def __init__(self, tokenizer, texts, labels, max_length: int, batch_size: int, accepted: set | None = None, overhead: int = 32):
         enc = tokenizer(list(texts), truncation=True, max_length=max_length)
         keys = [k for k in enc.keys() if accepted is None or k in accepted]  # e.g. no token_type_ids for DistilBERT
         self.features = [{k: enc[k][i] for k in keys} for i in range(len(texts))]
         self.labels, self.tok, self.bs = torch.tensor(np.asarray(labels, dtype=np.int64)), tokenizer, batch_size
+        self.lengths = np.array([len(f["input_ids"]) for f in self.features], dtype=np.int64)   # (n,) tokens of each example
+        self.overhead = overhead   # a forward pass's fixed cost in token slots (see extract.length_groups)
         self.n_truncated = count_truncated(tokenizer, list(texts), max_length)   # longer than max_length, not equal
-        self.n_tokens = sum(len(f["input_ids"]) for f in self.features)
+        self.n_tokens = int(self.lengths.sum())
     def __len__(self) -> int: return math.ceil(len(self.features) / self.bs)
     def batch(self, idx: list[int]) -> dict:
+        "The examples `idx` padded to their longest, with their labels."
         b = self.tok.pad([self.features[i] for i in idx], return_tensors="pt")
         b["labels"] = self.labels[torch.as_tensor(idx)]
         return b
-    def epoch(self, seed: int | None) -> Iterator[dict]:
-        "Batches of one pass: in order (seed None) or permuted by a generator seeded with `seed`."
+    def micro(self, idx: list[int]) -> list[dict]:
+        "The same examples as length-grouped micro-batches, each padded to its own longest (`extract.length_groups`)."
+        idx = np.asarray(idx)
+        return [self.batch(idx[g].tolist()) for g in length_groups(self.lengths[idx], self.overhead)]
+    def epoch(self, seed: int | None) -> Iterator[list[dict]]:
+        "The batches of one pass, each as its micro-batches: in order (seed None) or permuted by a generator seeded with `seed`."
         n = len(self.features)
         order = torch.arange(n) if seed is None else torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-        for s in range(0, n, self.bs): yield self.batch(order[s:s + self.bs].tolist())
+        for s in range(0, n, self.bs): yield self.micro(order[s:s + self.bs].tolist())
+    def by_length(self) -> Iterator[dict]:
+        "Every example once, in batches of `batch_size` of neighbouring lengths (for evaluation: the least padding)."
+        order = np.argsort(-self.lengths, kind="stable")
+        for s in range(0, len(order), self.bs): yield self.batch(order[s:s + self.bs].tolist())
+
 
 # %% ../nbs/11_train.ipynb #d1e2f307
 def _use_bf16(device: torch.device, precision: str) -> bool:
@@ -100,19 +112,34 @@ def _use_bf16(device: torch.device, precision: str) -> bool:
 def _autocast(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=_use_bf16(device, precision))
 
-@torch.no_grad()
+def _kernel(device: torch.device, precision: str, train: bool) -> str:
+    "The linear kernel for fp32 work on the CPU (measured: `extract.choose_linear_kernel`); the default elsewhere."
+    return choose_linear_kernel(train)["kernel"] if device.type == "cpu" and not _use_bf16(device, precision) else "default"
+
 def evaluate(model: torch.nn.Module, batches: Batches, device: torch.device, precision: str = "auto") -> dict:  # {"eval_loss", "eval_acc"}
-    "Mean cross-entropy and accuracy over `batches` (model put in eval mode, previous mode restored)."
+    "Mean cross-entropy and accuracy over `batches`, in length-sorted batches (model put in eval mode, previous mode restored)."
     was_training = model.training; model.eval()
     try:
         tot_loss, correct, n = 0.0, 0, 0
-        for b in batches.epoch(None):
-            b = {k: v.to(device) for k, v in b.items()}
-            with _autocast(device, precision): logits = model(**b).logits.float()
-            tot_loss += torch.nn.functional.cross_entropy(logits, b["labels"], reduction="sum").item()
-            correct += (logits.argmax(-1) == b["labels"]).sum().item(); n += len(b["labels"])
+        with torch.inference_mode(), linear_kernel(_kernel(device, precision, train=False)):
+            for b in batches.by_length():
+                b = {k: v.to(device) for k, v in b.items()}
+                with _autocast(device, precision): logits = model(**b).logits.float()
+                tot_loss += torch.nn.functional.cross_entropy(logits, b["labels"], reduction="sum").item()
+                correct += (logits.argmax(-1) == b["labels"]).sum().item(); n += len(b["labels"])
         return {"eval_loss": tot_loss / n, "eval_acc": correct / n}
     finally: model.train(was_training)
+
+def forward_backward(model: torch.nn.Module, micro: list[dict], device: torch.device, precision: str = "auto") -> torch.Tensor:  # () the batch's mean loss
+    "One batch given as micro-batches: each micro-batch's mean loss weighted by its share of the batch, gradients accumulated."
+    n = sum(len(m["labels"]) for m in micro); total = torch.zeros((), device=device)
+    for m in micro:
+        m = {k: v.to(device) for k, v in m.items()}
+        with _autocast(device, precision): loss = model(**m).loss.float()
+        w = len(m["labels"]) / n
+        (loss * w).backward(); total += loss.detach() * w
+    return total
+
 
 # %% ../nbs/11_train.ipynb #ce197ec1
 _NO_DECAY = ("bias", "LayerNorm.weight", "layer_norm.weight", "norm.weight")
@@ -233,22 +260,30 @@ def _train_loop(cfg, model, tok, train_df, eval_df, tracker, device, progress, d
     timing = {"train_s": 0.0, "eval_s": 0.0, "perturb_s": 0.0}
     step0 = _step0_key(cfg, tracker.probes["text"].tolist(), device)
     check = lambda s, last: _checkpoint(cfg, tracker, s, last, model, tok, held, device, timing, step0)
+    kernel = _kernel(device, cfg.precision, train=True)
+    cpu = device.type == "cpu"
+    derived["linear_kernels"] = {m: choose_linear_kernel(m == "train") if cpu else {"kernel": "default", "how": f"{device.type}: not measured"}
+                                 for m in ("train", "inference")}
+    slots = {"real": 0, "computed": 0, "padded_batches": 0}   # token slots of the training steps: real, computed, as one padded batch
     torch.manual_seed(seeds["dropout_seed"])  # from here on, the global RNG only draws dropout masks
-    step, status, reason, bar = 0, "completed", "", None
+    step, status, reason, bar, first_loss = 0, "completed", "", None, None
     if progress:
         from tqdm.auto import tqdm
         bar = tqdm(total=total, desc=f"lr={cfg.lr:g} seed={cfg.seed}", leave=False)
     tracker.log(0, flush=True, epoch=0.0, lr=0.0, status="start", **check(0, total == 0))
     model.train(); t0 = time.perf_counter()
     for epoch in range(math.ceil(total / len(train))):
-        for batch in train.epoch(seeds["data_seed"] * 1_000_003 + epoch):
-            batch = {k: v.to(device) for k, v in batch.items()}
-            with _autocast(device, cfg.precision): loss = model(**batch).loss.float()
+        for micro in train.epoch(seeds["data_seed"] * 1_000_003 + epoch):
+            with linear_kernel(kernel): loss = forward_backward(model, micro, device, cfg.precision)
+            masks = [m["attention_mask"] for m in micro]
+            slots["real"] += int(sum(m.sum() for m in masks)); slots["computed"] += sum(m.numel() for m in masks)
+            slots["padded_batches"] += sum(m.shape[0] for m in masks) * max(m.shape[1] for m in masks)
             row = {"epoch": (step + 1) / len(train), "lr": sched.get_last_lr()[0], "train_loss": float(loss.item())}
-            if not torch.isfinite(loss) or loss.item() > DIVERGENCE_LOSS:
-                status, reason = "diverged", f"training loss {loss.item():.3g} at step {step + 1} (non-finite or above {DIVERGENCE_LOSS:g})"
+            first_loss = row["train_loss"] if first_loss is None else first_loss
+            if not math.isfinite(row["train_loss"]) or row["train_loss"] > DIVERGENCE_FACTOR * first_loss:
+                status, reason = "diverged", (f"training loss {row['train_loss']:.3g} at step {step + 1} (non-finite or above "
+                                              f"{DIVERGENCE_FACTOR:g} x the first step's {first_loss:.3g})")
                 tracker.log(step + 1, flush=True, **row, status=status); break
-            loss.backward()
             gn = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm if cfg.max_grad_norm else float("inf"))
             if not torch.isfinite(gn):
                 status, reason = "diverged", f"non-finite gradient norm at step {step + 1}"
@@ -268,6 +303,9 @@ def _train_loop(cfg, model, tok, train_df, eval_df, tracker, device, progress, d
         if status != "completed" or step >= total: break
     if bar is not None: bar.close()
     timing["track_s"] = round(tracker.seconds, 3)
+    rule = {"rule": f"training loss non-finite or above {DIVERGENCE_FACTOR:g} x the first step's training loss; a non-finite "
+                    "gradient norm, held-out loss or probe embedding", "factor": DIVERGENCE_FACTOR, "first_loss": first_loss}
     tracker.close(status=status, steps_done=step, total_steps=total, timing={k: round(v, 3) for k, v in timing.items()},
-                  **({"diverged_because": reason} if reason else {}),
-                  derived={**derived, "train_truncated": int(train.n_truncated), "train_tokens": int(train.n_tokens)})
+                  **({"diverged_because": reason} if reason else {}), divergence_rule=rule,
+                  derived={**derived, "train_token_slots": slots, "train_truncated": int(train.n_truncated), "train_tokens": int(train.n_tokens)})
+

@@ -189,15 +189,15 @@ def test_killed_run_is_incomplete_and_rerun_matches_uninterrupted(tmp_path):
 # Divergence: a NaN loss mid-run ends the run as "diverged", recorded, without an exception.
 
 def nan_after(n_ok: int, only_init_seed=None):
-    "A replacement for train.load_model_and_tokenizer whose model returns a NaN loss from training call n_ok+1 on."
+    "A replacement for train.load_model_and_tokenizer whose model returns a NaN loss from optimizer step n_ok+1 on."
     real = train_mod.load_model_and_tokenizer
     def loader(*args, **kwargs):
         model, tok = real(*args, **kwargs)
         if only_init_seed is not None and kwargs.get("init_seed") != only_init_seed: return model, tok
-        calls = {"n": 0}
-        def hook(module, inputs, output):
+        calls, p0 = {"n": 0}, next(p for p in model.parameters() if p.requires_grad)
+        def hook(module, inputs, output):   # counts optimizer steps: a step's first micro-batch finds the gradients cleared
             if not module.training or getattr(output, "loss", None) is None: return output
-            calls["n"] += 1
+            if p0.grad is None: calls["n"] += 1
             if calls["n"] > n_ok: output.loss = output.loss * float("nan")
             return output
         model.register_forward_hook(hook)
@@ -490,3 +490,25 @@ def test_minilm_offline_fine_tuning_drifts(tmp_path):
     assert curve[0] == 0.0 and curve[-1] > 0
     assert np.isfinite(train_losses(run)).all() and len(train_losses(run)) == 4
     assert np.isfinite(run.history["eval_loss"].dropna()).all()
+
+
+@pytest.mark.parametrize("lr", [1.0, 10.0])
+def test_large_learning_rates_diverge_by_the_stated_rule(tmp_path, lr):
+    "A loss far above the first step's (the untrained model's) ends the run as diverged, the rule and loss recorded."
+    from embvar_study.config import DIVERGENCE_FACTOR
+    path = train_run(TrainConfig(**{**TINY, "lr": lr, "warmup_ratio": 0.0, "max_grad_norm": None, "epochs": 3, "track_every": 1}),
+                     tmp_path / "run")
+    run = load_run(path)
+    rule = run.marker["divergence_rule"]
+    assert rule["factor"] == DIVERGENCE_FACTOR and rule["first_loss"] == pytest.approx(run.history["train_loss"].iloc[1])
+    assert run.status == "diverged", run.history[["step", "train_loss"]].to_string()
+    assert "x the first step's" in run.marker["diverged_because"] or "non-finite" in run.marker["diverged_because"]
+
+
+def test_training_steps_count_their_token_slots(tmp_path):
+    "COMPLETE records real, computed and padded-batch token slots: micro-batches compute fewer slots than padded batches."
+    run = load_run(train_run(TrainConfig(**TINY), tmp_path / "run"))
+    s = run.marker["derived"]["train_token_slots"]
+    assert s["real"] <= s["computed"] <= s["padded_batches"] and s["computed"] < s["padded_batches"], s
+    assert set(run.marker["derived"]["linear_kernels"]) == {"train", "inference"}
+    assert run.marker["divergence_rule"]["first_loss"] > 0
