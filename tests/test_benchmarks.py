@@ -16,3 +16,16 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     assert [s["runs_at_once"] for s in res["scaling"]] == [1, 2] and all(s["wall_s"] > 0 for s in res["scaling"])
     assert {m["metric"] for m in res["metrics"]} == {"drift_curve (T, N, d)", "linear_cka (K pairs)", "procrustes_align_batch (K pairs)"}
     assert "gpu_check: done" in r.stdout
+
+
+def test_bench_step_reports_padding_flops_and_ratios():
+    "bench_step prints the padding share, FLOPs padded vs real tokens, and a speed-up against the padded baseline of the same run."
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_step.py"), "--profile", "smoke", "--repeats", "1"],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout
+    assert "padding share" in out and "real tokens only" in out and "fastest fp32 matmul measured here" in out
+    rows = [l for l in out.splitlines() if l.startswith(("before:", "after:"))]
+    assert rows[0].split()[-3] == "1.00x" and len(rows) >= 3, out
+    h = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_step.py"), "--help"], capture_output=True, text=True)
+    assert h.returncode == 0 and "--repeats" in h.stdout
