@@ -260,3 +260,28 @@ def test_lightning_callback_logs_the_drift_and_stops_on_the_alarm(tmp_path):
     trainer, _ = _lightning_fit(tmp_path, "alarm", cb, lr=0.5)
     run = load_run(tmp_path / "alarm")
     assert trainer.global_step == 2 and run.status == "stopped_by_alarm" and run.alarm["step"] == 2 and run.steps.tolist() == [0, 2]
+
+
+def test_float16_storage_and_a_velocity_alarm_in_a_plain_loop(tmp_path):
+    from embvar_study.runs import CorruptRunError
+    model, tok = load_model_and_tokenizer("tiny-bert", num_labels=2, init_seed=0)
+    gen = torch.Generator().manual_seed(0)
+    tracker = EmbeddingTracker(model, tok, PROBES, tmp_path / "r", every=1, dtype="float16",
+                               alarm={"threshold": -1.0, "signal": "drift_velocity", "layer": 0})
+    got = []
+    for step in range(3):
+        if step:
+            with torch.no_grad():
+                for p in model.parameters(): p.add_(0.05 * torch.randn(p.shape, generator=gen))
+        got.append(tracker.step(step))
+        if tracker.alarm_fired: break
+    run = load_run(tracker.close())
+    exp = drift_curve(run.embeddings(-1, "mean"))                          # read back from float16 files
+    np.testing.assert_allclose([m["embvar/drift"] for m in got], exp, atol=1e-6, rtol=0)
+    vel0 = drift_curve(run.embeddings(0, "mean"))[1]                      # layer 0, one step
+    assert run.status == "stopped_by_alarm" and run.steps.tolist() == [0, 1]   # stopped: no step after the alarm's
+    assert run.alarm["step"] == 1 and run.alarm["value"] == pytest.approx(vel0, abs=1e-6)
+    marker = json.loads((run.path / "COMPLETE").read_text()); marker["alarm"] = "fired"
+    (run.path / "COMPLETE").write_text(json.dumps(marker))
+    with pytest.raises(CorruptRunError, match="field 'alarm': expected null or a dict"):
+        load_run(run.path)
