@@ -488,7 +488,7 @@ def _check_finish(status, extra: dict) -> None:
 # %% ../nbs/08_runs.ipynb #0232453e
 @_method_of(RunWriter)
 def finish(self: RunWriter,
-           status: str = "completed",  # how the run ended: 'completed', 'diverged', ...
+           status: str = "completed",  # how the run ended: 'completed', 'diverged', 'stopped_by_alarm', ...
            **extra,                    # further JSON-serialisable facts for COMPLETE (timings, derived sizes, ...)
           ) -> Path:                   # the run folder
     "Checksum every file and write COMPLETE (`status` and `extra`), last; release the lock."
@@ -538,6 +538,7 @@ _MARKER_FIELDS = {   # field: (check, what it must be)
     "shape": (lambda v: v is None or (isinstance(v, list) and len(v) == 3 and all(_int(s) and s > 0 for s in v)),
               "null or [L+1, N, d] positive ints"),
     "dtype": (lambda v: v in (None, "float16", "float32"), "null, 'float16' or 'float32'"),
+    "alarm": (lambda v: v is None or isinstance(v, dict), "null or a dict (see tracking.AlarmRule)"),
 }
 
 def _check_fields(m: dict, f: Path) -> None:
@@ -610,6 +611,7 @@ class Run:
         self.poolings = sorted(marker["poolings"])
         self.shape = tuple(marker["shape"]) if marker.get("shape") else None   # (L+1, N, d)
         self.dtype, self.n_layers = marker.get("dtype"), (marker["shape"][0] - 1 if marker.get("shape") else None)
+        self.alarm = marker.get("alarm")   # an armed alarm: its rule, whether and why it fired (status 'stopped_by_alarm' if it stopped the run)
 
     def __repr__(self):
         return (f"Run({str(self.path)!r}, config_hash={self.config_hash!r}, status={self.status!r}, "

@@ -4,20 +4,29 @@
 
 # %% ../nbs/10_tracking.ipynb #d13d8a6a
 from __future__ import annotations
+import importlib
+import json
+import math
+import sys
 import time
+import warnings
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer_callback import CallbackHandler
 
 from .extract import embed_texts
-from .runs import RunWriter, FolderLock
-from .config import tracker_settings
+from .metrics import cosine_drift
+from .runs import RunWriter, FolderLock, atomic_write_json, canonical_json, _method_of
+from .config import POOLINGS, tracker_settings
 
 # %% auto #0
-__all__ = ['probe_table', 'NonFiniteEmbeddings', 'EmbeddingTracker', 'trainer_config', 'EmbvarCallback']
+__all__ = ['ALARM_SIGNALS', 'probe_table', 'AlarmRule', 'alarm_rule', 'NonFiniteEmbeddings', 'EmbeddingTracker', 'send_metrics',
+           'trainer_config', 'EmbvarCallback']
 
 # %% ../nbs/10_tracking.ipynb #bee8e345
 def probe_table(probes: list[str] | pd.DataFrame | str | Path) -> pd.DataFrame:  # N rows, a `text` column first
@@ -31,6 +40,92 @@ def probe_table(probes: list[str] | pd.DataFrame | str | Path) -> pd.DataFrame: 
         return load_probes(probes)
     raise ValueError(f"probes: expected a list of texts, a DataFrame with a 'text' column or a probe source "
                      f"('builtin', a file path), got {type(probes).__name__}")
+
+# %% ../nbs/10_tracking.ipynb #471c953c
+ALARM_SIGNALS = ("drift", "drift_velocity")
+_RULE_KEYS = ("threshold", "signal", "layer", "pooling", "start", "end", "calibration", "version")
+
+def _is_int(v) -> bool: return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+def _is_real(v) -> bool: return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+
+@dataclass(frozen=True)
+class AlarmRule:
+    "A rule that watches a live drift signal and fires when it is strictly above `threshold` (see the table above)."
+    threshold: float                  # fires when the signal is > threshold
+    signal: str = "drift"             # one of ALARM_SIGNALS
+    layer: int = -1                   # saved-layer index, as `Run.embeddings(layer=...)`
+    pooling: str = "mean"             # a tracked pooling
+    start: int = 1                    # first step the rule is checked at
+    end: int | None = None            # last step the rule is checked at (None: to the end)
+    calibration: dict = field(default_factory=dict)  # where the threshold came from (JSON-serialisable)
+    version: int = 1                  # format version
+
+    def __post_init__(self):
+        if not _is_real(self.threshold) or not math.isfinite(self.threshold):
+            raise ValueError(f"alarm.threshold: expected a finite number, got {self.threshold!r}")
+        object.__setattr__(self, "threshold", float(self.threshold))
+        if self.signal not in ALARM_SIGNALS: raise ValueError(f"alarm.signal: expected one of {ALARM_SIGNALS}, got {self.signal!r}")
+        if not _is_int(self.layer): raise ValueError(f"alarm.layer: expected an int (saved-layer index), got {self.layer!r}")
+        if self.pooling not in POOLINGS: raise ValueError(f"alarm.pooling: expected one of {POOLINGS}, got {self.pooling!r}")
+        if not _is_int(self.start) or self.start < 0: raise ValueError(f"alarm.start: expected an int >= 0, got {self.start!r}")
+        if self.end is not None and (not _is_int(self.end) or self.end < self.start):
+            raise ValueError(f"alarm.end: expected None or an int >= start ({self.start}), got {self.end!r}")
+        if not isinstance(self.calibration, dict): raise ValueError(f"alarm.calibration: expected a dict, got {type(self.calibration).__name__}")
+        canonical_json(self.calibration, "alarm.calibration")
+        if self.version != 1: raise ValueError(f"alarm.version: expected 1, got {self.version!r}")
+
+    def active(self, step: int) -> bool:  # whether the rule is checked at `step`
+        "Whether `step` lies in the rule's step range."
+        return self.start <= step and (self.end is None or step <= self.end)
+
+    def fires(self, value: float, step: int) -> bool:  # True when `value` at `step` trips the alarm
+        "Whether the signal `value` observed at `step` trips the alarm."
+        return self.active(step) and float(value) > self.threshold
+
+    def reason(self, value: float, step: int) -> str:  # one sentence for the run folder and the logs
+        "Why the alarm fired, in one sentence."
+        where = self.calibration.get("note") or (f"{self.calibration['k']:g} x noise floor {self.calibration['noise_floor']:.4g}"
+                                                 if {"k", "noise_floor"} <= set(self.calibration) else "")
+        return (f"{self.signal} {float(value):.4g} > threshold {self.threshold:.4g} at step {int(step)} "
+                f"(layer {self.layer}, {self.pooling} pooling{'; ' + where if where else ''})")
+
+    def to_dict(self) -> dict:  # JSON-serialisable, read back by `alarm_rule`
+        "The rule as a plain dict."
+        return asdict(self)
+
+# %% ../nbs/10_tracking.ipynb #64c81c29
+def _rule_from_dict(d: dict, where: str) -> AlarmRule:
+    d = dict(d)
+    extra = sorted(set(d) - set(_RULE_KEYS) - {"noise_floor", "k", "at"})
+    if extra: raise ValueError(f"alarm: unknown field(s) {extra} in {where}; expected some of {list(_RULE_KEYS) + ['noise_floor', 'k', 'at']}")
+    if "at" in d:
+        if "start" in d or "end" in d: raise ValueError(f"alarm.at: give either 'at' or 'start'/'end' in {where}, got both")
+        d["start"] = d["end"] = d.pop("at")
+    if "noise_floor" in d or "k" in d:
+        q, k = d.pop("noise_floor", None), d.pop("k", None)
+        if "threshold" in d: raise ValueError(f"alarm.threshold: give either 'threshold' or 'noise_floor' and 'k' in {where}, got both")
+        for name, v in (("noise_floor", q), ("k", k)):
+            if not _is_real(v) or not math.isfinite(v) or v <= 0: raise ValueError(f"alarm.{name}: expected a positive finite number, got {v!r}")
+        d["threshold"], d["calibration"] = float(k) * float(q), {**d.get("calibration", {}), "noise_floor": float(q), "k": float(k)}
+    if "threshold" not in d: raise ValueError(f"alarm.threshold: missing in {where} (or give 'noise_floor' and 'k')")
+    return AlarmRule(**d)
+
+def alarm_rule(spec: float | dict | AlarmRule | str | Path | object,  # a threshold, a rule dict, a DriftThreshold, a rule, a JSON file
+              ) -> AlarmRule:
+    "An `AlarmRule` from a drift threshold, `{'noise_floor': q, 'k': k}`, a rule dict, a `DriftThreshold`, a rule or a JSON file."
+    if isinstance(spec, AlarmRule): return spec
+    if _is_real(spec): return AlarmRule(float(spec))
+    if isinstance(spec, dict): return _rule_from_dict(spec, "the rule dict")
+    if isinstance(spec, (str, Path)):
+        try: d = json.loads(Path(spec).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e: raise ValueError(f"alarm: cannot read a rule from {spec} ({e})") from None
+        if not isinstance(d, dict): raise ValueError(f"alarm: expected a JSON object in {spec}, got {type(d).__name__}")
+        return _rule_from_dict(d, str(spec))
+    if hasattr(spec, "value") and hasattr(spec, "source"):   # early_warning.DriftThreshold
+        cal = {k: getattr(spec, k) for k in ("source", "quantile", "margin", "noise_quantile", "n_noise", "note") if hasattr(spec, k)}
+        cal = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in cal.items()}
+        return AlarmRule(float(spec.value), calibration=cal)
+    raise ValueError(f"alarm: expected a number, a dict, an AlarmRule, a DriftThreshold or a JSON file path, got {type(spec).__name__}")
 
 # %% ../nbs/10_tracking.ipynb #3a4d9dba
 class NonFiniteEmbeddings(ValueError):
@@ -53,14 +148,32 @@ class EmbeddingTracker:
                  dtype: str = "float32",    # storage dtype of the embeddings
                  autocast: bool | None = None,  # bf16 autocast while embedding (default: on CUDA only)
                  lock: FolderLock | None = None,  # the folder's lock, if the caller holds it already
+                 drift_layer: int = -1,     # saved-layer index of the live `embvar/drift` (as `Run.embeddings(layer=...)`)
+                 drift_pooling: str | None = None,  # pooling of the live metrics (default: the first of `poolings`)
+                 alarm=None,                # an alarm rule, anything `alarm_rule` reads (a threshold, a dict, a JSON file, ...)
                 ):
         self.model, self.tokenizer, self.autocast = model, tokenizer, autocast
         self.settings = tracker_settings(every, layers, poolings, max_length, batch_size, dtype)
         self.probes = probe_table(probes)
-        self.config = {**(config or {}), "tracker": self.settings}
-        identity = None if identity is None else {**identity, "tracker": self.settings}
+        self.drift_layer, self.drift_pooling, self.alarm_rule = self._live_settings(drift_layer, drift_pooling, alarm)
+        armed = {"alarm": self.alarm_rule.to_dict()} if self.alarm_rule else {}
+        self.config = {**(config or {}), "tracker": self.settings, **armed}
+        identity = None if identity is None else {**identity, "tracker": self.settings, **armed}
         self.writer = RunWriter(run_dir, self.config, self.probes, identity=identity, lock=lock)
         self.run_dir, self.tracked, self.seconds = Path(run_dir), [], 0.0
+        self.metrics, self.alarm, self.live_seconds, self._ref, self._prev, self._last = {}, None, 0.0, None, None, -1
+
+    def _live_settings(self, layer, pooling, alarm) -> tuple:
+        pools = self.settings["poolings"]
+        pooling = pools[0] if pooling is None else pooling
+        if pooling not in pools: raise ValueError(f"drift_pooling: expected one of the tracked poolings {pools}, got {pooling!r}")
+        if not _is_int(layer): raise ValueError(f"drift_layer: expected an int (saved-layer index), got {layer!r}")
+        rule = None if alarm is None else alarm_rule(alarm)
+        if rule is not None and rule.pooling not in pools:
+            raise ValueError(f"alarm.pooling: expected one of the tracked poolings {pools}, got {rule.pooling!r}")
+        if rule is not None and rule.end is not None and rule.end // self.settings["every"] * self.settings["every"] < rule.start:
+            raise ValueError(f"alarm: its steps [{rule.start}, {rule.end}] hold no tracked step (every={self.settings['every']})")
+        return int(layer), pooling, rule
 
     def due(self, step: int) -> bool: return step % self.settings["every"] == 0 and step not in self.tracked
 
@@ -75,17 +188,25 @@ class EmbeddingTracker:
         return {p: a[None] if a.ndim == 2 else a for p, a in emb.items()}
 
     def record(self, step: int, arrays: dict) -> None:
-        "Save `arrays` (pooling -> (L+1, N, d)) as the embeddings of `step`; `NonFiniteEmbeddings` if any is not finite."
+        "Save `arrays` (pooling -> (L+1, N, d)) as the embeddings of `step` and compute the live metrics; `NonFiniteEmbeddings` if any is not finite."
         bad = [p for p, a in arrays.items() if not np.isfinite(a).all()]
         if bad: raise NonFiniteEmbeddings(f"non-finite probe embeddings ({'/'.join(bad)} pooling) at step {step}")
         self.writer.save_embeddings(int(step), arrays, dtype=self.settings["dtype"])
-        self.writer.flush(); self.tracked.append(int(step))
+        self.writer.flush(); self.tracked.append(int(step)); self._last = max(self._last, int(step))
+        t = time.perf_counter(); self.metrics = self._live(int(step), arrays); self.live_seconds += time.perf_counter() - t
 
-    def step(self, step: int, *, force: bool = False) -> bool:  # True when the probes were embedded
-        "Embed and save the probes if `step` is due (or `force`), once per step."
-        if not (self.due(step) or (force and step not in self.tracked)): return False
+    def step(self, step: int, *, force: bool = False,
+             log: object = None,     # where to send the live metrics too (see `send_metrics`)
+            ) -> dict:               # the live metrics (see above); {} when the step was not tracked
+        "Embed and save the probes if `step` is due (or `force`), once per step; the live metrics, also sent to `log`."
+        self._last = max(self._last, int(step))
+        if not (self.due(step) or (force and step not in self.tracked)): return {}
         t = time.perf_counter(); self.record(step, self.embed()); self.seconds += time.perf_counter() - t
-        return True
+        if log is not None: send_metrics(log, self.metrics, int(step))
+        return dict(self.metrics)
+
+    @property
+    def alarm_fired(self) -> bool: return self.alarm is not None
 
     def log(self, step: int, *, flush: bool = False, **metrics) -> None:
         "Add a history row `step=step, **metrics` (numbers, str, bool or None)."
@@ -95,15 +216,63 @@ class EmbeddingTracker:
         "Save an extra array in the run folder (e.g. perturbed embeddings), checksummed with the rest."
         return self.writer.save_array(relpath, array)
 
-    def close(self, status: str = "completed", **facts) -> Path:
+    def close(self, status: str | None = None, **facts) -> Path:
         "Write COMPLETE (status and JSON-serialisable facts) and release the folder; returns the run folder."
-        return self.writer.finish(status=status, tracked_steps=len(self.tracked), tracking_s=round(self.seconds, 3), **facts)
+        if status is None: status = "stopped_by_alarm" if self.alarm_fired and self._last <= self.alarm["step"] else "completed"
+        if self.alarm_rule is not None:
+            facts["alarm"] = self.alarm or {"fired": False, "rule": self.alarm_rule.to_dict()}
+        return self.writer.finish(status=status, tracked_steps=len(self.tracked), tracking_s=round(self.seconds, 3),
+                                  live_metrics_s=round(self.live_seconds, 4), **facts)
 
     def __enter__(self): return self
     def __exit__(self, exc_type, exc, tb):
         if exc_type is None and not self.writer._closed: self.close()
         elif not self.writer._closed: self.writer.abandon()
         return False
+
+# %% ../nbs/10_tracking.ipynb #baa31814
+def send_metrics(log: object,      # a callable (metrics, step=), a writer with add_scalar, its bound add_scalar, or a list of these
+                 metrics: dict,    # name -> float
+                 step: int,        # the training step they belong to
+                ) -> None:
+    "Send `metrics` at `step` to a tracker: `log(metrics, step=step)`, or `add_scalar(name, value, step)` per metric."
+    for target in (log if isinstance(log, (list, tuple)) else [log]):
+        add = getattr(target, "add_scalar", None) or (target if getattr(target, "__name__", "") == "add_scalar" else None)
+        if callable(add):
+            for k, v in metrics.items(): add(k, v, step)
+        elif callable(target): target(dict(metrics), step=step)
+        else: raise ValueError(f"log: expected a callable taking (metrics, step=...) such as mlflow.log_metrics or trackio.log, "
+                               f"a writer with add_scalar, or a list of these, got {type(target).__name__}")
+
+# %% ../nbs/10_tracking.ipynb #d97cae44
+@_method_of(EmbeddingTracker)
+def _live(self: EmbeddingTracker, step: int, arrays: dict) -> dict:
+    "The live metrics of `step` from the arrays just saved (pooling -> (n_layers, N, d)); checks the alarm."
+    rule, store = self.alarm_rule, np.dtype(self.settings["dtype"])
+    pools = list(dict.fromkeys([self.drift_pooling] + ([rule.pooling] if rule else [])))
+    cur = {p: np.asarray(arrays[p], dtype=store).astype(np.float32, copy=False) for p in pools}   # what the folder holds
+    if self._ref is None:
+        n = cur[pools[0]].shape[0]
+        for name, k in (("drift_layer", self.drift_layer), ("alarm.layer", rule.layer if rule else 0)):
+            if not -n <= k < n: raise ValueError(f"{name}: expected an int in [-{n}, {n - 1}] (the run saves {n} layers), got {k}")
+        self._ref = {p: np.array(a, copy=True) for p, a in cur.items()}     # the reference stays in memory
+        drift = {p: np.zeros(len(a)) for p, a in cur.items()}           # exactly 0 at the reference, as drift_curve
+    else: drift = {p: np.asarray(cosine_drift(self._ref[p], cur[p]), np.float64) for p in pools}
+    vel = None if self._prev is None else {p: (drift[p] - self._prev[1][p]) / (step - self._prev[0]) for p in pools}
+    self._prev = (step, drift)
+    d, k = drift[self.drift_pooling], self.drift_layer
+    m = {"embvar/drift": float(d[k])}
+    if vel is not None: m["embvar/drift_velocity"] = float(vel[self.drift_pooling][k])
+    m.update({f"embvar/drift/layer_{i}": float(v) for i, v in enumerate(d)})
+    if rule is not None:
+        signal = drift if rule.signal == "drift" else vel
+        if not self.alarm_fired and signal is not None:
+            value = float(signal[rule.pooling][rule.layer])
+            if rule.fires(value, step):
+                self.alarm = {"fired": True, "step": step, "value": value, "reason": rule.reason(value, step), "rule": rule.to_dict()}
+                atomic_write_json(self.writer.path / "alarm.json", self.alarm)
+        m["embvar/alarm"] = float(self.alarm_fired)
+    return m
 
 # %% ../nbs/10_tracking.ipynb #88c62263
 _LOG_NAMES = {"loss": "train_loss", "learning_rate": "lr", "eval_accuracy": "eval_acc", "train_loss": "mean_train_loss"}
@@ -116,12 +285,30 @@ def trainer_config(args: TrainingArguments) -> dict:  # JSON-serialisable subset
     return {k: v for k, v in sorted(d.items()) if k not in _ARGS_SKIP and not k.startswith("_") and keep(v)}
 
 # %% ../nbs/10_tracking.ipynb #c77184ab
+def _calling_handler(cb: TrainerCallback) -> CallbackHandler | None:
+    "The `CallbackHandler` dispatching the current event to `cb`, found on the call stack; None if there is none."
+    f = sys._getframe(1)
+    while f is not None:
+        h = f.f_locals.get("self")
+        if isinstance(h, CallbackHandler) and any(c is cb for c in h.callbacks): return h
+        f = f.f_back
+    return None
+
+def _check_stop(stop) -> bool:
+    if not isinstance(stop, bool): raise ValueError(f"stop: expected True or False, got {stop!r}")
+    return stop
+
 class EmbvarCallback(TrainerCallback):
     "A `transformers.TrainerCallback` that tracks the probes' hidden states into a run folder during `Trainer.train`."
-    def __init__(self, probes, run_dir: str | Path, every: int = 10, *, config: dict | None = None, **tracker_kwargs):
+    def __init__(self, probes, run_dir: str | Path, every: int = 10, *, config: dict | None = None,
+                 alarm=None,            # an alarm rule (see `alarm_rule`), checked at every tracked step
+                 stop: bool = False,    # end the training when the alarm fires
+                 **tracker_kwargs):
         self.probes, self.run_dir, self.every, self.extra, self.kwargs = probes, Path(run_dir), every, config or {}, tracker_kwargs
+        self.alarm, self.stop = None if alarm is None else alarm_rule(alarm), _check_stop(stop)
         self.tracker: EmbeddingTracker | None = None
         self.summary: dict = {}   # Trainer's end-of-training log (runtime, mean loss, ...): a fact for COMPLETE, not a history row
+        self._handler, self._publishing = None, False
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model: torch.nn.Module | None = None,
                        processing_class: object = None, tokenizer: object = None, **kwargs) -> None:
@@ -130,17 +317,101 @@ class EmbvarCallback(TrainerCallback):
             raise ValueError("EmbvarCallback: the Trainer passed no model or tokenizer; create it with processing_class=tokenizer")
         name = getattr(getattr(model, "config", None), "name_or_path", None) or type(model).__name__
         cfg = {"model": name, "trainer": trainer_config(args), "seed": args.seed, **self.extra}
-        self.tracker, self.summary = EmbeddingTracker(model, tok, self.probes, self.run_dir, every=self.every, config=cfg, **self.kwargs), {}
-        self.tracker.step(state.global_step, force=True)
+        self.tracker, self.summary = EmbeddingTracker(model, tok, self.probes, self.run_dir, every=self.every, config=cfg,
+                                                      alarm=self.alarm, **self.kwargs), {}
+        self._handler = _calling_handler(self)
+        if self._handler is None:
+            warnings.warn("EmbvarCallback: no transformers CallbackHandler dispatches this callback; the live drift metrics "
+                          "go to the run folder only, not to the Trainer's report_to trackers", stacklevel=2)
+        self._publish(args, state, control, self.tracker.step(state.global_step, force=True))
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs) -> None:
-        self.tracker.step(state.global_step)
+        last = state.global_step >= state.max_steps or control.should_training_stop
+        metrics = self.tracker.step(state.global_step, force=bool(last))
+        if metrics:
+            self._publish(args, state, control, metrics)
+            if self.stop and self.tracker.alarm_fired: control.should_training_stop = True
+
+    def _publish(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, metrics: dict) -> None:
+        "Send `metrics` to every callback's `on_log` (the report_to integrations included), as `Trainer.log` does."
+        if not metrics or self._handler is None: return
+        state.log_history.append({**metrics, "step": state.global_step})
+        should_log, self._publishing = control.should_log, True    # handler.on_log resets should_log: the step's own loss log
+        try: new = self._handler.on_log(args, state, control, dict(metrics))   # must still happen
+        finally: self._publishing = False
+        if new is not None and new is not control: control.__dict__.update(new.__dict__)
+        control.should_log = should_log
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, logs: dict | None = None, **kwargs) -> None:
-        row = {_LOG_NAMES.get(k, k): v for k, v in (logs or {}).items() if isinstance(v, (int, float, str, bool)) or v is None}
+        if self._publishing: return      # our own metrics: the run folder has them already (the embeddings)
+        row = {_LOG_NAMES.get(k, k): v for k, v in (logs or {}).items()
+               if (isinstance(v, (int, float, str, bool)) or v is None) and not k.startswith("embvar/")}
         if "train_runtime" in row: self.summary.update(row)
         elif row: self.tracker.log(state.global_step, **row)
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs) -> None:
         self.tracker.step(state.global_step, force=True)
-        self.tracker.close(status="completed", steps_done=state.global_step, trainer_summary=self.summary)
+        status = "stopped_by_alarm" if self.stop and self.tracker.alarm_fired else "completed"
+        self.tracker.close(status=status, steps_done=state.global_step, trainer_summary=self.summary)
+
+# %% ../nbs/10_tracking.ipynb #3a8475ce
+def _lightning_callback_class() -> type:
+    "Build `EmbvarLightningCallback` on `pytorch_lightning.Callback` (imported only now)."
+    pl = importlib.import_module("pytorch_lightning")
+
+    class EmbvarLightningCallback(pl.Callback):
+        "A `pytorch_lightning.Callback` that tracks the probes into a run folder, logs the live drift and can stop on an alarm."
+        def __init__(self, probes, run_dir: str | Path, every: int = 10, *,
+                     tokenizer: object = None,       # the model's tokenizer (default: `pl_module.tokenizer`)
+                     model_attr: str | None = "model",  # attribute of the LightningModule holding the transformers model
+                     config: dict | None = None,     # your run's parameters, recorded in config.json
+                     alarm=None,                     # an alarm rule (see `alarm_rule`)
+                     stop: bool = False,             # set `trainer.should_stop` when the alarm fires
+                     **tracker_kwargs):
+            self.probes, self.run_dir, self.every, self.tokenizer, self.model_attr = probes, Path(run_dir), every, tokenizer, model_attr
+            self.extra, self.kwargs = config or {}, tracker_kwargs
+            self.alarm, self.stop = None if alarm is None else alarm_rule(alarm), _check_stop(stop)
+            self.tracker: EmbeddingTracker | None = None
+
+        def on_train_start(self, trainer, pl_module) -> None:
+            model = pl_module if self.model_attr is None else getattr(pl_module, self.model_attr, None)
+            tok = self.tokenizer if self.tokenizer is not None else getattr(pl_module, "tokenizer", None)
+            if model is None or tok is None:
+                raise ValueError(f"EmbvarLightningCallback: expected the model at pl_module.{self.model_attr} and a tokenizer "
+                                 f"(tokenizer= or pl_module.tokenizer), got model={type(model).__name__}, tokenizer={type(tok).__name__}")
+            name = getattr(getattr(model, "config", None), "name_or_path", None) or type(model).__name__
+            fit = {"max_steps": trainer.max_steps, "max_epochs": trainer.max_epochs, "accumulate_grad_batches": trainer.accumulate_grad_batches}
+            self.tracker = EmbeddingTracker(model, tok, self.probes, self.run_dir, every=self.every,
+                                            config={"model": name, "lightning": fit, **self.extra}, alarm=self.alarm, **self.kwargs)
+            self._publish(trainer, self.tracker.step(trainer.global_step, force=True))
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            last = 0 < trainer.max_steps <= trainer.global_step
+            metrics = self.tracker.step(trainer.global_step, force=last)
+            if metrics:
+                self._publish(trainer, metrics)
+                if self.stop and self.tracker.alarm_fired: trainer.should_stop = True
+
+        def _publish(self, trainer, metrics: dict) -> None:
+            if not metrics: return
+            for logger in trainer.loggers: logger.log_metrics(metrics, step=trainer.global_step)
+            trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
+
+        def on_train_end(self, trainer, pl_module) -> None:
+            self._publish(trainer, self.tracker.step(trainer.global_step, force=True))
+            status = "stopped_by_alarm" if self.stop and self.tracker.alarm_fired else "completed"
+            self.tracker.close(status=status, steps_done=trainer.global_step)
+
+        def on_exception(self, trainer, pl_module, exception) -> None:
+            if self.tracker is not None and not self.tracker.writer._closed: self.tracker.writer.abandon()
+
+    EmbvarLightningCallback.__module__ = __name__
+    return EmbvarLightningCallback
+
+_LAZY: dict = {}
+
+def __getattr__(name: str) -> object:
+    "`EmbvarLightningCallback` on first access (Lightning imported then); AttributeError for anything else."
+    if name != "EmbvarLightningCallback": raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _LAZY: _LAZY[name] = _lightning_callback_class()
+    return _LAZY[name]
