@@ -208,7 +208,7 @@ def plot_mitigation(mt: pd.DataFrame) -> plt.Figure:  # analysis.mitigation_tabl
 def plot_schedule(summary: pd.DataFrame,  # analysis.drift_summary(by=["lr", "schedule"])
                   curves: pd.DataFrame,   # analysis.drift_curves (the same runs)
                  ) -> plt.Figure:
-    "Mean drift per lr (colour) and schedule (line style) against the step (95% CI band), the cumulative learning rate and the loss drop; one line per group in every panel, log axes where the groups differ 10x or more."
+    "Mean drift per lr (colour) and schedule (line style) against the step (95% CI band) and the cumulative learning rate, one line per group; right, each run's final drift against its final loss drop (one point per run, marker per schedule); log axes where the groups differ 10x or more."
     pal = palette(summary["lr"])
     styles = {s: SCHEDULE_STYLES.get(s, "-.") for s in summary["schedule"].unique()}
     mean = curves.groupby(["lr", "schedule", "step"], as_index=False)[["cum_lr", "loss_drop", "drift"]].mean()   # the seeds of a group share C
@@ -219,13 +219,14 @@ def plot_schedule(summary: pd.DataFrame,  # analysis.drift_summary(by=["lr", "sc
     for (lr, sch), c in mean.groupby(["lr", "schedule"]):
         pos = c[c["cum_lr"] > 0]                          # log axis: step 0 (C = 0) is off it
         axes[1].semilogx(pos["cum_lr"], pos["drift"], color=pal[lr], ls=styles[sch], lw=2, marker="o", ms=3)
-        axes[2].plot(c["loss_drop"], c["drift"], color=pal[lr], ls=styles[sch], lw=2, marker="o", ms=3)
-        if len(c): axes[2].annotate(f"step {int(c['step'].iloc[-1])}", (c["loss_drop"].iloc[-1], c["drift"].iloc[-1]), fontsize=7,
-                                    color=pal[lr], xytext=(3, 3), textcoords="offset points")
+    ends = curves[curves["step"] == curves.groupby("run_id")["step"].transform("max")]   # each run's last step: one point per run
+    marks = {s: m for s, m in zip(sorted(styles), "osD^v")}
+    for (lr, sch), e in ends.groupby(["lr", "schedule"]):
+        axes[2].scatter(e["loss_drop"], e["drift"], color=pal[lr], marker=marks[sch], s=28, label=f"{group_label('lr', lr)}, {sch}")
     logs = [log_if_spread(ax, summary.groupby(["lr", "schedule"])["drift"].max()) for ax in axes]
     lab = "drift from step 0" + (" (log scale)" if logs[0] else "")
     axes[0].set(xlabel="optimizer step", ylabel=lab, title="Against the step (mean, 95% CI)")
     axes[1].set(xlabel="cumulative learning rate Σ ηₛ (log scale)", ylabel=lab, title="Against the cumulative learning rate (mean)")
-    axes[2].set(xlabel="training-loss drop since the first steps", ylabel=lab, title="Against the change in loss (mean, last step marked)")
-    axes[0].legend(frameon=False, fontsize=8); _step_ticks(axes[0], summary["step"])
+    axes[2].set(xlabel="training-loss drop since the first steps, at the last step", ylabel=lab, title="Final drift against the final loss drop (each run)")
+    axes[0].legend(frameon=False, fontsize=8); axes[2].legend(frameon=False, fontsize=7); _step_ticks(axes[0], summary["step"])
     return fig

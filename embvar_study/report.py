@@ -333,10 +333,9 @@ def section_schedule(study: Study, **o) -> list:
     se, ct = _schedule_effects(study, o), _collapse(study, o)
     fig = P.plot_schedule(s, c)
     words = " ".join(f["text"] for f in _schedule_findings(study, o))
-    alt = (f"What to see: whether the lines of one colour (one peak rate) part with the schedule ({words or 'no schedule other than linear'}) "
-           "and whether they join in the middle panel, against the cumulative learning rate. Line style: schedule (dashed constant, solid linear); "
-           "right: drift against the drop in training loss, the last step marked." + (" Drift axes are logarithmic: the curves differ more than 10x."
-                                                                                    if fig.axes[0].get_yscale() == "log" else ""))
+    alt = ("What to see: whether the lines of one colour (one peak rate) part with the schedule (left: dashed constant, solid linear) and "
+           "join against the cumulative learning rate (middle); right: whether runs that drifted further also lowered their training loss more."
+           + (" Drift axes are logarithmic: the curves differ more than 10x." if fig.axes[0].get_yscale() == "log" else ""))
     return [Figure(fig, "schedule", alt), words, collapse_answer(ct),
             Table(se, "Final drift per learning rate and schedule (95% interval), its ratio to the linear schedule's, the cumulative learning rate and the loss drop"),
             Table(_collapse_for_reading(ct), "Every two groups: the range of cumulative learning rate both cover at tracked steps ('no overlap' where "
@@ -564,6 +563,8 @@ def section_agreement(study: Study, **o) -> list:
     from embvar_study import agreement as AG
     o = _opts(**o); rs = study.runs("seed_sweep", min_runs=3)
     pairs, agree, inv = AG.agreement_tables(rs, layer=o["layer"], pooling=o["pooling"], n_resamples=o["n_resamples"])
+    inv = inv.assign(measure=inv["measure"].map(plain_column))                        # measures by name in words, as the headers
+    agree = agree.assign(measure_a=agree["measure_a"].map(plain_column), measure_b=agree["measure_b"].map(plain_column))
     tab = inv.pivot(index="measure", columns="transform", values="invariant").replace({True: "invariant", False: "changes"})
     used = f"resamples_used_of_{o['n_resamples']}"
     a = agree[["measure_a", "measure_b", "spearman", "ci_low", "ci_high", "n_valid"]].rename(columns={"n_valid": used}).sort_values("spearman")
@@ -874,7 +875,7 @@ header.doc h1{margin:28px 0 6px;font-size:28px}
 dl.report-meta{display:grid;grid-template-columns:max-content 1fr;gap:2px 16px;font-size:13.5px;color:#444;margin:8px 0 18px}
 dl.report-meta dt{font-weight:600}dl.report-meta dd{margin:0}
 nav.toc{background:#f6f7f9;border:1px solid #e3e5e8;border-radius:6px;padding:10px 18px;margin:12px 0 24px;font-size:14px}
-nav.toc ol{margin:4px 0;padding-left:22px;columns:2;column-gap:32px}nav.toc a{color:#0b57d0;text-decoration:none}
+nav.toc ol{margin:4px 0;padding-left:22px}nav.toc a{color:#0b57d0;text-decoration:none}
 h2{margin-top:40px;padding-top:8px;border-top:1px solid #e3e5e8}h2,h3,h4{line-height:1.25}
 a.anchor-link{display:none}
 .table-wrap{max-width:100%;overflow-x:auto;margin:10px 0 18px}
@@ -890,7 +891,7 @@ figure{margin:12px 0 20px}figure img{max-width:100%;height:auto}figcaption{font-
 section.appendix h3,section.appendix h4{margin-top:36px;padding-top:6px;border-top:1px solid #e3e5e8}
 p.method{font-size:12px;color:#666;margin:2px 0 0}
 ul.not-computed-list{font-size:14px;color:#444}
-nav.toc ol.sub{columns:1;font-size:13px;margin:2px 0}
+nav.toc span.sub{font-size:13px}
 """
 
 def _fragment(nb_path: Path) -> str:
@@ -965,10 +966,10 @@ def render_html(study_dir: str | Path, report: str | Path, appendix: list[str | 
     label = lambda text: html.escape(html.unescape(re.sub(r"<[^>]+>", "", text)).strip())
     for level, hid, text in heads:
         if level == "2":
-            if sub: toc[-1] = toc[-1].replace("</li>", f'<ol class="sub">{"".join(sub)}</ol></li>'); sub = []
+            if sub: toc[-1] = toc[-1].replace("</li>", f'<span class="sub">: {" · ".join(sub)}</span></li>'); sub = []
             toc.append(f'<li><a href="#{hid}">{label(text)}</a></li>')
-        elif toc and ">Appendix<" in toc[-1]: sub.append(f'<li><a href="#{hid}">{label(text)}</a></li>')
-    if sub: toc[-1] = toc[-1].replace("</li>", f'<ol class="sub">{"".join(sub)}</ol></li>')
+        elif toc and ">Appendix<" in toc[-1]: sub.append(f'<a href="#{hid}">{label(text)}</a>')
+    if sub: toc[-1] = toc[-1].replace("</li>", f'<span class="sub">: {" · ".join(sub)}</span></li>')
     full_title = doc_title(title, _study_title(Path(study_dir), profile))
     page = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">'
             f"<title>{html.escape(full_title)}</title><style>{_CSS}</style></head><body>"
