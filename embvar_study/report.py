@@ -332,11 +332,10 @@ def section_schedule(study: Study, **o) -> list:
     s, c = _summary(study, "schedule", ["lr", "schedule"], o), _curves(study, "schedule", o)
     se, ct = _schedule_effects(study, o), _collapse(study, o)
     fig = P.plot_schedule(s, c)
-    words = " ".join(f["text"] for f in _schedule_findings(study, o))
     alt = ("What to see: whether the lines of one colour (one peak rate) part with the schedule (left: dashed constant, solid linear) and "
            "join against the cumulative learning rate (middle); right: whether runs that drifted further also lowered their training loss more."
            + (" Drift axes are logarithmic: the curves differ more than 10x." if fig.axes[0].get_yscale() == "log" else ""))
-    return [Figure(fig, "schedule", alt), words, collapse_answer(ct),
+    return [Figure(fig, "schedule", alt), collapse_answer(ct),   # the schedule's effect in words is a conclusion at the top, said once
             Table(se, "Final drift per learning rate and schedule (95% interval), its ratio to the linear schedule's, the cumulative learning rate and the loss drop"),
             Table(_collapse_for_reading(ct), "Every two groups: the range of cumulative learning rate both cover at tracked steps ('no overlap' where "
                   "their ranges are disjoint: nothing to compare, so no gap), and the gap between their mean drift curves there as a fraction of "
@@ -621,7 +620,7 @@ def section_runs_overview(study: Study, **o) -> list:
     "What the report from run folders covers: groups, runs per group, and the sections left out (with the reason)."
     rs = study.runs("runs"); by = study.spec.get("group_by", "?")
     sizes = rs.table.groupby("factor").size()
-    left_out = ("Left out, because they need a designed study (`embvar report --profile`) rather than arbitrary runs: the "
+    left_out = ("Left out, because they need a designed study (a profile's experiments) rather than arbitrary runs: the "
                 "reference comparison and the schedule analysis (need learning rates and schedules varied on purpose), the "
                 "variance components (a fully crossed head-seed x data-seed design), drift as an early warning (an extended "
                 "learning-rate sweep with failing runs), the mitigation and perturbation sections (seed-only groups; runs "
@@ -737,7 +736,7 @@ def key_findings(study: Study, **o) -> list[dict]:  # [{key, text, value, ci, ve
     return out
 
 def findings(study: Study, **o) -> str:  # Markdown
-    "The conclusions in plain words, one bullet each, from `key_findings` (at most `limit`: the learning rate's effect, the schedule, the collapse test, the seeds)."
+    "The conclusions in plain words, one bullet each, from `key_findings`: at most 5 (the learning rate's effect, the schedule, the collapse test, the seeds, then the drift per rate)."
     fs = key_findings(study, **o)
     if not fs: raise NotComputed("no experiment of this study gives a finding: the learning-rate sweep, the schedule or the seed sweep is needed")
     order = ["lr_effect", "schedule", "collapse", "seed_rotation", "drift_lr"]
@@ -769,7 +768,7 @@ def limitations(study: Study, **o) -> str:  # Markdown
     for e, by in (("lr_sweep", "lr"), ("schedule", ["lr", "schedule"])):
         try: n = study.runs(e).table.groupby(by).size()
         except NotComputed: continue
-        seeds.append(f"{_range_words(n.tolist())} seed{'s' if n.max() != 1 else ''} per {'learning rate' if by == 'lr' else 'rate and schedule'} in the {e.replace('_', ' ')}")
+        seeds.append(f"{_range_words(n.tolist())} seed{'s' if n.max() != 1 else ''} per {'learning rate' if by == 'lr' else 'rate and schedule'} in the {'learning-rate sweep' if e == 'lr_sweep' else 'schedule experiment'}")
     if seeds: out.append("**Seeds**: " + "; ".join(seeds) + ": every interval rests on that many independent runs.")
     d = [(r.marker.get("derived") or {}, r.config) for r in runs]
     tr = [(x.get("train_truncated"), x.get("n_train"), c.get("max_length")) for x, c in d if x.get("train_truncated") is not None]
