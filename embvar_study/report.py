@@ -390,8 +390,9 @@ def section_layers(study: Study, experiment: str = "lr_sweep", by: str = "lr", *
     wide = last.pivot_table(index="layer", columns=["pooling", by], values="drift")
     wide.columns = [f"{p} pooling, {P.group_label(by, g)}" for p, g in wide.columns]
     top = last.loc[last.groupby([by, "pooling"])["drift"].idxmax()]
-    alt = ("Heatmaps of drift by layer (rows, 0 = embeddings) and step (columns), one per group and pooling, each with "
-           "its own colour scale and colorbar; the most-moved layer at the last step: "
+    alt = ("What to see: which layers move most and from which checkpoint on; each panel has its own colour scale, so compare "
+           "rows within a panel and read the size off its colorbar. Rows are layers (0 = embeddings), columns the checkpoints. "
+           "The most-moved layer at the last step: "
            + "; ".join(f"{r.pooling} pooling at {P.group_label(by, getattr(r, by))}: layer {r.layer} ({format_value(r.drift)})" for r in top.itertuples()) + ".")
     return [Figure(P.plot_layer_heatmaps(lt, by), "layer_drift", alt), *_missing_poolings(lt, by, ("mean", "cls")),
             Table(wide.reset_index(), "Drift of each layer at the last step")]
@@ -445,7 +446,8 @@ def section_pairs(study: Study, **o) -> list:
     pairs = A.pairwise_table(rs, o["layer"], o["pooling"])
     mats = {"linear CKA": A.similarity_matrix(pairs, "cka"), "RSA (Spearman)": A.similarity_matrix(pairs, "rsa"),
             "k-NN overlap (k=10)": A.similarity_matrix(pairs, "knn_overlap")}
-    alt = (f"Three annotated matrices over {len(rs)} runs (labelled by their head and data seeds), each with a colorbar at least 0.05 wide: "
+    alt = (f"What to see: how alike every two of the {len(rs)} runs are by each measure (labelled by their head and data seeds; each colorbar "
+           f"spans at least 0.05, so near-identical values do not look different): "
            f"linear CKA ({_span(pairs['cka'])}), RSA ({_span(pairs['rsa'])}) and k-NN overlap ({_span(pairs['knn_overlap'])}) between every pair.")
     return [Figure(P.plot_matrices(mats), "pair_similarity", alt),
             Table(pairs.drop(columns=["i", "j"]), "Every pair of runs: raw and aligned mean squared distance, cosine distance, CKA, RSA, k-NN overlap")]
@@ -470,8 +472,8 @@ def section_geometry(study: Study, **o) -> list:
     geo, eig = A.geometry_table(study.runs("lr_sweep"), o["layer"], o["pooling"])
     cols = [c for c in ("trace", "effective_rank", "participation_ratio", "anisotropy", "top_eigen_ratio", "intra_inter_ratio") if c in geo]
     t = geo.groupby(["lr", "when"])[cols].mean().reset_index()
-    alt = ("Log-scale line chart of the share of variance per covariance eigenvalue rank, one line per run, dotted at step 0 and solid "
-           "at the last step, coloured by learning rate; effective rank at the end: "
+    alt = ("What to see: whether fine-tuning concentrates the probes' variance in fewer directions (a solid last-step line falling faster "
+           "than the dotted step-0 line of its colour); share of variance per covariance eigenvalue rank, log scale. Effective rank at the end: "
            + "; ".join(f"lr {format_lr(r.lr)} {format_value(r.effective_rank)}" for r in t[t["when"] == "last"].itertuples()) + ".")
     return [Table(t, "Mean over seeds of the spectrum summaries at the first and last step"), Figure(P.plot_spectra(eig), "spectra", alt)]
 
@@ -481,8 +483,9 @@ def section_perturbation(study: Study, **o) -> list:
     pt = A.perturbation_table(study.runs("perturbation"))
     top = pt[pt["layer"] == pt["layer"].max()].pivot_table(index="kind", columns=["lr", "when"], values="cos_to_clean")
     top.columns = [f"lr {format_lr(lr)}, {w}" for lr, w in top.columns]
-    alt = ("Line charts per learning rate of the mean cosine distance between perturbed copies and the clean embedding against the layer, "
-           "one colour per perturbation, dotted at the first and solid at the last checkpoint.")
+    alt = ("What to see: whether training makes the model more sensitive to its input's noise (a solid last-checkpoint line above the "
+           "dotted first-checkpoint line of its colour) and in which layers; mean cosine distance of perturbed copies to the clean embedding, "
+           "one panel per learning rate, one colour per perturbation.")
     return [Figure(P.plot_perturbation(pt), "perturbation", alt), Table(top.reset_index(), "Last layer: mean cosine distance of perturbed copies to the clean embedding")]
 
 def reference_lr(study: Study, experiment: str = "lr_sweep") -> float:
