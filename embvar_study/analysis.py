@@ -142,7 +142,7 @@ def reference_table(rs: RunSet, layer: int = -1, pooling: str = "mean", *, n_res
                     "steps": f"{su['steps']} (first checkpoint {int(first['step'])})", "batch": su["batch"], "schedule": su["schedule"],
                     "drift_first": first["drift"], "drift_first_ci": (first["ci_low"], first["ci_high"]),
                     "drift_last": last["drift"], "drift_last_ci": (last["ci_low"], last["ci_high"]),
-                    "loss": f"{r['loss_first'].mean():.3f} -> {r['loss_last'].mean():.3f}"})
+                    "loss": f"{r['loss_first'].mean():.3f} to {r['loss_last'].mean():.3f}"})
     return pd.DataFrame(out)
 
 # %% ../nbs/16_analysis.ipynb #57ab57ed

@@ -8,14 +8,15 @@ import numpy as np
 import pandas as pd
 import matplotlib.pyplot as plt
 import seaborn as sns
-from matplotlib.ticker import FormatStrFormatter, MaxNLocator
+from matplotlib.ticker import FormatStrFormatter
 
 from typing import Iterable
 
 from .study import format_lr
 
 # %% auto #0
-__all__ = ['group_label', 'palette', 'plot_drift_and_loss', 'plot_layer_heatmaps', 'plot_seed_variance', 'colour_range',
+__all__ = ['CANONICAL_LRS', 'FIXED_COLOURS', 'SCHEDULE_STYLES', 'group_label', 'palette', 'tracked_ticks', 'spread',
+           'log_if_spread', 'plot_drift_and_loss', 'plot_layer_heatmaps', 'plot_seed_variance', 'colour_range',
            'plot_matrices', 'plot_spectra', 'plot_perturbation', 'plot_mitigation', 'plot_schedule']
 
 # %% ../nbs/20_plots.ipynb #e1ec5063
@@ -26,28 +27,70 @@ def group_label(by: str, value: object) -> str:
     if isinstance(value, tuple): return " · ".join(group_label(b, v) for b, v in zip(by.split("+"), value))
     return f"{by.replace('_', ' ')} {value}"
 
-def palette(values: "Iterable") -> dict:
-    "One colour per distinct value (sorted), from the colour-blind palette."
-    vals = sorted(set(values), key=str); cols = sns.color_palette("colorblind", max(len(vals), 3))
-    return {v: cols[i % len(cols)] for i, v in enumerate(vals)}
+_COLOURS = sns.color_palette("colorblind", 10)   # blue, orange, green, red, purple, brown, pink, grey, yellow, light blue
+CANONICAL_LRS = (5e-5, 5e-4, 1e-5, 5e-3, 2e-5, 1e-4, 2e-4, 1e-3, 3e-5)   # the profiles' rates first; each owns one colour
+_LR_SLOTS = (0, 1, 2, 3, 4, 5, 6, 8, 9)          # grey (7) is left for the seed factors
+FIXED_COLOURS = {"head seed varied": (0.0, 0.0, 0.0), "data seed varied": _COLOURS[7],
+                 "token_dropout": _COLOURS[0], "typo": _COLOURS[3], "mc_dropout": _COLOURS[2],
+                 "checkpoint average": _COLOURS[0], "seed average": _COLOURS[1]}
+SCHEDULE_STYLES = {"linear": "-", "constant": "--", "cosine": ":"}
 
-def _step_ticks(*axes: plt.Axes) -> None:
-    "Ticks on the x axes at whole optimizer steps only (a run of 20 steps reads 0, 5, 10, not 2.5, 7.5)."
-    for ax in axes: ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+def _as_float(v: object) -> float | None:
+    try: return float(v)
+    except (TypeError, ValueError): return None
+
+def palette(values: "Iterable") -> dict:
+    "One colour per distinct value, the same in every figure of every report: a learning rate of `CANONICAL_LRS` always gets its own colour, a known name (`FIXED_COLOURS`) its own; other values take the free colours in sorted order."
+    vals = sorted(set(values), key=lambda v: (_as_float(v) is None, _as_float(v) or 0.0, str(v)))
+    out, free = {}, []
+    if vals and all(_as_float(v) is not None for v in vals):            # learning rates (or a numeric grouping)
+        for v in vals:
+            hit = [i for i, c in enumerate(CANONICAL_LRS) if np.isclose(_as_float(v), c, rtol=1e-6, atol=0)]
+            if hit: out[v] = _COLOURS[_LR_SLOTS[hit[0]]]
+        free = [_COLOURS[s] for i, s in enumerate(_LR_SLOTS) if not any(np.isclose(_as_float(v), CANONICAL_LRS[i], rtol=1e-6, atol=0) for v in vals)]
+    else:
+        out = {v: FIXED_COLOURS[v] for v in vals if v in FIXED_COLOURS}
+        free = [c for c in _COLOURS if c not in out.values()]
+    rest = [v for v in vals if v not in out]
+    for i, v in enumerate(rest): out[v] = free[i % len(free)] if free else _COLOURS[i % 10]
+    return out
+
+def tracked_ticks(steps: "Iterable", max_ticks: int = 12) -> np.ndarray:  # (k,) the steps to label
+    "The tracked steps to put ticks at: all of them, or every k-th (first and last kept) when there are more than `max_ticks`."
+    s = np.unique(np.asarray(list(steps), dtype=float))
+    if len(s) <= max_ticks: return s
+    k = int(np.ceil(len(s) / max_ticks)); keep = s[::k]
+    return np.unique(np.append(keep, s[-1])) if s[-1] - keep[-1] >= k / 2 * np.median(np.diff(s)) else np.append(keep[:-1], s[-1])
+
+def _step_ticks(ax: plt.Axes, steps: "Iterable") -> None:
+    "x ticks at the tracked steps (whole numbers)."
+    t = tracked_ticks(steps); ax.set_xticks(t); ax.set_xticklabels([f"{int(x)}" if float(x).is_integer() else f"{x:g}" for x in t])
+
+def spread(maxima: "Iterable") -> float:
+    "How many times larger the largest curve is than the smallest (by their positive maxima); 1 for fewer than two."
+    m = np.asarray([x for x in maxima if np.isfinite(x) and x > 0], dtype=float)
+    return float(m.max() / m.min()) if len(m) >= 2 else 1.0
+
+def log_if_spread(ax: plt.Axes, maxima: "Iterable", ratio: float = 10.0) -> bool:  # True if the axis is now log
+    "A log y axis when the curves' maxima differ by `ratio` or more (a linear axis would flatten the small ones); zeros are masked."
+    if spread(maxima) < ratio: return False
+    ax.set_yscale("log", nonpositive="mask"); return True
 
 # %% ../nbs/20_plots.ipynb #648ca1d1
 def plot_drift_and_loss(summary: pd.DataFrame,   # analysis.drift_summary(by=by)
                         curves: pd.DataFrame,    # analysis.drift_curves (the same runs)
                         *, by: str = "lr", title: str = "") -> plt.Figure:
-    "Drift from step 0 per group (seed band, dotted 95% CI) beside the training loss of every run."
+    "Drift from step 0 per group (seed band, dotted 95% CI; a log axis when the groups differ 10x or more) beside the training loss of every run; ticks at the tracked steps."
     pal = palette(summary[by])
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
     for g, s in summary.groupby(by):
         c, n = pal[g], int(s["n_seeds"].iloc[0])
-        a.plot(s["step"], s["drift"], color=c, lw=2, label=f"{group_label(by, g)} ({n} seed{'' if n == 1 else 's'})")
+        a.plot(s["step"], s["drift"], color=c, lw=2, marker="o", ms=3, label=f"{group_label(by, g)} ({n} seed{'' if n == 1 else 's'})")
         a.fill_between(s["step"], s["min_seed"], s["max_seed"], color=c, alpha=0.15, lw=0)
         if s["ci_low"].notna().any(): a.plot(s["step"], s["ci_low"], color=c, ls=":", lw=1); a.plot(s["step"], s["ci_high"], color=c, ls=":", lw=1)
-    a.set(xlabel="optimizer step", ylabel="drift 1 − cos(e⁰, eᵗ), mean over probes", title="Drift from step 0 (band: seeds; dotted: 95% CI)")
+    log = log_if_spread(a, summary.groupby(by)["drift"].max())
+    a.set(xlabel="optimizer step", ylabel="drift 1 − cos(e⁰, eᵗ), mean over probes" + (" (log scale)" if log else ""),
+          title="Drift from step 0 (band: seeds; dotted: 95% CI)")
     a.legend(frameon=False)
     key = by if by in curves else "lr"
     for (g, rid), c in curves.groupby([key, "run_id"]):
@@ -55,14 +98,14 @@ def plot_drift_and_loss(summary: pd.DataFrame,   # analysis.drift_summary(by=by)
     for g, c in pal.items(): b.plot([], [], color=c, marker="o", ms=3, label=group_label(by, g))
     b.set(xlabel="optimizer step", ylabel="training loss (mean since previous checkpoint)", title="Training loss, one line per run")
     b.ticklabel_format(axis="y", useOffset=False)   # losses that barely move read as 0.69315, not 1e-5 + 6.931e-1
-    b.legend(frameon=False); _step_ticks(a, b)
+    b.legend(frameon=False); _step_ticks(a, summary["step"]); _step_ticks(b, summary["step"])
     if title: fig.suptitle(title)
     return fig
 
 # %% ../nbs/20_plots.ipynb #268fbe67
 def plot_layer_heatmaps(layer_table: pd.DataFrame,  # analysis.layer_drift_table
                         by: str = "lr") -> plt.Figure:
-    "Drift per layer (rows) and step (columns): one heatmap per group and pooling, each with its own colour scale and colorbar; a pooling a group did not store is a panel that says so."
+    "Drift per layer (rows) and checkpoint (columns, ticked with their steps): one heatmap per group and pooling, each with its own colour scale and colorbar; a pooling a group did not store is a panel that says so."
     groups, pools = sorted(layer_table[by].unique()), list(dict.fromkeys(layer_table["pooling"]))
     fig, axes = plt.subplots(len(pools), len(groups), figsize=(5.4 * len(groups), 3.2 * len(pools)), squeeze=False, constrained_layout=True)
     for i, p in enumerate(pools):
@@ -73,23 +116,28 @@ def plot_layer_heatmaps(layer_table: pd.DataFrame,  # analysis.layer_drift_table
                 ax.set_axis_off(); ax.set_title(f"{group_label(by, g)}, {p} pooling")
                 ax.text(0.5, 0.5, f"{p} pooling not stored\nby every run of this group", ha="center", va="center", transform=ax.transAxes, color="grey")
                 continue
-            im = ax.imshow(t.to_numpy(), aspect="auto", origin="lower", cmap="viridis", vmin=0,
-                           extent=[steps[0] - 0.5, steps[-1] + 0.5, -0.5, t.shape[0] - 0.5], interpolation="nearest")
-            ax.set_xticks(np.unique(np.linspace(steps[0], steps[-1], min(6, len(steps))).round().astype(int)))
+            im = ax.imshow(t.to_numpy(), aspect="auto", origin="lower", cmap="viridis", vmin=0, interpolation="nearest")
+            keep = tracked_ticks(steps); pos = [int(np.flatnonzero(steps == s)[0]) for s in keep]
+            ax.set_xticks(pos); ax.set_xticklabels([str(int(s)) for s in keep])
             ax.set_yticks(range(t.shape[0]))
-            ax.set(title=f"{group_label(by, g)}, {p} pooling", xlabel="optimizer step", ylabel="layer (0 = embeddings)")
+            ax.set(title=f"{group_label(by, g)}, {p} pooling", xlabel="checkpoint (optimizer step)", ylabel="layer (0 = embeddings)")
             fig.colorbar(im, ax=ax, label="drift from step 0")
     return fig
 
 # %% ../nbs/20_plots.ipynb #2c383afa
-def plot_seed_variance(dispersion: dict[str, pd.DataFrame]) -> plt.Figure:  # label -> analysis.dispersion_over_training
-    "Seed-to-seed dispersion over training, solid raw and dashed Procrustes-aligned, one colour per group of runs."
+def plot_seed_variance(dispersion: dict[str, pd.DataFrame],   # label -> analysis.dispersion_over_training
+                       colours: dict | None = None,           # label -> colour (default: palette of the labels)
+                      ) -> plt.Figure:
+    "Seed-to-seed dispersion over training, solid raw and dashed Procrustes-aligned, one colour per group of runs; a log axis when the curves differ 10x or more."
+    cols = {**palette(dispersion), **(colours or {})}
     fig, ax = plt.subplots(figsize=(7, 4), constrained_layout=True)
-    for (lab, t), c in zip(dispersion.items(), sns.color_palette("colorblind", max(3, len(dispersion)))):
-        ax.plot(t["step"], t["raw_dispersion"], color=c, lw=2, label=f"{lab}: raw")
-        ax.plot(t["step"], t["aligned_dispersion"], color=c, lw=2, ls="--", label=f"{lab}: aligned")
-    ax.set(xlabel="optimizer step", ylabel="mean squared distance to the runs' mean", title="Seed-to-seed dispersion of probe embeddings")
-    ax.legend(frameon=False, fontsize=8); _step_ticks(ax)
+    for lab, t in dispersion.items():
+        ax.plot(t["step"], t["raw_dispersion"], color=cols[lab], lw=2, marker="o", ms=3, label=f"{lab}: raw")
+        ax.plot(t["step"], t["aligned_dispersion"], color=cols[lab], lw=2, ls="--", label=f"{lab}: aligned")
+    log = log_if_spread(ax, [t[c].max() for t in dispersion.values() for c in ("raw_dispersion", "aligned_dispersion")])
+    ax.set(xlabel="optimizer step", ylabel="mean squared distance to the runs' mean" + (" (log scale)" if log else ""),
+           title="Seed-to-seed dispersion of probe embeddings")
+    ax.legend(frameon=False, fontsize=8); _step_ticks(ax, np.concatenate([t["step"].to_numpy() for t in dispersion.values()]))
     return fig
 
 # %% ../nbs/20_plots.ipynb #1090f7ba
@@ -132,23 +180,25 @@ def plot_spectra(eig: pd.DataFrame) -> plt.Figure:  # analysis.geometry_table(..
 
 # %% ../nbs/20_plots.ipynb #dd327190
 def plot_perturbation(pt: pd.DataFrame) -> plt.Figure:  # analysis.perturbation_table
-    "Mean cosine distance of perturbed copies to the clean embedding per layer, first (dotted) vs last (solid) step, per lr."
+    "Mean cosine distance of perturbed copies to the clean embedding per layer, first (dotted) vs last (solid) step, per lr; a log axis when the kinds differ 10x or more."
     lrs, kinds = sorted(pt["lr"].unique()), list(dict.fromkeys(pt["kind"]))
     fig, axes = plt.subplots(1, len(lrs), figsize=(5.5 * len(lrs), 3.8), squeeze=False, sharey=True, constrained_layout=True)
-    cols = dict(zip(kinds, sns.color_palette("colorblind", max(3, len(kinds)))))
+    cols = palette(kinds)
     for ax, lr in zip(axes[0], lrs):
         for (kind, when), t in pt[pt["lr"] == lr].groupby(["kind", "when"]):
             ax.plot(t["layer"], t["cos_to_clean"], color=cols[kind], ls="-" if when == "last" else ":", marker="o", ms=3, label=f"{kind} ({when})")
         ax.set(title=group_label("lr", lr), xlabel="layer (0 = embeddings)", ylabel="cosine distance to the clean embedding")
         ax.set_xticks(sorted(pt["layer"].unique())); ax.legend(frameon=False, fontsize=7)
+    log_if_spread(axes[0][0], pt.groupby("kind")["cos_to_clean"].max())
     return fig
 
 # %% ../nbs/20_plots.ipynb #da67666c
 def plot_mitigation(mt: pd.DataFrame) -> plt.Figure:  # analysis.mitigation_table
     "Seed dispersion left after checkpoint and seed averaging, relative to one checkpoint of one run."
     fig, ax = plt.subplots(figsize=(5.5, 3.6), constrained_layout=True)
-    for (meth, t), c in zip(mt.groupby("method"), sns.color_palette("colorblind", 3)):
-        ax.plot(t["size"], t["relative"], marker="o", color=c, label=meth)
+    cols = palette(mt["method"])
+    for meth, t in mt.groupby("method"):
+        ax.plot(t["size"], t["relative"], marker="o", color=cols[meth], label=meth)
     ax.axhline(1, color="grey", lw=0.8)
     ax.set(xlabel="checkpoints (m) or seeds (s) averaged", ylabel="relative seed dispersion", title="Mitigations", ylim=(0, None))
     ax.set_xticks(sorted(mt["size"].unique())); ax.legend(frameon=False)
@@ -158,18 +208,25 @@ def plot_mitigation(mt: pd.DataFrame) -> plt.Figure:  # analysis.mitigation_tabl
 def plot_schedule(summary: pd.DataFrame,  # analysis.drift_summary(by=["lr", "schedule"])
                   curves: pd.DataFrame,   # analysis.drift_curves (the same runs)
                  ) -> plt.Figure:
-    "Drift per lr (colour) and schedule (line style) against the step, the cumulative learning rate and the loss drop."
-    pal, styles = palette(summary["lr"]), dict(zip(sorted(summary["schedule"].unique()), ["-", "--", ":", "-."]))
+    "Mean drift per lr (colour) and schedule (line style) against the step (95% CI band) and the cumulative learning rate, one line per group; right, each run's final drift against its final loss drop (one point per run, marker per schedule); log axes where the groups differ 10x or more."
+    pal = palette(summary["lr"])
+    styles = {s: SCHEDULE_STYLES.get(s, "-.") for s in summary["schedule"].unique()}
+    mean = curves.groupby(["lr", "schedule", "step"], as_index=False)[["cum_lr", "loss_drop", "drift"]].mean()   # the seeds of a group share C
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), constrained_layout=True)
     for (lr, sch), s in summary.groupby(["lr", "schedule"]):
-        axes[0].plot(s["step"], s["drift"], color=pal[lr], ls=styles[sch], lw=2, label=f"{group_label('lr', lr)}, {sch}")
+        axes[0].plot(s["step"], s["drift"], color=pal[lr], ls=styles[sch], lw=2, marker="o", ms=3, label=f"{group_label('lr', lr)}, {sch}")
         if s["ci_low"].notna().any(): axes[0].fill_between(s["step"], s["ci_low"].fillna(s["drift"]), s["ci_high"].fillna(s["drift"]), color=pal[lr], alpha=0.12, lw=0)
-    for (lr, sch, rid), c in curves.groupby(["lr", "schedule", "run_id"]):
+    for (lr, sch), c in mean.groupby(["lr", "schedule"]):
         pos = c[c["cum_lr"] > 0]                          # log axis: step 0 (C = 0) is off it
-        axes[1].semilogx(pos["cum_lr"], pos["drift"], color=pal[lr], ls=styles[sch], lw=1, marker="o", ms=2.5, alpha=0.8)
-        axes[2].plot(c["loss_drop"], c["drift"], color=pal[lr], ls=styles[sch], lw=1, marker="o", ms=2.5, alpha=0.8)
-    axes[0].set(xlabel="optimizer step", ylabel="drift from step 0", title="Against the step (mean, 95% CI)")
-    axes[1].set(xlabel="cumulative learning rate Σ ηₛ (log scale)", ylabel="drift from step 0", title="Against the cumulative learning rate (each run)")
-    axes[2].set(xlabel="training-loss drop since the first steps", ylabel="drift from step 0", title="Against the change in loss (each run)")
-    axes[0].legend(frameon=False, fontsize=8); _step_ticks(axes[0])
+        axes[1].semilogx(pos["cum_lr"], pos["drift"], color=pal[lr], ls=styles[sch], lw=2, marker="o", ms=3)
+    ends = curves[curves["step"] == curves.groupby("run_id")["step"].transform("max")]   # each run's last step: one point per run
+    marks = {s: m for s, m in zip(sorted(styles), "osD^v")}
+    for (lr, sch), e in ends.groupby(["lr", "schedule"]):
+        axes[2].scatter(e["loss_drop"], e["drift"], color=pal[lr], marker=marks[sch], s=28, label=f"{group_label('lr', lr)}, {sch}")
+    logs = [log_if_spread(ax, summary.groupby(["lr", "schedule"])["drift"].max()) for ax in axes]
+    lab = "drift from step 0" + (" (log scale)" if logs[0] else "")
+    axes[0].set(xlabel="optimizer step", ylabel=lab, title="Against the step (mean, 95% CI)")
+    axes[1].set(xlabel="cumulative learning rate Σ ηₛ (log scale)", ylabel=lab, title="Against the cumulative learning rate (mean)")
+    axes[2].set(xlabel="training-loss drop since the first steps, at the last step", ylabel=lab, title="Final drift against the final loss drop (each run)")
+    axes[0].legend(frameon=False, fontsize=8); axes[2].legend(frameon=False, fontsize=7); _step_ticks(axes[0], summary["step"])
     return fig

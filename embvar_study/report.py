@@ -16,12 +16,14 @@ from .study import Study, NotComputed, format_lr
 from .runs import atomic_write_bytes, package_version, git_info
 
 # %% auto #0
-__all__ = ['COLLAPSE_GAP', 'format_value', 'format_sci', 'format_table', 'table_html', 'Figure', 'figure_png', 'figure_html',
-           'RawHTML', 'Table', 'note_html', 'note_md', 'to_html', 'show', 'memo', 'header', 'section_drift',
-           'section_reference', 'section_schedule', 'collapse_answer', 'section_effects', 'section_layers',
+__all__ = ['COLUMN_NAMES', 'COLLAPSE_GAP', 'format_value', 'format_sci', 'format_table', 'plain_column', 'method_line',
+           'table_html', 'Figure', 'figure_png', 'figure_html', 'RawHTML', 'Table', 'note_html', 'note_md', 'to_html',
+           'show', 'memo', 'study_description', 'header', 'section_drift', 'headline', 'section_reference',
+           'section_schedule', 'collapse_verdict', 'collapse_answer', 'section_effects', 'section_layers',
            'section_seed_variance', 'section_pairs', 'section_noise_floor', 'section_geometry', 'section_perturbation',
-           'section_mitigation', 'section_components', 'section_early_warning', 'section_agreement', 'section_pooling',
-           'section_provenance', 'section_runs_overview', 'section_runs_seeds', 'section_runs_noise_floor', 'findings',
+           'reference_lr', 'section_mitigation', 'section_components', 'collapse_identical', 'section_early_warning',
+           'section_agreement', 'section_pooling', 'section_provenance', 'section_runs_overview', 'section_runs_seeds',
+           'section_runs_noise_floor', 'compare_intervals', 'key_findings', 'findings', 'limitations',
            'section_experiment', 'json_list', 'project_root', 'resolve_study_dir', 'template_dir', 'check_templates',
            'NotebookFailed', 'execute_notebooks', 'doc_title', 'render_html']
 
@@ -37,7 +39,6 @@ def format_value(v: object, digits: int = 3) -> str:
     if isinstance(v, (float, np.floating)):
         x = float(v)
         if x == 0: return "0"
-        if abs(x) < 1e-12: return "<1e-12" if x > 0 else ">-1e-12"
         s = f"{x:.{digits}g}"
         if "e" in s: m, e = s.split("e"); return f"{m}e{int(e)}"
         return s
@@ -70,17 +71,58 @@ def format_table(df: pd.DataFrame, digits: int = 3) -> pd.DataFrame:  # same sha
     return pd.DataFrame(out, columns=df.columns)
 
 # %% ../nbs/21_report.ipynb #a2470315
-def _header(c) -> str: return html.escape(str(c).replace("_", " "))
+COLUMN_NAMES = {   # a table column -> its header in words, with the unit where it has one
+    "lr": "lr", "ref_lr": "reference lr", "step": "step", "steps": "steps", "n_seeds": "seeds", "drift": "drift (1 − cos)",
+    "ci_low": "95% CI low", "ci_high": "95% CI high", "sd_seeds": "SD over seeds", "probe_q10": "probe 10th percentile",
+    "probe_median": "probe median", "probe_q90": "probe 90th percentile", "drift_first": "drift at first checkpoint",
+    "drift_first_ci": "95% CI at first checkpoint", "drift_last": "drift at last step", "drift_last_ci": "95% CI at last step", "raw_msd": "raw mean squared distance",
+    "aligned_msd": "aligned mean squared distance", "cos_dist": "cosine distance", "pairwise_cos_dist": "mean pairwise cosine distance",
+    "cka": "linear CKA", "cka_debiased": "linear CKA (debiased)", "rsa": "RSA (Spearman)", "knn_overlap": "k-NN overlap (k=10)",
+    "raw_dispersion": "raw dispersion (mean squared distance)", "aligned_dispersion": "aligned dispersion (mean squared distance)",
+    "removed_by_alignment": "share removed by alignment", "pvalue": "p-value (permutation)", "pvalue_holm": "p-value (Holm-adjusted)",
+    "cohens_d": "Cohen's d", "hedges_g": "Hedges' g", "diff": "difference in drift", "diff_low": "95% CI low", "diff_high": "95% CI high",
+    "mean_a": "mean drift a", "mean_b": "mean drift b", "n_a": "seeds a", "n_b": "seeds b", "intra_inter_ratio": "within/between-class variance ratio",
+    "top_eigen_ratio": "top eigenvalue's share", "effective_rank": "effective rank", "participation_ratio": "participation ratio",
+    "trace": "total variance (trace)", "cum_lr": "cumulative lr", "common_cum_lr": "common cumulative lr", "loss_drop": "training-loss drop",
+    "ratio_to_linear": "ratio to linear schedule", "final_step": "final step", "gap_cum_lr": "gap at equal cumulative lr",
+    "gap_cum_lr_low": "95% CI low", "gap_cum_lr_high": "95% CI high", "gap_step": "gap at equal step", "gap_step_low": "95% CI low",
+    "gap_step_high": "95% CI high", "group_a": "group a", "group_b": "group b", "crossing_step": "step drift crosses the threshold",
+    "failure_step": "step the run shows failing", "lead_time": "lead time (steps)", "run_id": "run id", "final_drift": "final drift",
+    "loss_first": "training loss, first 5 steps", "loss_last": "training loss, last 5 steps", "eval_acc_last": "held-out accuracy, last",
+    "last_step": "last step", "estimate": "variance estimate", "share": "share", "share_low": "95% CI low", "share_high": "95% CI high",
+    "replicate_cos_dist": "cosine distance between replicates", "max_abs_diff": "largest absolute difference", "drift_diff": "drift difference",
+    "cos_to_clean": "cosine distance to clean", "relative": "dispersion relative to one checkpoint of one run", "size": "averaged",
+    "measure_a": "measure a", "measure_b": "measure b", "spearman": "Spearman ρ", "init_seed": "head seed", "data_seed": "data seed",
+    "dropout_seed": "dropout seed", "n_probes": "probes", "loss": "training loss", "perturb_k": "perturbed copies per probe",
+    "perturb_kinds": "perturbations", "eval_acc": "held-out accuracy", "train_loss": "training loss", "eval_loss": "held-out loss"}
+
+def plain_column(name: object) -> str:
+    "A column's header in words: `COLUMN_NAMES`, else the name with underscores as spaces and `lr`/`ci`/`msd`/`pvalue`/`cum` spelled out."
+    n = str(name)
+    if n in COLUMN_NAMES: return COLUMN_NAMES[n]
+    if n.startswith("resamples_used_of_"): return f"resamples used (of {n.rsplit('_', 1)[-1]})"
+    words = {"cum": "cumulative", "msd": "mean squared distance", "pvalue": "p-value", "ci": "CI", "knn": "k-NN", "cos": "cosine",
+             "dist": "distance", "acc": "accuracy", "sd": "SD", "n": "number of"}
+    return " ".join(words.get(w, w) for w in n.replace(".", " ").split("_"))
+
+def _header(c) -> str: return html.escape(plain_column(c))
+
+def method_line(df: pd.DataFrame) -> str:  # '' when the table states no method
+    "The line under a table that says how its intervals were computed: the table's `attrs['ci_method']` (set by the function that computed them)."
+    m = df.attrs.get("ci_method") if hasattr(df, "attrs") else None
+    return f"Intervals: {m}" if m else ""
 
 def table_html(df: pd.DataFrame, caption: str | None = None, digits: int = 3) -> str:
-    "A table as HTML for reading: formatted cells, no index, headers in words, an optional caption."
+    "A table as HTML for reading: formatted cells, no index, headers in words (`plain_column`), an optional caption, and the interval method under it."
     f = format_table(df.reset_index(drop=True), digits)
     num = [pd.api.types.is_numeric_dtype(df[c]) for c in df.columns]
     head = "".join(f"<th>{_header(c)}</th>" for c in f.columns)
     body = "".join("<tr>" + "".join(f'<td class="{"num" if n else "txt"}">{html.escape(v)}</td>' for v, n in zip(row, num)) + "</tr>"
                    for row in f.itertuples(index=False))
     cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
-    return f'<div class="table-wrap"><table class="embvar">{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+    meth = method_line(df)
+    return (f'<div class="table-wrap"><table class="embvar">{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+            + (f'<p class="method">{html.escape(meth)}</p>' if meth else "") + "</div>")
 
 # %% ../nbs/21_report.ipynb #05ad2a7f
 @dataclass
@@ -170,6 +212,17 @@ def _data(c: dict) -> str | None:
     fp = (c.get("resolved") or {}).get("dataset") or {}
     return None if "dataset" not in c else str(c["dataset"]) + (f" (sha256 {fp['sha256'][:12]})" if fp.get("sha256") else "")
 
+def _override_words(k: str, v: object) -> str:
+    vals = v if isinstance(v, (list, tuple)) else [v]
+    f = lambda x: format_lr(x) if ("lr" in k and isinstance(x, (int, float)) and not isinstance(x, bool)) else (Path(x).name if isinstance(x, str) and "/" in x else format_value(x))
+    return f"{k} = {', '.join(f(x) for x in vals)}"
+
+def study_description(spec: dict) -> str:
+    "A study in words from its study.json: the profile and every override ('quick profile with lrs = 1e-4, 5e-4 and seeds = 0, 1')."
+    prof = f"{spec.get('profile', 'runs')} profile"
+    ov = [_override_words(k, v) for k, v in (spec.get("overrides") or {}).items()]
+    return prof + (" with " + (", ".join(ov[:-1]) + " and " + ov[-1] if len(ov) > 1 else ov[0]) if ov else "")
+
 # %% ../nbs/21_report.ipynb #a189cf49
 def header(study: Study) -> RawHTML:
     "A definition list: date, version, commit, profile (or the grouping of a report from run folders), model, data (content hash), runs."
@@ -177,7 +230,7 @@ def header(study: Study) -> RawHTML:
     commit = (gi["git_commit"] or "")[:10] or "not a git checkout"
     state = "" if gi["git_dirty"] is None else (", uncommitted changes" if gi["git_dirty"] else ", clean")
     failed, by = len(study.failed()), study.spec.get("group_by")
-    what = {"report": f"from run folders, grouped by {by}"} if by else {"profile": study.profile}
+    what = {"report": f"from run folders, grouped by {by}"} if by else {"profile": study_description(study.spec)}
     n = (f"{_count(len(runs), 'run')} in {_count(study.manifests['runs']['factor'].nunique(), 'group')}" if by else
          f"{_count(len(runs), 'distinct run')} in {_count(len(study.experiments), 'experiment')}")
     items = {"rendered": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -201,18 +254,39 @@ def _curves(study: Study, experiment: str, o: dict):
     return memo(study, ("curves", experiment, o["layer"], o["pooling"]), lambda: A.drift_curves(study.runs(experiment), o["layer"], o["pooling"]))
 
 # %% ../nbs/21_report.ipynb #ba945472
-def section_drift(study: Study, experiment: str = "lr_sweep", by: str = "lr", **o) -> list:
-    "The headline: drift from step 0 per group (learning rate) with seed bands and CIs, beside the training loss."
+def _last_rows(s: pd.DataFrame, by) -> pd.DataFrame:
+    return s[s["step"] == s.groupby(by)["step"].transform("max")]
+
+def _drift_caption(s: pd.DataFrame, by: str, fig) -> str:
     from embvar_study import plots as P
-    o = _opts(**o); s, c = _summary(study, experiment, by, o), _curves(study, experiment, o)
-    last = s[s["step"] == s.groupby(by)["step"].transform("max")]
+    last = _last_rows(s, by).sort_values("drift")
     ends = "; ".join(f"{P.group_label(by, getattr(r, by))} ends at {format_value(r.drift)} (step {r.step})" for r in last.itertuples())
-    alt = (f"Two panels. Left: mean drift from step 0 against the optimizer step, one line per group with a band "
-           f"spanning the seeds and dotted 95% CI lines; {ends}. Right: the training loss of each run against the step.")
-    return [Figure(P.plot_drift_and_loss(s, c, by=by), "drift_and_loss", alt),
-            Table(last[[by, "step", "n_seeds", "drift", "ci_low", "ci_high", "sd_seeds", "probe_q10", "probe_median", "probe_q90"]]
-                  .rename(columns={"factor": study.spec.get("group_by", "group")}),   # a report from run folders: its grouping key
-                  "Drift at the last step: mean over seeds and probes, 95% cluster-bootstrap CI, spread over seeds, and quantiles over probes")]
+    lo, hi = last.iloc[0], last.iloc[-1]
+    see = (f"{P.group_label(by, hi[by])} moves the probes {hi.drift / lo.drift:.1f}x as far as {P.group_label(by, lo[by])}"
+           if len(last) >= 2 and lo.drift > 0 else "how far the probes move")
+    scale = " The drift axis is logarithmic: the curves differ more than 10x." if fig.axes[0].get_yscale() == "log" else ""
+    return (f"What to see: {see}; {ends}. Left: mean drift from step 0 per group, band over the seeds, dotted 95% interval. "
+            f"Right: whether the training loss moved at all over the same steps.{scale}")
+
+def section_drift(study: Study, experiment: str = "lr_sweep", by: str = "lr", part: str = "all", **o) -> list:
+    "Drift from step 0 per group (learning rate) with seed bands and intervals beside the training loss (`part`: 'figure', 'table' or 'all')."
+    from embvar_study import plots as P
+    if part not in ("all", "figure", "table"): raise ValueError(f"part: expected 'all', 'figure' or 'table', got {part!r}")
+    o = _opts(**o); s, c = _summary(study, experiment, by, o), _curves(study, experiment, o)
+    out = []
+    if part in ("all", "figure"):
+        fig = P.plot_drift_and_loss(s, c, by=by)
+        out.append(Figure(fig, "drift_and_loss", _drift_caption(s, by, fig)))
+    if part in ("all", "table"):
+        t = _last_rows(s, by)[[by, "step", "n_seeds", "drift", "ci_low", "ci_high", "sd_seeds", "probe_q10", "probe_median", "probe_q90"]]
+        t.attrs = dict(s.attrs)
+        out.append(Table(t.rename(columns={"factor": study.spec.get("group_by", "group")}),   # a report from run folders: its grouping key
+                         "Drift at the last step: mean over seeds and probes with its 95% interval, spread over seeds, and quantiles over probes"))
+    return out
+
+def headline(study: Study, **o) -> list:
+    "The headline figure: drift per learning rate over training beside the loss, with a caption that says what to see."
+    return section_drift(study, part="figure", **o)
 
 # %% ../nbs/21_report.ipynb #6b42e093
 def _differences(setup: pd.DataFrame) -> str:
@@ -224,42 +298,48 @@ def _differences(setup: pd.DataFrame) -> str:
     bits.append(f"each run takes {s['steps']} optimizer steps of {s['batch']} examples with a {s['schedule']} schedule, which the reference does not state")
     return "Where this study differs from the reference: " + "; ".join(bits) + "."
 
+def _reference(study: Study, o: dict) -> pd.DataFrame:
+    from embvar_study import analysis as A
+    rs = study.runs("lr_sweep")
+    return memo(study, ("reference", o["layer"], o["pooling"], o["n_resamples"]),
+                lambda: A.reference_table(rs, o["layer"], o["pooling"], n_resamples=o["n_resamples"]))
+
 def section_reference(study: Study, **o) -> list:
     "This study's setup and drift beside the reference's, like with like, and what differs."
     from embvar_study import analysis as A
-    o = _opts(**o); rs = study.runs("lr_sweep")
-    ref = memo(study, ("reference", o["layer"], o["pooling"], o["n_resamples"]),
-               lambda: A.reference_table(rs, o["layer"], o["pooling"], n_resamples=o["n_resamples"]))
-    setup = A.setup_table(rs)
-    out = [Table(ref, "The reference and this study, per learning rate: setup, drift at the first checkpoint after step 0 and at the end (95% CI), training loss"),
-           _differences(setup)]
-    try:
-        se = memo(study, ("schedule_effects", o["layer"], o["pooling"], o["n_resamples"]),
-                  lambda: A.schedule_effects(study.runs("schedule"), o["layer"], o["pooling"], n_resamples=o["n_resamples"]))
-        con = se[se["schedule"] == "constant"]
-        if len(con): out.append("What that does to drift, measured here: with a constant schedule instead of the linear one, final drift is "
-                                + ", ".join(f"{r.ratio_to_linear:.1f}x at lr {format_lr(r.lr)}" for r in con.itertuples())
-                                + " (the schedule section); more steps at the same schedule move it further still.")
-    except NotComputed: pass
-    return out
+    o = _opts(**o)
+    ref, setup = _reference(study, o), A.setup_table(study.runs("lr_sweep"))
+    return [Table(ref, "The reference and this study, per learning rate: setup, drift at the first checkpoint after step 0 and at the end (95% interval), training loss"),
+            _differences(setup)]
 
 # %% ../nbs/21_report.ipynb #00b1c562
+def _schedule_effects(study: Study, o: dict) -> pd.DataFrame:
+    from embvar_study import analysis as A
+    rs = study.runs("schedule", min_runs=2)
+    return memo(study, ("schedule_effects", o["layer"], o["pooling"], o["n_resamples"]),
+                lambda: A.schedule_effects(rs, o["layer"], o["pooling"], n_resamples=o["n_resamples"]))
+
+def _collapse(study: Study, o: dict) -> pd.DataFrame:
+    from embvar_study import analysis as A
+    rs = study.runs("schedule", min_runs=2)
+    return memo(study, ("collapse", o["layer"], o["pooling"], o["n_resamples"]),
+                lambda: A.collapse_table(rs, o["layer"], o["pooling"], n_resamples=min(o["n_resamples"], 1000)))
+
 def section_schedule(study: Study, **o) -> list:
-    "What sets drift's size: drift per schedule against the step, the cumulative lr and the loss change; the collapse test."
-    from embvar_study import analysis as A, plots as P
-    o = _opts(**o); rs = study.runs("schedule", min_runs=2)
+    "What sets drift's size: drift per schedule against the step, the cumulative lr and the loss change; the schedule's effect and the collapse test, in words."
+    from embvar_study import plots as P
+    o = _opts(**o); study.runs("schedule", min_runs=2)
     s, c = _summary(study, "schedule", ["lr", "schedule"], o), _curves(study, "schedule", o)
-    se = memo(study, ("schedule_effects", o["layer"], o["pooling"], o["n_resamples"]),
-              lambda: A.schedule_effects(rs, o["layer"], o["pooling"], n_resamples=o["n_resamples"]))
-    ct = memo(study, ("collapse", o["layer"], o["pooling"], o["n_resamples"]),
-              lambda: A.collapse_table(rs, o["layer"], o["pooling"], n_resamples=min(o["n_resamples"], 1000)))
-    alt = ("Three panels of mean drift, one line per learning rate and schedule: against the optimizer step (with 95% CI bands), "
-           "against the cumulative learning rate, and against the drop in training loss since the first steps.")
-    return [Figure(P.plot_schedule(s, c), "schedule", alt), collapse_answer(ct),
-            Table(se, "Final drift per learning rate and schedule (95% cluster-bootstrap CI), its ratio to the linear schedule's, the cumulative learning rate and the loss drop"),
+    se, ct = _schedule_effects(study, o), _collapse(study, o)
+    fig = P.plot_schedule(s, c)
+    alt = ("What to see: whether the lines of one colour (one peak rate) part with the schedule (left: dashed constant, solid linear) and "
+           "join against the cumulative learning rate (middle); right: whether runs that drifted further also lowered their training loss more."
+           + (" Drift axes are logarithmic: the curves differ more than 10x." if fig.axes[0].get_yscale() == "log" else ""))
+    return [Figure(fig, "schedule", alt), collapse_answer(ct),   # the schedule's effect in words is a conclusion at the top, said once
+            Table(se, "Final drift per learning rate and schedule (95% interval), its ratio to the linear schedule's, the cumulative learning rate and the loss drop"),
             Table(_collapse_for_reading(ct), "Every two groups: the range of cumulative learning rate both cover at tracked steps ('no overlap' where "
                   "their ranges are disjoint: nothing to compare, so no gap), and the gap between their mean drift curves there as a fraction of "
-                  "the drift (95% CI, seeds resampled); beside it, the same fraction at the same steps")]
+                  "the drift (95% interval, seeds resampled); beside it, the same fraction at the same steps")]
 
 def _collapse_for_reading(ct: pd.DataFrame) -> pd.DataFrame:
     "collapse_table with the common cumulative-lr range as one cell, 'no overlap' where the two groups' ranges are disjoint."
@@ -270,19 +350,26 @@ def _collapse_for_reading(ct: pd.DataFrame) -> pd.DataFrame:
 
 COLLAPSE_GAP = 0.10   # two curves are "one curve" where they differ by at most this share of the drift
 
+def _pct(v: float) -> str: return f"{100 * v:.0f}%"
+
+def collapse_verdict(ct: pd.DataFrame) -> str:  # 'yes', 'no', 'unclear' or 'untestable'
+    "The collapse test's verdict from collapse_table: every comparable gap's interval within `COLLAPSE_GAP` (yes), one above it (no), else unclear."
+    comp = ct[ct["gap_cum_lr"].notna()]
+    if comp.empty: return "untestable"
+    if (comp["gap_cum_lr_high"] <= COLLAPSE_GAP).all(): return "yes"
+    if (comp["gap_cum_lr_low"] > COLLAPSE_GAP).any(): return "no"
+    return "unclear"
+
 def collapse_answer(ct: pd.DataFrame) -> str:  # Markdown
     "The answer to 'do the curves fall onto one curve of the cumulative learning rate?', in words, from collapse_table."
     q = "**Do the curves of every rate and schedule fall onto one curve against the cumulative learning rate?**"
     comp, apart = ct[ct["gap_cum_lr"].notna()], ct[~(ct["cum_lr_high"] > ct["cum_lr_low"])]   # curve_gap's rule for no overlap
-    pct = lambda v: f"{100 * v:.0f}%"
-    pairs = "; ".join(f"{r.group_a} vs {r.group_b}: {pct(r.gap_cum_lr)} [{pct(r.gap_cum_lr_low)}, {pct(r.gap_cum_lr_high)}] "
-                      f"against the cumulative learning rate, {pct(r.gap_step)} against the step" for r in comp.itertuples())
-    if comp.empty: verdict = "Not answerable from these runs: no two groups cover a common range of cumulative learning rate at tracked steps."
-    elif (comp["gap_cum_lr_high"] <= COLLAPSE_GAP).all():
-        verdict = f"Yes, where it can be tested: wherever two groups cover the same cumulative learning rate, their drift curves agree within {pct(COLLAPSE_GAP)} ({pairs})."
-    elif (comp["gap_cum_lr_low"] > COLLAPSE_GAP).any():
-        verdict = f"No: at the same cumulative learning rate, some curves differ by more than {pct(COLLAPSE_GAP)} of the drift ({pairs})."
-    else: verdict = f"Not clearly: the gaps' CIs straddle {pct(COLLAPSE_GAP)}, the agreement we call one curve ({pairs})."
+    pairs = "; ".join(f"{r.group_a} vs {r.group_b}: {_pct(r.gap_cum_lr)} [{_pct(r.gap_cum_lr_low)}, {_pct(r.gap_cum_lr_high)}] "
+                      f"against the cumulative learning rate, {_pct(r.gap_step)} against the step" for r in comp.itertuples())
+    verdict = {"untestable": "Not answerable from these runs: no two groups cover a common range of cumulative learning rate at tracked steps.",
+               "yes": f"Yes, where it can be tested: wherever two groups cover the same cumulative learning rate, their drift curves agree within {_pct(COLLAPSE_GAP)} ({pairs}).",
+               "no": f"No: at the same cumulative learning rate, some curves differ by more than {_pct(COLLAPSE_GAP)} of the drift ({pairs}).",
+               "unclear": f"Not clearly: the gaps' intervals straddle {_pct(COLLAPSE_GAP)}, the agreement we call one curve ({pairs})."}[collapse_verdict(ct)]
     rest = (" These pairs cover disjoint ranges of cumulative learning rate at tracked steps, so they cannot be compared without "
             f"extrapolating and are not: {'; '.join(f'{r.group_a} vs {r.group_b}' for r in apart.itertuples())}." if len(apart) else "")
     return f"{q} {verdict}{rest}"
@@ -303,8 +390,9 @@ def section_layers(study: Study, experiment: str = "lr_sweep", by: str = "lr", *
     wide = last.pivot_table(index="layer", columns=["pooling", by], values="drift")
     wide.columns = [f"{p} pooling, {P.group_label(by, g)}" for p, g in wide.columns]
     top = last.loc[last.groupby([by, "pooling"])["drift"].idxmax()]
-    alt = ("Heatmaps of drift by layer (rows, 0 = embeddings) and step (columns), one per group and pooling, each with "
-           "its own colour scale and colorbar; the most-moved layer at the last step: "
+    alt = ("What to see: which layers move most and from which checkpoint on; each panel has its own colour scale, so compare "
+           "rows within a panel and read the size off its colorbar. Rows are layers (0 = embeddings), columns the checkpoints. "
+           "The most-moved layer at the last step: "
            + "; ".join(f"{r.pooling} pooling at {P.group_label(by, getattr(r, by))}: layer {r.layer} ({format_value(r.drift)})" for r in top.itertuples()) + ".")
     return [Figure(P.plot_layer_heatmaps(lt, by), "layer_drift", alt), *_missing_poolings(lt, by, ("mean", "cls")),
             Table(wide.reset_index(), "Drift of each layer at the last step")]
@@ -321,21 +409,27 @@ def _missing_poolings(lt: pd.DataFrame, by: str, poolings: tuple[str, ...]) -> l
 
 # %% ../nbs/21_report.ipynb #0b1879a3
 def section_seed_variance(study: Study, **o) -> list:
-    "Seed-to-seed dispersion over training, raw and Procrustes-aligned, per seed factor and per learning rate."
+    "Seed-to-seed dispersion over training, raw and Procrustes-aligned, per seed factor and per learning rate (each lr in its colour)."
     from embvar_study import analysis as A, plots as P
-    o = _opts(**o); disp = {}
+    o = _opts(**o); disp, cols = {}, {}
     for fac, word in (("init_seed", "head seed varied"), ("data_seed", "data seed varied")):
         try: disp[word] = A.dispersion_over_training(study.runs("seed_sweep", fac, min_runs=2), o["layer"], o["pooling"])
         except NotComputed: pass
-    for lr, g in study.runs("lr_sweep").groups("lr").items():
-        if len(g) >= 2: disp[f"all seeds, lr {format_lr(lr)}"] = A.dispersion_over_training(g, o["layer"], o["pooling"])
+    lr_groups = study.runs("lr_sweep").groups("lr") if study.has("lr_sweep") else {}
+    pal = P.palette(list(lr_groups))
+    for lr, g in lr_groups.items():
+        if len(g) >= 2:
+            k = f"all seeds, lr {format_lr(lr)}"; disp[k] = A.dispersion_over_training(g, o["layer"], o["pooling"]); cols[k] = pal[lr]
     if not disp: raise NotComputed("no group of at least 2 runs that differ only in seeds")
     last = pd.DataFrame([{"runs": k, **v.iloc[-1].to_dict()} for k, v in disp.items()])
     last["removed_by_alignment"] = 1 - last["aligned_dispersion"] / last["raw_dispersion"]
-    alt = ("Line chart of the mean squared distance of the runs' probe embeddings to their mean against the step, solid raw and dashed "
-           "after generalised Procrustes alignment, one colour per group; at the end: "
-           + "; ".join(f"{r.runs}: raw {format_value(r.raw_dispersion)}, aligned {format_value(r.aligned_dispersion)}" for r in last.itertuples()) + ".")
-    return [Figure(P.plot_seed_variance(disp), "seed_dispersion", alt),
+    fig = P.plot_seed_variance(disp, cols)
+    big = last.loc[last["raw_dispersion"].idxmax()]
+    alt = (f"What to see: how far apart the runs end and how much of it alignment removes (the gap between solid and dashed lines); "
+           f"largest at the end: {big.runs}, raw {format_value(big.raw_dispersion)}, aligned {format_value(big.aligned_dispersion)}. "
+           + "; ".join(f"{r.runs}: raw {format_value(r.raw_dispersion)}, aligned {format_value(r.aligned_dispersion)}" for r in last.itertuples()) + "."
+           + (" The axis is logarithmic: the curves differ more than 10x." if fig.axes[0].get_yscale() == "log" else ""))
+    return [Figure(fig, "seed_dispersion", alt),
             Table(last, "At the last step: raw and aligned dispersion, mean pairwise cosine distance, share removed by alignment")]
 
 def _span(values: pd.Series) -> str:
@@ -352,7 +446,8 @@ def section_pairs(study: Study, **o) -> list:
     pairs = A.pairwise_table(rs, o["layer"], o["pooling"])
     mats = {"linear CKA": A.similarity_matrix(pairs, "cka"), "RSA (Spearman)": A.similarity_matrix(pairs, "rsa"),
             "k-NN overlap (k=10)": A.similarity_matrix(pairs, "knn_overlap")}
-    alt = (f"Three annotated matrices over {len(rs)} runs (labelled by their head and data seeds), each with a colorbar at least 0.05 wide: "
+    alt = (f"What to see: how alike every two of the {len(rs)} runs are by each measure (labelled by their head and data seeds; each colorbar "
+           f"spans at least 0.05, so near-identical values do not look different): "
            f"linear CKA ({_span(pairs['cka'])}), RSA ({_span(pairs['rsa'])}) and k-NN overlap ({_span(pairs['knn_overlap'])}) between every pair.")
     return [Figure(P.plot_matrices(mats), "pair_similarity", alt),
             Table(pairs.drop(columns=["i", "j"]), "Every pair of runs: raw and aligned mean squared distance, cosine distance, CKA, RSA, k-NN overlap")]
@@ -365,8 +460,10 @@ def section_noise_floor(study: Study, **o) -> list:
     nf = A.noise_floor(study.runs("seed_sweep", "replicate", min_runs=2), o["layer"], o["pooling"])
     if (nf["max_abs_diff"] == 0).all():
         return [f"The two identical-seed replicates are **bit-identical** at all {len(nf)} tracked steps (largest difference 0): "
-                "on this machine training is deterministic, and every seed difference above is real, not noise."]
-    return [Table(nf, "Identical-seed replicates: cosine distance between them, largest absolute difference, drift difference, per step")]
+                "on this machine training is deterministic, and every seed difference in this report is real, not noise."]
+    return [f"The identical-seed replicates end {format_value(nf['replicate_cos_dist'].iloc[-1])} apart (cosine distance) at the last step, "
+            f"largest absolute difference {format_value(nf['max_abs_diff'].max())}: seed differences smaller than that are noise.",
+            Table(nf, "Identical-seed replicates: cosine distance between them, largest absolute difference, drift difference, per step")]
 
 def section_geometry(study: Study, **o) -> list:
     "Covariance spectra, anisotropy and class structure at the first and last step, per learning rate."
@@ -375,8 +472,8 @@ def section_geometry(study: Study, **o) -> list:
     geo, eig = A.geometry_table(study.runs("lr_sweep"), o["layer"], o["pooling"])
     cols = [c for c in ("trace", "effective_rank", "participation_ratio", "anisotropy", "top_eigen_ratio", "intra_inter_ratio") if c in geo]
     t = geo.groupby(["lr", "when"])[cols].mean().reset_index()
-    alt = ("Log-scale line chart of the share of variance per covariance eigenvalue rank, one line per run, dotted at step 0 and solid "
-           "at the last step, coloured by learning rate; effective rank at the end: "
+    alt = ("What to see: whether fine-tuning concentrates the probes' variance in fewer directions (a solid last-step line falling faster "
+           "than the dotted step-0 line of its colour); share of variance per covariance eigenvalue rank, log scale. Effective rank at the end: "
            + "; ".join(f"lr {format_lr(r.lr)} {format_value(r.effective_rank)}" for r in t[t["when"] == "last"].itertuples()) + ".")
     return [Table(t, "Mean over seeds of the spectrum summaries at the first and last step"), Figure(P.plot_spectra(eig), "spectra", alt)]
 
@@ -386,22 +483,30 @@ def section_perturbation(study: Study, **o) -> list:
     pt = A.perturbation_table(study.runs("perturbation"))
     top = pt[pt["layer"] == pt["layer"].max()].pivot_table(index="kind", columns=["lr", "when"], values="cos_to_clean")
     top.columns = [f"lr {format_lr(lr)}, {w}" for lr, w in top.columns]
-    alt = ("Line charts per learning rate of the mean cosine distance between perturbed copies and the clean embedding against the layer, "
-           "one colour per perturbation, dotted at the first and solid at the last checkpoint.")
+    alt = ("What to see: whether training makes the model more sensitive to its input's noise (a solid last-checkpoint line above the "
+           "dotted first-checkpoint line of its colour) and in which layers; mean cosine distance of perturbed copies to the clean embedding, "
+           "one panel per learning rate, one colour per perturbation.")
     return [Figure(P.plot_perturbation(pt), "perturbation", alt), Table(top.reset_index(), "Last layer: mean cosine distance of perturbed copies to the clean embedding")]
+
+def reference_lr(study: Study, experiment: str = "lr_sweep") -> float:
+    "The study's reference learning rate (`ref_lr`) if `experiment` ran at it, else that experiment's smallest rate."
+    lrs = sorted(study.runs(experiment).table["lr"].unique())
+    ref = study.grid("ref_lr")
+    return float(ref) if ref is not None and any(np.isclose(ref, lrs)) else float(lrs[0])
 
 def section_mitigation(study: Study, **o) -> list:
     "How much seed variance checkpoint averaging and seed averaging remove, at the reference learning rate."
     from embvar_study import analysis as A, plots as P
     o = _opts(**o)
-    ref = study.grid("ref_lr") or study.runs("lr_sweep").table["lr"].min()
+    ref = reference_lr(study)
     pool = study.runs("lr_sweep").where(lr=ref)
-    try: pool = pool + study.runs("seed_sweep").where(factor=["init_seed", "data_seed"])
+    try: pool = pool + study.runs("seed_sweep").where(factor=["init_seed", "data_seed"], lr=ref)
     except NotComputed: pass
     mt = A.mitigation_table(pool, o["layer"], o["pooling"])
-    alt = ("Line chart of the seed dispersion left, relative to one checkpoint of one run, against the number of checkpoints (m) or "
-           "seeds (s) averaged: " + "; ".join(f"{r.method} of {r.size}: {format_value(r.relative)}" for r in mt.itertuples()) + ".")
-    return [Table(mt, f"Seed dispersion after averaging, {len(pool)} distinct runs at lr {format_lr(ref)}"), Figure(P.plot_mitigation(mt), "mitigation", alt)]
+    best = mt.loc[mt["relative"].idxmin()]
+    alt = (f"What to see: how fast the seed dispersion falls with averaging; lowest: {best.method} of {best.size} leaves "
+           f"{_pct(best.relative)} of one checkpoint's. " + "; ".join(f"{r.method} of {r.size}: {format_value(r.relative)}" for r in mt.itertuples()) + ".")
+    return [Figure(P.plot_mitigation(mt), "mitigation", alt), Table(mt, f"Seed dispersion after averaging, {len(pool)} distinct runs at lr {format_lr(ref)}")]
 
 # %% ../nbs/21_report.ipynb #0530f8c8
 def section_components(study: Study, **o) -> list:
@@ -410,52 +515,90 @@ def section_components(study: Study, **o) -> list:
     o = _opts(**o); rs = study.runs("crossed", min_runs=4)
     kw = dict(layer=o["layer"], pooling=o["pooling"], n_resamples=o["n_resamples"])
     a = components_table(rs, measure="final_drift", **kw); b = components_table(rs, measure="aligned_distance", **kw)
-    return [f"Design: {study.design('crossed')}, one run per cell; with so few seed levels the CIs are wide: read the shares with them.",
-            Table(a[["component", "estimate", "share", "share_low", "share_high"]], "(a) Final drift per probe: variance components and shares (95% CI)"),
-            Table(b[["component", "estimate", "share", "share_low", "share_high"]], "(b) Aligned embeddings: variance components and shares (95% CI)")]
+    width = float(np.nanmean(np.concatenate([(t["share_high"] - t["share_low"]).to_numpy() for t in (a, b)])))
+    big = a.loc[a["share"].idxmax()]
+    return [f"Design: {study.design('crossed')}, one run per cell. The largest share of final drift's variance is {big.component} "
+            f"({_pct(big.share)} [{_pct(big.share_low)}, {_pct(big.share_high)}]); the shares' 95% intervals are on average {_pct(width)} wide.",
+            Table(a[["component", "estimate", "share", "share_low", "share_high"]], "(a) Final drift per probe: variance components and shares (95% interval)"),
+            Table(b[["component", "estimate", "share", "share_low", "share_high"]], "(b) Aligned embeddings: variance components and shares (95% interval)")]
+
+def collapse_identical(df: pd.DataFrame,         # a table with one row per run
+                       label: str = "run",       # the column naming each row (joined in the collapsed rows)
+                       drop: tuple[str, ...] = ("run_id",),  # columns that differ per run and are left out
+                       spans: tuple[str, ...] = (),          # numeric columns shown as their range over the merged rows
+                      ) -> pd.DataFrame:         # one row per distinct remaining row: `label` joined, `runs` its count
+    "Rows that agree on every column but `label`, `drop` and `spans` as one row: the labels joined, a `runs` count, each `spans` column as 'low to high', in first-seen order."
+    rest = [c for c in df.columns if c != label and c not in drop and c not in spans]
+    key = pd.Series(["\x1f".join(map(str, row)) for row in df[rest].itertuples(index=False)], index=df.index)
+    first = ~key.duplicated()
+    out = df.loc[first, [label, *rest]].copy()
+    out[label] = [", ".join(df.loc[key == k, label].astype(str)) for k in key[first]]
+    out.insert(1, "runs", [int((key == k).sum()) for k in key[first]])
+    for c in spans:
+        if c not in df: continue
+        rng = [(df.loc[key == k, c].min(), df.loc[key == k, c].max()) for k in key[first]]
+        out[c] = [format_value(lo) if format_value(lo) == format_value(hi) else f"{format_value(lo)} to {format_value(hi)}" for lo, hi in rng]
+    out.attrs = dict(df.attrs)
+    return out.reset_index(drop=True)
 
 def section_early_warning(study: Study, **o) -> list:
     "Drift as an early warning of failing runs, over the extended learning-rate sweep."
     from embvar_study import early_warning as EW
     o = _opts(**o); ext = study.runs("lr_extended", min_runs=2)
-    ref = study.grid("ref_lr") or ext.table["lr"].min()
+    ref = reference_lr(study, "lr_extended")
     try: rep = EW.replicate_distances(study.runs("seed_sweep", "replicate"), layer=o["layer"], pooling=o["pooling"])
     except NotComputed: rep = np.array([])
     th = EW.drift_threshold(rep, fallback_drifts=EW.seed_distances(ext.where(lr=ref), layer=o["layer"], pooling=o["pooling"]))
     ew = EW.early_warning_table(ext, th, layer=o["layer"], pooling=o["pooling"])
-    out = [f"Threshold **{format_value(th.value)}** (source: {th.source}; {th.note}).",
-           Table(ew.drop(columns=[c for c in ("steps", "drift", "threshold", "threshold_source") if c in ew]),
-                 "Per run: the step drift first crosses the threshold, the step the run shows failing, the lead time, and its outcome")]
-    try: out.append(Table(EW.outcome_auc_table(ew, n_resamples=o["n_resamples"]), "How well drift at an early step separates runs that end up failing (AUC, 95% CI)"))
+    shown = ew.drop(columns=[c for c in ("steps", "drift", "threshold", "threshold_source") if c in ew])
+    grouped = collapse_identical(shown, drop=("run_id", "seed"), spans=("final_drift",)) if "run" in shown else shown
+    out = [f"Threshold **{format_value(th.value)}** (source: {th.source}; {th.note})."
+           + (f" {len(shown)} runs fall into {len(grouped)} distinct outcomes; runs with the same outcome share a row." if len(grouped) < len(shown) else ""),
+           Table(grouped, "Per run: the step drift first crosses the threshold, the step the run shows failing, the lead time, and its outcome")]
+    try: out.append(Table(EW.outcome_auc_table(ew, n_resamples=o["n_resamples"]), "How well drift at an early step separates runs that end up failing (AUC, 95% interval)"))
     except (NotComputed, ValueError) as e: out.append(note_md(f"AUC not computed: {e}"))
     return out
 
 # %% ../nbs/21_report.ipynb #114b9959
 def section_agreement(study: Study, **o) -> list:
-    "Do the across-run similarity measures agree on which runs are alike, and what is each blind to?"
+    "Do the across-run similarity measures agree on which runs are alike, and what is each blind to? Many pairs of measures are summarized, the least-agreeing shown."
     from embvar_study import agreement as AG
     o = _opts(**o); rs = study.runs("seed_sweep", min_runs=3)
     pairs, agree, inv = AG.agreement_tables(rs, layer=o["layer"], pooling=o["pooling"], n_resamples=o["n_resamples"])
+    inv = inv.assign(measure=inv["measure"].map(plain_column))                        # measures by name in words, as the headers
+    agree = agree.assign(measure_a=agree["measure_a"].map(plain_column), measure_b=agree["measure_b"].map(plain_column))
     tab = inv.pivot(index="measure", columns="transform", values="invariant").replace({True: "invariant", False: "changes"})
     used = f"resamples_used_of_{o['n_resamples']}"
-    return [Table(agree[["measure_a", "measure_b", "spearman", "ci_low", "ci_high", "n_valid"]].rename(columns={"n_valid": used}),
-                  f"Spearman correlation between measures over the run pairs (95% CI, runs resampled); resamples used: of the {o['n_resamples']} "
-                  "bootstrap resamples, those in which both measures vary over the drawn pairs (the others have no correlation)"),
+    a = agree[["measure_a", "measure_b", "spearman", "ci_low", "ci_high", "n_valid"]].rename(columns={"n_valid": used}).sort_values("spearman")
+    a.attrs = dict(agree.attrs)
+    summary = (f"Over {len(a)} pairs of measures the Spearman correlation across run pairs runs from {format_value(a['spearman'].min())} "
+               f"({a.iloc[0]['measure_a']} vs {a.iloc[0]['measure_b']}) to {format_value(a['spearman'].max())}, median {format_value(a['spearman'].median())}.")
+    shown = a if len(a) <= 6 else a.head(5)
+    return [summary, Table(shown, ("The least-agreeing pairs of measures" if len(shown) < len(a) else "Every pair of measures")
+                           + f": Spearman correlation over the run pairs (95% interval, runs resampled); resamples used: of the {o['n_resamples']} "
+                           "bootstrap resamples, those in which both measures vary over the drawn pairs (the others have no correlation)"),
             Table(tab.reset_index(), "Live invariance table: each transform applied to one run, each measure recomputed"),
             f"The live table matches theory in **{int(inv['agrees'].sum())}/{len(inv)}** entries."]
 
 def section_pooling(study: Study, **o) -> list:
-    "Does the conclusion depend on the pooling? Drift and between/within-run variance ratio per layer under every stored pooling."
+    "Does the conclusion depend on the pooling? Drift and between/within-run variance ratio per layer under every stored pooling, and whether the layer rankings agree."
     from embvar_study import agreement as AG
     o = _opts(**o)
     sens = AG.pooling_sensitivity(study.runs("seed_sweep", min_runs=2), n_resamples=o["n_resamples"])
     prof = sens.pivot(index="layer", columns="pooling", values="drift")
-    return [Table(prof.reset_index(), "Drift from step 0 per layer and pooling"),
-            Table(sens.pivot(index="layer", columns="pooling", values="seed_share").reset_index(),
+    ratio = sens.pivot(index="layer", columns="pooling", values="seed_share")
+    rho = prof.corr(method="spearman")
+    off = rho.where(~np.eye(len(rho), dtype=bool)).stack()
+    verdict = ("" if off.empty else f"The layer profiles of drift rank the layers alike under every pooling (Spearman ρ {format_value(off.min())} or more)."
+               if off.min() >= 0.8 else f"The layer profiles of drift rank the layers differently by pooling (lowest Spearman ρ {format_value(off.min())}): "
+               "a conclusion about which layer moves most depends on the pooling.")
+    empty = [f"{p} at layer {l}" for l, row in ratio.iterrows() for p, v in row.items() if pd.isna(v)]
+    return [verdict, Table(prof.reset_index(), "Drift from step 0 per layer and pooling"),
+            Table(ratio.reset_index(),
                   "Between-run over within-run variance per layer and pooling: the variance across runs of a probe's embedding divided by the "
-                  "variance across probes within a run (a ratio, not a share: above 1 the seeds move the embeddings more than the probes differ). "
-                  "— where the within-run variance is 0: at layer 0 every probe's CLS vector is the same [CLS] token and position embedding"),
-            Table(prof.corr(method="spearman").reset_index().rename(columns={"pooling": "Spearman"}), "Rank correlation of the layer profiles of drift between poolings")]
+                  "variance across probes within a run (a ratio, not a share: above 1 the seeds move the embeddings more than the probes differ)"
+                  + (f"; — where the within-run variance is 0 ({', '.join(empty)}: every probe has the same vector there)" if empty else "")),
+            Table(rho.reset_index().rename(columns={"pooling": "Spearman"}), "Rank correlation of the layer profiles of drift between poolings")]
 
 def section_provenance(study: Study, **o) -> list:
     "Every run's configuration and environment: what all share, what varies, which environments."
@@ -480,7 +623,7 @@ def section_runs_overview(study: Study, **o) -> list:
     "What the report from run folders covers: groups, runs per group, and the sections left out (with the reason)."
     rs = study.runs("runs"); by = study.spec.get("group_by", "?")
     sizes = rs.table.groupby("factor").size()
-    left_out = ("Left out, because they need a designed study (`embvar report --profile`) rather than arbitrary runs: the "
+    left_out = ("Left out, because they need a designed study (a profile's experiments) rather than arbitrary runs: the "
                 "reference comparison and the schedule analysis (need learning rates and schedules varied on purpose), the "
                 "variance components (a fully crossed head-seed x data-seed design), drift as an early warning (an extended "
                 "learning-rate sweep with failing runs), the mitigation and perturbation sections (seed-only groups; runs "
@@ -515,43 +658,130 @@ def section_runs_noise_floor(study: Study, **o) -> list:
     return [Table(A.noise_floor(s, o["layer"], o["pooling"]).assign(runs=" / ".join(s.labels())), "Identical-configuration replicates") for s in sets]
 
 # %% ../nbs/21_report.ipynb #79374a38
-def findings(study: Study, **o) -> str:  # Markdown
-    "The headline numbers with their CIs, in sentences, from the study's tables."
+def compare_intervals(a: tuple[float, float],  # (low, high) of the first quantity
+                      b: tuple[float, float],  # (low, high) of the second
+                     ) -> str:                 # 'larger', 'smaller', 'overlap' or 'no interval'
+    "Whether the first quantity is shown larger or smaller than the second: only when their intervals do not overlap (ranges that only touch overlap)."
+    if any(x is None or not np.isfinite(x) for x in (*a, *b)): return "no interval"
+    if a[0] > b[1]: return "larger"
+    if a[1] < b[0]: return "smaller"
+    return "overlap"
+
+def _iv(lo: float, hi: float) -> str: return f"[{format_value(lo)}, {format_value(hi)}]"
+
+def _finding(key: str, text: str, value: float | None = None, ci: tuple | None = None, verdict: str = "") -> dict:
+    return {"key": key, "text": text, "value": None if value is None else float(value),
+            "ci": None if ci is None or any(pd.isna(x) for x in ci) else (float(ci[0]), float(ci[1])), "verdict": verdict}
+
+def _lr_findings(study: Study, o: dict) -> list[dict]:
+    from embvar_study.analysis import REFERENCE
+    s = _summary(study, "lr_sweep", "lr", o); last = _last_rows(s, "lr").sort_values("lr")
+    out = []
+    for r in last.itertuples():
+        ref = next((v for k, v in REFERENCE["drift"].items() if np.isclose(k, r.lr)), None)
+        tail = f" (the reference reports about {ref[1]})" if ref else ""
+        out.append(_finding(f"drift_lr_{format_lr(r.lr)}", f"At lr {format_lr(r.lr)} the probes' drift from step 0 ends at {format_value(r.drift)} "
+                            f"{_iv(r.ci_low, r.ci_high)} after {r.step} steps, over {r.n_seeds} seeds{tail}.", r.drift, (r.ci_low, r.ci_high), "measured"))
+    if len(last) >= 2:
+        lo, hi = last.iloc[0], last.iloc[-1]
+        v = compare_intervals((hi.ci_low, hi.ci_high), (lo.ci_low, lo.ci_high))
+        ratio = hi.drift / lo.drift if lo.drift > 0 else np.nan
+        a, b = f"lr {format_lr(hi.lr)}: {format_value(hi.drift)} {_iv(hi.ci_low, hi.ci_high)}", f"lr {format_lr(lo.lr)}: {format_value(lo.drift)} {_iv(lo.ci_low, lo.ci_high)}"
+        text = {"larger": f"A higher learning rate moves the embeddings further: final drift is {ratio:.1f}x as large at the highest rate ({a}) as at the lowest ({b}).",
+                "smaller": f"A higher learning rate moves the embeddings less here: final drift at the highest rate ({a}) is below the lowest rate's ({b}).",
+                "overlap": f"Not shown that the learning rate changes final drift: the intervals overlap ({a}; {b}).",
+                "no interval": f"Not shown that the learning rate changes final drift: no interval could be computed ({a}; {b})."}[v]
+        out.insert(0, _finding("lr_effect", text, ratio, None, v))
+    return out
+
+def _schedule_findings(study: Study, o: dict) -> list[dict]:
+    se = _schedule_effects(study, o); out = []
+    lin = se[se["schedule"] == "linear"].set_index("lr")
+    for r in se[se["schedule"] != "linear"].itertuples():
+        if r.lr not in lin.index: continue
+        l = lin.loc[r.lr]
+        v = compare_intervals((r.ci_low, r.ci_high), (l["ci_low"], l["ci_high"]))
+        a, b = f"{format_value(r.drift)} {_iv(r.ci_low, r.ci_high)}", f"{format_value(l['drift'])} {_iv(l['ci_low'], l['ci_high'])}"
+        text = {"larger": f"At lr {format_lr(r.lr)} a {r.schedule} schedule ends with more drift than the linear one: {a} against {b} ({r.ratio_to_linear:.1f}x).",
+                "smaller": f"At lr {format_lr(r.lr)} a {r.schedule} schedule ends with less drift than the linear one: {a} against {b} ({r.ratio_to_linear:.1f}x).",
+                "overlap": f"Not shown that the schedule changes drift at lr {format_lr(r.lr)}: {r.schedule} {a} and linear {b} overlap ({r.ratio_to_linear:.2f}x).",
+                "no interval": f"Not shown that the schedule changes drift at lr {format_lr(r.lr)}: no interval ({r.schedule} {a}, linear {b})."}[v]
+        out.append(_finding(f"schedule_{r.schedule}_{format_lr(r.lr)}", text, r.ratio_to_linear, None, v))
+    return out
+
+def _collapse_finding(study: Study, o: dict) -> list[dict]:
+    ct = _collapse(study, o); comp = ct[ct["gap_cum_lr"].notna()]
+    verdict = collapse_verdict(ct)
+    words = {"yes": f"Against the cumulative learning rate the drift curves of every rate and schedule fall onto one curve: the largest gap is {_pct(comp['gap_cum_lr'].max()) if len(comp) else ''} of the drift (within {_pct(COLLAPSE_GAP)}).",
+             "no": f"Drift is not set by the cumulative learning rate alone: at equal cumulative learning rate some curves differ by more than {_pct(COLLAPSE_GAP)} of the drift (largest gap {_pct(comp['gap_cum_lr'].max()) if len(comp) else ''}).",
+             "unclear": f"Not shown whether drift is set by the cumulative learning rate alone: the gaps' intervals straddle {_pct(COLLAPSE_GAP)}.",
+             "untestable": "Not testable whether drift is set by the cumulative learning rate alone: no two groups cover a common range of it."}[verdict]
+    worst = comp.loc[comp["gap_cum_lr"].idxmax()] if len(comp) else None
+    return [_finding("collapse", words, None if worst is None else worst["gap_cum_lr"],
+                     None if worst is None else (worst["gap_cum_lr_low"], worst["gap_cum_lr_high"]), verdict)]
+
+def _seed_finding(study: Study, o: dict) -> list[dict]:
     from embvar_study import analysis as A
+    g = study.runs("seed_sweep", "init_seed", min_runs=2)
+    d = A.dispersion_over_training(g, o["layer"], o["pooling"]).iloc[-1]
+    if not d["raw_dispersion"] > 0: return [_finding("seed_rotation", f"Runs that differ only in the head seed end with identical embeddings ({len(g)} runs).", 0.0, None, "none")]
+    share = 1 - d["aligned_dispersion"] / d["raw_dispersion"]
+    kind = "most of it is a rotation" if share > 0.5 else "most of it is not a rotation"
+    return [_finding("seed_rotation", f"Runs that differ only in the head seed end {format_value(d['raw_dispersion'])} apart (mean squared distance to their mean, "
+                     f"{len(g)} runs); Procrustes alignment removes {100 * share:.0f}% of that: {kind}.", share, None, "rotation" if share > 0.5 else "not rotation")]
+
+def key_findings(study: Study, **o) -> list[dict]:  # [{key, text, value, ci, verdict}]
+    "The report's computed findings as data: each a plain sentence with its number and interval, from the study's tables (what the README quotes); a part that cannot be computed is left out."
     o = _opts(**o); out = []
-    try:
-        rs = study.runs("lr_sweep")
-        ref = memo(study, ("reference", o["layer"], o["pooling"], o["n_resamples"]),
-                   lambda: A.reference_table(rs, o["layer"], o["pooling"], n_resamples=o["n_resamples"]))
-        me = ref[ref["source"] == "this study"]
-        v = format_value
-        out.append("**Drift per learning rate** (mean over seeds and probes, 95% cluster-bootstrap CI): " + "; ".join(
-            f"at lr {format_lr(r.lr)}, {v(r.drift_first)} {v(r.drift_first_ci)} at the first checkpoint -> {v(r.drift_last)} "
-            f"{v(r.drift_last_ci)} at the end, training loss {r.loss}" for r in me.itertuples())
-            + ". The reference: 0.03 -> 0.26 at 5e-5, 0.22 -> 0.76 at 5e-4 with the loss barely changing.")
-    except NotComputed as e: out.append(f"*Drift per learning rate not computed: {e}*")
-    try:
-        rs = study.runs("schedule", min_runs=2)
-        se = memo(study, ("schedule_effects", o["layer"], o["pooling"], o["n_resamples"]),
-                  lambda: A.schedule_effects(rs, o["layer"], o["pooling"], n_resamples=o["n_resamples"]))
-        ct = memo(study, ("collapse", o["layer"], o["pooling"], o["n_resamples"]),
-                  lambda: A.collapse_table(rs, o["layer"], o["pooling"], n_resamples=min(o["n_resamples"], 1000)))
-        con = se[se["schedule"] != "linear"]
-        out.append("**The schedule sets drift's size at a given peak rate**: " + "; ".join(
-            f"{r.schedule} ends at {r.ratio_to_linear:.1f}x the linear schedule's drift at lr {format_lr(r.lr)} "
-            f"({format_value(r.drift)} {format_value((r.ci_low, r.ci_high))})" for r in con.itertuples()) + ". " + collapse_answer(ct))
+    for part in (_lr_findings, _schedule_findings, _collapse_finding, _seed_finding):
+        try: out += part(study, o)
+        except NotComputed: pass
+    return out
+
+def findings(study: Study, **o) -> str:  # Markdown
+    "The conclusions in plain words, one bullet each, from `key_findings`: at most 5 (the learning rate's effect, the schedule, the collapse test, the seeds, then the drift per rate)."
+    fs = key_findings(study, **o)
+    if not fs: raise NotComputed("no experiment of this study gives a finding: the learning-rate sweep, the schedule or the seed sweep is needed")
+    order = ["lr_effect", "schedule", "collapse", "seed_rotation", "drift_lr"]
+    picked = sorted(fs, key=lambda f: next(i for i, k in enumerate(order + [""]) if f["key"].startswith(k)))
+    top = [f for f in picked if not f["key"].startswith("drift_lr")][:4] or picked[:4]
+    drift = [f for f in picked if f["key"].startswith("drift_lr")]
+    if drift and len(top) < 5: top.append({"text": " ".join(f["text"] for f in drift)})
+    return "\n".join(f"- {f['text']}" for f in top[:5])
+
+# %% ../nbs/21_report.ipynb #a1f7f138
+def _range_words(values: list, unit: str = "") -> str:
+    v = sorted(set(values)); u = f" {unit}" if unit else ""
+    return f"{v[0]}{u}" if len(v) == 1 else f"{v[0]} to {v[-1]}{u}"
+
+def limitations(study: Study, **o) -> str:  # Markdown
+    "What limits this study, from its runs: the model, steps and data per run, seeds per setting, truncated texts (from each run's COMPLETE), and where it differs from the reference."
+    from embvar_study import analysis as A
+    runs = study.all_runs().runs; out = []
+    ms = [(r.marker.get("derived") or {}).get("model_summary") or {} for r in runs]
+    m = ms[0]
+    size = (f" ({m['n_layers']} layers, hidden size {m['hidden_size']}, {format_value(m['n_params'])} parameters)"
+            if all(k in m for k in ("n_layers", "hidden_size", "n_params")) else "")
+    out.append(f"**Model**: {_per_run([r.config.get('model') for r in runs])}{size}; every conclusion is about this model.")
+    steps = [int(r.marker.get("total_steps") or r.steps.max()) for r in runs]
+    ntr = [d.get("n_train") for d in ((r.marker.get("derived") or {}) for r in runs) if d.get("n_train") is not None]
+    out.append(f"**Training**: {_range_words(steps, 'optimizer steps')} per run" + (f" on {_range_words(ntr, 'training texts')}" if ntr else "")
+               + f", batch {_per_run([r.config.get('batch_size') for r in runs])}; drift after longer training is not measured here.")
+    seeds = []
+    for e, by in (("lr_sweep", "lr"), ("schedule", ["lr", "schedule"])):
+        try: n = study.runs(e).table.groupby(by).size()
+        except NotComputed: continue
+        seeds.append(f"{_range_words(n.tolist())} seed{'s' if n.max() != 1 else ''} per {'learning rate' if by == 'lr' else 'rate and schedule'} in the {'learning-rate sweep' if e == 'lr_sweep' else 'schedule experiment'}")
+    if seeds: out.append("**Seeds**: " + "; ".join(seeds) + ": every interval rests on that many independent runs.")
+    d = [(r.marker.get("derived") or {}, r.config) for r in runs]
+    tr = [(x.get("train_truncated"), x.get("n_train"), c.get("max_length")) for x, c in d if x.get("train_truncated") is not None]
+    pr = [(x.get("probes_truncated"), x.get("n_probes"), c.get("probe_max_length")) for x, c in d if x.get("probes_truncated") is not None]
+    bits = [f"{_range_words([t for t, _, _ in v])} of {_range_words([n for _, n, _ in v])} {w} longer than {_range_words([L for _, _, L in v])} tokens were truncated"
+            for v, w in ((tr, "training texts"), (pr, "probes")) if v]
+    if bits: out.append("**Truncation** (per run): " + "; ".join(bits) + ".")
+    try: out.append("**Reference**: " + _differences(A.setup_table(study.runs("lr_sweep"))))
     except NotComputed: pass
-    try:
-        g = study.runs("seed_sweep", "init_seed", min_runs=2)
-        d = A.dispersion_over_training(g, o["layer"], o["pooling"]).iloc[-1]
-        if d["raw_dispersion"] > 0:
-            out.append(f"**Seeds**: runs that differ only in the head seed end {d['raw_dispersion']:.3g} apart (mean squared distance to their "
-                       f"mean); Procrustes alignment removes {100 * (1 - d['aligned_dispersion'] / d['raw_dispersion']):.0f}% of that, so "
-                       "most seed variance is a rotation." if d["aligned_dispersion"] < 0.5 * d["raw_dispersion"] else
-                       f"**Seeds**: runs that differ only in the head seed end {d['raw_dispersion']:.3g} apart; alignment removes "
-                       f"{100 * (1 - d['aligned_dispersion'] / d['raw_dispersion']):.0f}%: most of it is not a rotation.")
-    except NotComputed: pass
-    return "\n\n".join(f"- {x}" for x in out)
+    return "\n".join(f"- {x}" for x in out)
 
 # %% ../nbs/21_report.ipynb #c5d99644
 def section_experiment(study: Study, experiment: str, **o) -> list:
@@ -647,7 +877,7 @@ header.doc h1{margin:28px 0 6px;font-size:28px}
 dl.report-meta{display:grid;grid-template-columns:max-content 1fr;gap:2px 16px;font-size:13.5px;color:#444;margin:8px 0 18px}
 dl.report-meta dt{font-weight:600}dl.report-meta dd{margin:0}
 nav.toc{background:#f6f7f9;border:1px solid #e3e5e8;border-radius:6px;padding:10px 18px;margin:12px 0 24px;font-size:14px}
-nav.toc ol{margin:4px 0;padding-left:22px;columns:2;column-gap:32px}nav.toc a{color:#0b57d0;text-decoration:none}
+nav.toc ol{margin:4px 0;padding-left:22px}nav.toc a{color:#0b57d0;text-decoration:none}
 h2{margin-top:40px;padding-top:8px;border-top:1px solid #e3e5e8}h2,h3,h4{line-height:1.25}
 a.anchor-link{display:none}
 .table-wrap{max-width:100%;overflow-x:auto;margin:10px 0 18px}
@@ -660,14 +890,20 @@ table.embvar td.txt{max-width:420px;overflow-wrap:break-word}
 pre{white-space:pre-wrap;overflow-wrap:break-word;font-size:12.5px;background:#f6f7f9;padding:6px 8px;border-radius:4px}
 figure{margin:12px 0 20px}figure img{max-width:100%;height:auto}figcaption{font-size:12.5px;color:#555;max-width:900px}
 .not-computed{background:#fff8e6;border-left:3px solid #e0a800;padding:6px 10px;font-size:14px}
-section.appendix h3{margin-top:36px;padding-top:6px;border-top:1px solid #e3e5e8}
+section.appendix h3,section.appendix h4{margin-top:36px;padding-top:6px;border-top:1px solid #e3e5e8}
+p.method{font-size:12px;color:#666;margin:2px 0 0}
+ul.not-computed-list{font-size:14px;color:#444}
+nav.toc span.sub{font-size:13px}
 """
 
 def _fragment(nb_path: Path) -> str:
     import nbformat
     from nbconvert import HTMLExporter
     ex = HTMLExporter(template_name="basic", exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
-    body, _ = ex.from_notebook_node(nbformat.read(nb_path, as_version=4))
+    nb = nbformat.read(nb_path, as_version=4)
+    for c in nb.cells:                      # progress lines (stream output) stay in the executed notebook and its log, not in the document
+        if c.cell_type == "code": c.outputs = [o for o in c.get("outputs", []) if o.get("output_type") != "stream"]
+    body, _ = ex.from_notebook_node(nb)
     return body
 
 def _demote(fragment: str, by: int, prefix: str) -> str:
@@ -677,28 +913,66 @@ def _demote(fragment: str, by: int, prefix: str) -> str:
 
 # %% ../nbs/21_report.ipynb #e4644966
 def doc_title(title: str, profile: str = "") -> str:
-    "The page title: the report's heading and a profile name ('— smoke profile'), or a description as it is ('runs grouped by lr')."
+    "The page title: the report's heading and the study's description ('— smoke profile', '— quick profile with lrs = 1e-4, 5e-4'), or a description as it is ('runs grouped by lr')."
     if not profile: return title
-    return f"{title}: {profile}" if " " in profile.strip() else f"{title} — {profile} profile"
+    p = profile.strip()
+    if p.endswith(" profile") or " profile with " in p: return f"{title} — {p}"
+    return f"{title}: {p}" if " " in p else f"{title} — {p} profile"
 
 # %% ../nbs/21_report.ipynb #2f00b35b
+def _not_computed_list(body: str) -> tuple[str, list[tuple[str, str]]]:  # (body without them, [(section, reason)])
+    "Sections (h2/h3) that hold only 'Not computed' notes and prose are taken out; every note becomes (section title, reason)."
+    parts = re.split(r'(?=<h[23] id=")', body); kept, notes = [], []
+    strip = lambda s: html.unescape(re.sub(r"<[^>]+>", "", s)).strip()
+    for p in parts:
+        found = re.findall(r'<p class="not-computed">(.*?)</p>', p, flags=re.S)
+        if not found: kept.append(p); continue
+        m = re.match(r'<h([23]) id="[^"]*">(.*?)(?:<a class="anchor-link"[^>]*>.*?</a>)?</h\1>', p, flags=re.S)
+        title = strip(m.group(2)) if m else "Report"
+        notes += [(title, strip(re.sub(r"<strong>Not computed:</strong>", "", f))) for f in found]
+        if "<img" in p or "<table" in p: kept.append(re.sub(r'<p class="not-computed">.*?</p>', "", p, flags=re.S))
+        elif not m: kept.append(re.sub(r'<p class="not-computed">.*?</p>', "", p, flags=re.S))
+    return "".join(kept), notes
+
+def _not_computed_html(notes: list[tuple[str, str]]) -> str:
+    if not notes: return ""
+    items = "".join(f"<li><strong>{html.escape(t)}</strong>: {html.escape(r)}</li>" for t, r in dict.fromkeys(notes))
+    return f'<h2 id="Not-computed">Not computed</h2><ul class="not-computed-list">{items}</ul>'
+
+def _study_title(study_dir: Path, profile: str) -> str:
+    "The study's own description (profile and overrides, from study.json) when the folder holds the study of `profile`, else `profile`."
+    f = Path(study_dir) / "study.json"
+    if not profile or " " in profile.strip() or not f.is_file(): return profile
+    spec = json.loads(f.read_text())
+    return study_description(spec) if spec.get("profile") == profile else profile
+
 def render_html(study_dir: str | Path, report: str | Path, appendix: list[str | Path] = (), *, profile: str = "") -> Path:
-    "Compose the executed report notebook and experiment notebooks into <study_dir>/report.html (title, contents, no network)."
+    "Compose the executed report notebook and experiment notebooks into <study_dir>/report.html (title with the study's description, contents, a 'Not computed' list, the experiments under the Appendix; no network)."
     body = _fragment(Path(report))
     m = re.search(r"<h1[^>]*>(.*?)(<a class=\"anchor-link\".*?)?</h1>", body, flags=re.S)
     title = re.sub(r"<[^>]+>", "", m.group(1)).strip() if m else "Embedding variance report"
     if m: body = body.replace(m.group(0), "", 1)
     meta = re.search(r'<dl class="report-meta">.*?</dl>', body, flags=re.S)   # the header goes under the title
     if meta: body = body.replace(meta.group(0), "", 1)
-    parts = [(Path(p).stem, _demote(_fragment(Path(p)), 2, Path(p).stem)) for p in appendix]
+    body, notes = _not_computed_list(body)
+    has_app = 'id="Appendix"' in body
+    parts = [(Path(p).stem, _demote(_fragment(Path(p)), 3 if has_app else 2, Path(p).stem)) for p in appendix]
     app = "".join(f'<section class="appendix" id="appendix-{n}">{f}</section>' for n, f in parts)
-    doc_body = body + (f'<h2 id="appendix">Appendix: the experiments</h2>{app}' if parts else "")
+    nc = _not_computed_html(notes)
+    if has_app:
+        i = body.index('<h2 id="Appendix"'); body = body[:i] + nc + body[i:]
+        doc_body = body + (f'<h3 id="appendix-experiments">The experiments and their runs</h3>{app}' if parts else "")
+    else: doc_body = body + nc + (f'<h2 id="appendix">Appendix: the experiments</h2>{app}' if parts else "")
     heads = re.findall(r'<h([23]) id="([^"]+)">(.*?)(?:<a class="anchor-link"[^>]*>.*?</a>)?</h\1>', doc_body, flags=re.S)
-    toc = []
+    toc, sub = [], []
+    label = lambda text: html.escape(html.unescape(re.sub(r"<[^>]+>", "", text)).strip())
     for level, hid, text in heads:
-        label = html.escape(html.unescape(re.sub(r"<[^>]+>", "", text)).strip())
-        if level == "2": toc.append(f'<li><a href="#{hid}">{label}</a></li>')
-    full_title = doc_title(title, profile)
+        if level == "2":
+            if sub: toc[-1] = toc[-1].replace("</li>", f'<span class="sub">: {" · ".join(sub)}</span></li>'); sub = []
+            toc.append(f'<li><a href="#{hid}">{label(text)}</a></li>')
+        elif toc and ">Appendix<" in toc[-1]: sub.append(f'<a href="#{hid}">{label(text)}</a>')
+    if sub: toc[-1] = toc[-1].replace("</li>", f'<span class="sub">: {" · ".join(sub)}</span></li>')
+    full_title = doc_title(title, _study_title(Path(study_dir), profile))
     page = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">'
             f"<title>{html.escape(full_title)}</title><style>{_CSS}</style></head><body>"
             f'<header class="doc"><h1>{html.escape(full_title)}</h1>{meta.group(0) if meta else ""}</header><main>'

@@ -93,16 +93,43 @@ def test_the_executed_notebooks_have_no_errors_and_the_cell_log_is_a_file(smoke)
     assert "Traceback" not in smoke["html"] and "Not computed" not in smoke["html"]
 
 
+RAW = ("raw_msd", "cka_debiased", "pvalue holm", "pvalue_holm", "intra inter ratio", "intra_inter_ratio", "gap cum lr", "gap_cum_lr",
+       "<1e-12", "->", "Run it with", "The report does the statistics", "embvar report", "to run", "distinct runs:")
+
+
+def page_text(page: str) -> str:
+    "The words a reader sees: no style, no embedded images, no tags."
+    page = re.sub(r"<style>.*?</style>", "", re.sub(r'src="data:[^"]*"', "", page), flags=re.S)
+    return html_lib.unescape(re.sub(r"<[^>]+>", " ", page))
+
+
+def test_a_document_to_read_first(smoke):
+    page = smoke["html"]
+    text = page_text(page)
+    assert [w for w in RAW if w in text] == []                                          # no raw identifiers, operator text or progress lines
+    h2 = re.findall(r'<h2 id="([^"]+)"', page)
+    assert h2[:2] == ["Conclusions", "Limitations"] and "Appendix" in h2
+    main = page[:page.index('<h2 id="Appendix"')]
+    assert main.index("<img") < main.index('<h2 id="Limitations"')                     # the headline figure sits under the conclusions
+    concl = main[main.index('<h2 id="Conclusions"'):main.index('<h2 id="Limitations"')]
+    assert 3 <= concl.count("<li>") <= 5 and concl.count("[") >= 3                     # 3-5 conclusions, with their intervals
+    for key in ("Model", "Training", "Seeds", "Truncation", "Reference"): assert f"<strong>{key}</strong>" in main
+    for head, _ in tables(page): assert not [h for h in head if "_" in h], head          # every header in words
+    study = load_study(smoke["out"])
+    from embvar_study.report import key_findings
+    for f in key_findings(study, n_resamples=2000)[:3]: assert html_lib.escape(f["text"], quote=False).split(":")[0] in main
+
+
 def test_the_report_numbers_are_the_analysis_tables(smoke):
     study = load_study(smoke["out"])
     ref = analysis.reference_table(study.runs("lr_sweep"), n_resamples=2000)
-    head, rows = next((h, r) for h, r in tables(smoke["html"]) if "drift first ci" in h)
+    head, rows = next((h, r) for h, r in tables(smoke["html"]) if "95% CI at first checkpoint" in h)
     mine = [dict(zip(head, r)) for r in rows if r[0] == "this study"]
     ours = ref[ref["source"] == "this study"].reset_index(drop=True)
     assert len(mine) == len(ours) == 2
     for shown, (_, r) in zip(mine, ours.iterrows()):
-        assert shown["drift last"] == format_value(r["drift_last"]) and shown["drift last ci"] == format_value(r["drift_last_ci"])
-        assert shown["drift first"] == format_value(r["drift_first"])
+        assert shown["drift at last step"] == format_value(r["drift_last"]) and shown["95% CI at last step"] == format_value(r["drift_last_ci"])
+        assert shown["drift at first checkpoint"] == format_value(r["drift_first"])
 
 
 def test_a_second_report_trains_nothing(smoke, capsys):
@@ -149,7 +176,9 @@ def test_a_study_with_lr_extended_but_no_seed_sweep_renders(tmp_path):
     nb = execute_notebooks(["report"], sd, {"profile": "synthetic", "study_dir": str(sd), "n_resamples": 200}, say=None)[0]
     page = render_html(sd, nb).read_text()
     assert "Traceback" not in page
-    assert "the seed_sweep experiment was not run in this study" in page                # said once, uniformly, per section
+    assert "the seed_sweep experiment was not run in this study" in page                # in the one Not computed list
+    nc = page[page.index('<h2 id="Not-computed"'):page.index('<h2 id="Appendix"')]        # the list comes before the Appendix
+    assert 'class="not-computed"' not in page and nc.count("<li>") >= 3                   # one line each, no box
     start = page.index('<h2 id="Drift-as-an-early-warning"'); ew = page[start:page.index("<h2", start + 5)]
     assert "Threshold" in ew and "fallback" in ew and "Not computed" not in ew.split("AUC")[0]
 
@@ -217,3 +246,16 @@ def test_a_failing_notebook_leaves_its_traceback_in_the_log(tmp_path):
         execute_notebooks(["bad"], tmp_path / "s", {"x": 2}, templates=tmp_path / "t", say=None)
     log = (tmp_path / "s" / "logs" / "bad.log").read_text()
     assert "ZeroDivisionError" in log and "return v / 0" in log and "\x1b[" not in log
+
+
+def test_a_custom_study_keeps_its_description_and_the_reference_rate_it_ran(tmp_path):
+    sd = synthetic_study(tmp_path / "syn", lrs=(1e-4, 5e-4), seeds=(0, 1))
+    spec = json.loads((sd / "study.json").read_text())
+    spec["overrides"] = {"lrs": [1e-4, 5e-4], "seeds": [0, 1]}; spec["resolved"]["ref_lr"] = 5e-5   # a profile's ref_lr the overrides left out
+    (sd / "study.json").write_text(json.dumps(spec))
+    nb = execute_notebooks(["report"], sd, {"profile": "synthetic", "study_dir": str(sd), "n_resamples": 200}, say=None)[0]
+    page = render_html(sd, nb, profile="synthetic").read_text()
+    title = re.search(r"<title>(.*?)</title>", page).group(1)
+    assert title.endswith("synthetic profile with lrs = 1e-4, 5e-4 and seeds = 0, 1"), title
+    assert "Not-computed" not in page                                                   # mitigations at lr 1e-4, the rate the study ran
+    assert "distinct runs at lr 1e-4" in page
