@@ -17,9 +17,10 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 # %% auto #0
-__all__ = ['TINY_SPECIAL_TOKENS', 'TINY_MAX_LENGTH', 'TINY_BODY_SEED', 'MODEL_ALIASES', 'tiny_vocab', 'tiny_tokenizer_dir',
-           'tiny_tokenizer', 'minilm_folder', 'resolve_model', 'head_parameter_names', 'load_model_and_tokenizer',
-           'model_summary', 'model_fingerprint']
+__all__ = ['TINY_SPECIAL_TOKENS', 'TINY_MAX_LENGTH', 'TINY_BODY_SEED', 'MODEL_ALIASES', 'DECODER_TYPES', 'tiny_vocab',
+           'tiny_tokenizer_dir', 'tiny_tokenizer', 'minilm_folder', 'resolve_model', 'head_parameter_names',
+           'is_decoder', 'model_is_decoder', 'default_poolings', 'load_model_and_tokenizer', 'model_summary',
+           'model_fingerprint']
 
 # %% ../nbs/06_models.ipynb #98603624
 TINY_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -90,7 +91,7 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast: # BertTokenizerFast over `tiny_
 
 # %% ../nbs/06_models.ipynb #dd2d447b
 TINY_BODY_SEED = 1234   # seed of the tiny models' "pretrained" body weights (fixed: never the run's init_seed)
-_TINY_MODELS = ("tiny-distilbert", "tiny-bert")
+_TINY_MODELS = ("tiny-distilbert", "tiny-bert", "tiny-gpt2", "tiny-llama")
 _OFFLINE_EXTRA = "pip install 'embvar-study[offline]'"
 
 MODEL_ALIASES = {
@@ -100,6 +101,10 @@ MODEL_ALIASES = {
                         "initialised from the fixed seed TINY_BODY_SEED; tokenizer built from the bundled text; for fast tests"),
     "tiny-bert": ("tiny BERT (2 layers, hidden 32, 2 heads, FFN 64, 256 positions), body randomly initialised "
                   "from the fixed seed TINY_BODY_SEED; same tokenizer as tiny-distilbert; for fast tests"),
+    "tiny-gpt2": ("tiny GPT-2 decoder (2 layers, dim 32, 2 heads, 256 positions) with a sequence-classification head on the "
+                  "last real token, body from TINY_BODY_SEED; tiny tokenizer ([PAD] as pad token); for fast tests"),
+    "tiny-llama": ("tiny Llama decoder (2 layers, hidden 32, 2 heads, FFN 64, rotary positions) with a sequence-classification "
+                   "head, body from TINY_BODY_SEED; tiny tokenizer; for fast tests"),
 }
 
 # %% ../nbs/06_models.ipynb #68603ebe
@@ -173,20 +178,67 @@ def _quiet_transformers():
         if bars: hf_logging.enable_progress_bar()
 
 # %% ../nbs/06_models.ipynb #1c943064
-def _build_tiny(alias: str,      # "tiny-distilbert" or "tiny-bert"
+def _tiny_config(alias: str, common: dict):
+    "The config of a tiny model: 2 layers, hidden 32, 2 heads, FFN 64 (GPT-2: 4 x 32), `common` (vocabulary, labels, pad id)."
+    from transformers import BertConfig, DistilBertConfig, GPT2Config, LlamaConfig
+    if alias == "tiny-distilbert": return DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=64, **common)
+    if alias == "tiny-bert": return BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, **common)
+    pad = common["pad_token_id"]   # a decoder has no [CLS]/[SEP]: bos/eos set to the pad id, inside the vocabulary
+    if alias == "tiny-gpt2":
+        n = common.pop("max_position_embeddings")
+        return GPT2Config(n_positions=n, n_embd=32, n_layer=2, n_head=2, bos_token_id=pad, eos_token_id=pad, **common)
+    return LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                       bos_token_id=pad, eos_token_id=pad, **common)
+
+def _build_tiny(alias: str,      # one of the tiny aliases (tiny-distilbert, tiny-bert, tiny-gpt2, tiny-llama)
                 num_labels: int, # classes of the head
                ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:  # randomly initialised (call under TINY_BODY_SEED)
     "A tiny classifier (2 layers, hidden 32) over the tiny tokenizer."
-    from transformers import BertConfig, BertForSequenceClassification, DistilBertConfig, DistilBertForSequenceClassification
-    distil = alias == "tiny-distilbert"
-    tokenizer = _load_tiny_tokenizer(**({"model_input_names": ["input_ids", "attention_mask"]} if distil else {}))  # DistilBERT: no token types
+    from transformers import AutoModelForSequenceClassification
+    no_types = alias != "tiny-bert"   # DistilBERT and decoders take no token types (GPT-2 would add them as token embeddings)
+    tokenizer = _load_tiny_tokenizer(**({"model_input_names": ["input_ids", "attention_mask"]} if no_types else {}))
     common = dict(vocab_size=len(tokenizer), max_position_embeddings=TINY_MAX_LENGTH, num_labels=num_labels,
                   pad_token_id=tokenizer.pad_token_id)
-    model = (DistilBertForSequenceClassification(DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=64, **common)) if distil
-             else BertForSequenceClassification(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                                           intermediate_size=64, **common)))
+    model = AutoModelForSequenceClassification.from_config(_tiny_config(alias, common))
     model.config.name_or_path = alias
     return model, tokenizer
+
+
+# %% ../nbs/06_models.ipynb #e8faf96f
+DECODER_TYPES = ("gpt2", "gpt_neo", "gpt_neox", "gptj", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+                 "phi", "phi3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "smollm3", "falcon", "bloom", "opt", "codegen",
+                 "stablelm", "starcoder2", "granite", "cohere", "deepseek_v3")   # model_type values of decoder-only LMs
+_TINY_DECODERS = ("tiny-gpt2", "tiny-llama")
+
+def is_decoder(config: object, # a transformers config (or anything with model_type / architectures)
+              ) -> bool:       # True for a decoder-only language model
+    "Is this the config of a decoder-only LM (by model_type, or an architecture ending in CausalLM / LMHeadModel)?"
+    archs = getattr(config, "architectures", None) or []
+    return getattr(config, "model_type", None) in DECODER_TYPES or any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
+
+def _cached_config(name: str) -> dict | None:
+    "A Hub id's config.json from the local Hugging Face cache (no network), or None."
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        path = try_to_load_from_cache(name, "config.json")
+        return json.loads(Path(path).read_text()) if isinstance(path, str) else None
+    except Exception: return None   # not a valid repo id, unreadable cache: decided when the model is loaded
+
+def model_is_decoder(name: str | os.PathLike, # alias, model folder, or Hub id
+                    ) -> bool:                # True when the name is known to be a decoder (no weights loaded)
+    "Whether `name` is a decoder, from the alias, the folder's config.json or the cached config.json of a Hub id."
+    resolved = resolve_model(name)
+    if resolved in _TINY_MODELS: return resolved in _TINY_DECODERS
+    if os.fspath(name) == "minilm-offline": return False
+    cfg = (json.loads((Path(resolved) / "config.json").read_text()) if (Path(resolved) / "config.json").is_file() else None
+           ) if os.path.isdir(resolved) else _cached_config(resolved)
+    from types import SimpleNamespace
+    return bool(cfg) and is_decoder(SimpleNamespace(**cfg))
+
+def default_poolings(name: str | os.PathLike, # alias, model folder, or Hub id
+                    ) -> list[str]:           # ["mean", "cls", "max"] for an encoder, ["mean", "last", "max"] for a decoder
+    "The poolings a run stores when none are given: the sentence token of the architecture (cls or last), mean and max."
+    return ["mean", "last" if model_is_decoder(name) else "cls", "max"]
 
 # %% ../nbs/06_models.ipynb #e3e6cdc7
 _MODEL_ALTERNATIVES = (f"'minilm-offline' (pretrained MiniLM, {_OFFLINE_EXTRA}), a local model folder (save_pretrained), "
@@ -201,6 +253,13 @@ def _warn_missing_body(name: str, model, info: dict) -> None:
                       f"from TINY_BODY_SEED (e.g. {missing[:3]})", stacklevel=4)
 
 # %% ../nbs/06_models.ipynb #fc09e659
+def _decoder_padding(model, tokenizer) -> None:
+    "A decoder's pad token (the end-of-text token when it has none), told to the config; padding on the right."
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None: raise ValueError(f"name: the tokenizer of {model.config.name_or_path!r} has neither a pad nor an eos token")
+        tokenizer.pad_token = tokenizer.eos_token
+    model.config.pad_token_id, tokenizer.padding_side = tokenizer.pad_token_id, "right"
+
 def _from_pretrained(name: str,      # the name as given, for messages
                      resolved: str,  # folder path or Hub id (from resolve_model)
                      num_labels: int,
@@ -213,6 +272,7 @@ def _from_pretrained(name: str,      # the name as given, for messages
         tokenizer = AutoTokenizer.from_pretrained(resolved, local_files_only=local)
         model, info = AutoModelForSequenceClassification.from_pretrained(
             resolved, num_labels=num_labels, local_files_only=local, output_loading_info=True)
+        if is_decoder(model.config): _decoder_padding(model, tokenizer)
     except (OSError, ValueError) as e:
         if is_folder: raise ValueError(f"name: could not load a model from folder {resolved!r}: {_one_line(e)}") from e
         if not isinstance(e, OSError): raise
