@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 # %% auto #0
 __all__ = ['TINY_SPECIAL_TOKENS', 'TINY_MAX_LENGTH', 'TINY_BODY_SEED', 'MODEL_ALIASES', 'DECODER_TYPES', 'tiny_vocab',
            'tiny_tokenizer_dir', 'tiny_tokenizer', 'minilm_folder', 'resolve_model', 'head_parameter_names',
-           'is_decoder', 'model_is_decoder', 'default_poolings', 'load_model_and_tokenizer', 'model_summary',
-           'model_fingerprint']
+           'is_decoder', 'model_is_decoder', 'default_poolings', 'load_model_and_tokenizer', 'apply_lora',
+           'lora_summary', 'parameter_counts', 'model_summary', 'model_fingerprint']
 
 # %% ../nbs/06_models.ipynb #98603624
 TINY_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -242,7 +242,7 @@ def default_poolings(name: str | os.PathLike, # alias, model folder, or Hub id
 
 # %% ../nbs/06_models.ipynb #e3e6cdc7
 _MODEL_ALTERNATIVES = (f"'minilm-offline' (pretrained MiniLM, {_OFFLINE_EXTRA}), a local model folder (save_pretrained), "
-                       "or 'tiny-distilbert' (tiny random model for tests)")
+                       "or 'tiny-distilbert' / 'tiny-gpt2' (tiny random encoder / decoder for tests)")
 
 def _warn_missing_body(name: str, model, info: dict) -> None:
     "Warn when the checkpoint lacked body weights (they were drawn from TINY_BODY_SEED)."
@@ -307,18 +307,74 @@ def load_model_and_tokenizer(name: str | os.PathLike = "distilbert-base-uncased"
         _init_head(model, init_seed)
     return model.float().eval(), tokenizer
 
+# %% ../nbs/06_models.ipynb #b5f8ae76
+_LORA_DEFAULT_TARGETS = {"distilbert": ["q_lin", "v_lin"]}   # architectures PEFT has no default target modules for
+
+def _head_modules(model) -> list[str]:
+    "Top-level modules holding the head's parameters (kept fully trainable under LoRA)."
+    return list(dict.fromkeys(n.split(".")[0] for n in head_parameter_names(model)))
+
+def apply_lora(model: PreTrainedModel,   # a classifier from `load_model_and_tokenizer`
+               r: int,                   # LoRA rank
+               *,
+               alpha: float | None = None,    # scaling numerator (update scaled by alpha / r); None: 2 r
+               dropout: float = 0.0,          # dropout on the LoRA input
+               targets: list[str] | None = None,  # module names to adapt; None: PEFT's default for the architecture
+               init_seed: int = 0,            # seed of the A matrices (B starts at zero)
+              ) -> PreTrainedModel:           # a peft PeftModelForSequenceClassification (body frozen, adapter + head trainable)
+    "Wrap `model` in a LoRA adapter (PEFT); at init the wrapped model computes exactly what `model` did."
+    if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 1: raise ValueError(f"lora_r: expected an int >= 1, got {r!r}")
+    init_seed = _check_seed(init_seed, "init_seed")
+    import torch
+    from peft import LoraConfig, TaskType, get_peft_model
+    mtype = model.config.model_type
+    cfg = LoraConfig(task_type=TaskType.SEQ_CLS, r=int(r), lora_alpha=2 * int(r) if alpha is None else alpha, lora_dropout=float(dropout),
+                     target_modules=list(targets) if targets else _LORA_DEFAULT_TARGETS.get(mtype),
+                     modules_to_save=_head_modules(model), fan_in_fan_out=mtype == "gpt2")   # GPT-2's Conv1D stores W transposed
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=cuda), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*fan_in_fan_out.*")
+        torch.manual_seed(init_seed)
+        try: return get_peft_model(model, cfg)
+        except ValueError as e:
+            raise ValueError(f"lora_targets: could not adapt {model.config.name_or_path!r} ({mtype}): {_one_line(e)}; "
+                             "name the modules to adapt (e.g. query value)") from None
+
+def lora_summary(model: PreTrainedModel, # any model
+                ) -> dict | None:        # r, alpha, dropout, targets (as resolved), modules_to_save; None without LoRA
+    "The LoRA adapter of a PEFT model, as it was applied (JSON-able), or None for a plain model."
+    cfg = getattr(model, "peft_config", {}).get("default") if hasattr(model, "peft_config") else None
+    if cfg is None: return None
+    return {"r": int(cfg.r), "alpha": float(cfg.lora_alpha), "dropout": float(cfg.lora_dropout),
+            "targets": sorted(cfg.target_modules), "modules_to_save": sorted({m for m in cfg.modules_to_save or [] if hasattr(_unwrapped(model), m)})}
+
+def _unwrapped(model):
+    "The transformers model inside a PEFT model (with its adapter layers), or `model` itself."
+    return model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+
+def parameter_counts(model: PreTrainedModel, # any torch module (a PEFT model too)
+                    ) -> dict:               # {"n_params", "n_trainable_params", "trainable_share"}
+    "Total and trainable parameters (requires_grad) of the model as it is trained."
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {"n_params": int(total), "n_trainable_params": int(trainable), "trainable_share": trainable / total if total else 0.0}
+
 # %% ../nbs/06_models.ipynb #a3d4fd00
-def model_summary(model: PreTrainedModel, # a model from `load_model_and_tokenizer`
-                 ) -> dict: # name, model_type, architecture, n_layers, hidden_size, num_labels, n_params, n_head_params, n_body_params, dtype
-    "Size and identity of a classifier, for run configs and reports."
-    config = model.config
-    sizes = {n: p.numel() for n, p in model.named_parameters()}
-    n_head = sum(sizes[n] for n in head_parameter_names(model))
-    return {"name": config.name_or_path or config.model_type, "model_type": config.model_type,
-            "architecture": type(model).__name__, "n_layers": int(config.num_hidden_layers),
-            "hidden_size": int(config.hidden_size), "num_labels": int(config.num_labels),
-            "n_params": int(sum(sizes.values())), "n_head_params": int(n_head),
-            "n_body_params": int(sum(sizes.values()) - n_head), "dtype": str(next(model.parameters()).dtype)}
+def model_summary(model: PreTrainedModel, # a model from `load_model_and_tokenizer` (optionally wrapped by `apply_lora`)
+                 ) -> dict: # name, model_type, architecture, decoder, n_layers, hidden_size, num_labels, n_params, n_head_params, n_body_params, n_trainable_params, trainable_share, dtype, lora
+    "Size and identity of a classifier, for run configs and reports (a LoRA model: the adapter and what it trains)."
+    inner = _unwrapped(model)
+    config = inner.config
+    sizes = {n: p.numel() for n, p in inner.named_parameters()}
+    n_head = sum(sizes[n] for n in head_parameter_names(inner))
+    out = {"name": config.name_or_path or config.model_type, "model_type": config.model_type,
+           "architecture": type(inner).__name__, "decoder": is_decoder(config), "n_layers": int(config.num_hidden_layers),
+           "hidden_size": int(config.hidden_size), "num_labels": int(config.num_labels),
+           "n_params": int(sum(sizes.values())), "n_head_params": int(n_head),
+           "n_body_params": int(sum(sizes.values()) - n_head), "dtype": str(next(model.parameters()).dtype)}
+    counts = parameter_counts(model)
+    out.update(n_trainable_params=counts["n_trainable_params"], trainable_share=counts["trainable_share"], lora=lora_summary(model))
+    return out
 
 # %% ../nbs/06_models.ipynb #b80681ad
 def model_fingerprint(name: str | os.PathLike, # alias, model folder, or Hub id (as for `load_model_and_tokenizer`)

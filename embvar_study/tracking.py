@@ -15,9 +15,10 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from .extract import embed_texts
 from .runs import RunWriter, FolderLock
 from .config import tracker_settings
+from .models import is_decoder, lora_summary, parameter_counts
 
 # %% auto #0
-__all__ = ['probe_table', 'NonFiniteEmbeddings', 'EmbeddingTracker', 'trainer_config', 'EmbvarCallback']
+__all__ = ['probe_table', 'NonFiniteEmbeddings', 'model_facts', 'EmbeddingTracker', 'trainer_config', 'EmbvarCallback']
 
 # %% ../nbs/10_tracking.ipynb #bee8e345
 def probe_table(probes: list[str] | pd.DataFrame | str | Path) -> pd.DataFrame:  # N rows, a `text` column first
@@ -36,6 +37,13 @@ def probe_table(probes: list[str] | pd.DataFrame | str | Path) -> pd.DataFrame: 
 class NonFiniteEmbeddings(ValueError):
     "The probe embeddings at a checkpoint contain NaN or inf (the model diverged)."
 
+# %% ../nbs/10_tracking.ipynb #e8008731
+def model_facts(model: torch.nn.Module, # the model being trained (a PEFT model too)
+               ) -> dict:               # {"parameters": {n_params, n_trainable_params, trainable_share}, "lora": ... (PEFT only)}
+    "What config.json records about the model as trained: total and trainable parameters, and the LoRA adapter if any."
+    lora = lora_summary(model)
+    return {"parameters": parameter_counts(model), **({"lora": lora} if lora else {})}
+
 # %% ../nbs/10_tracking.ipynb #cbbd4c05
 class EmbeddingTracker:
     "Embeds a fixed probe set at tracked steps of any training loop and writes a run folder (see `runs`)."
@@ -45,7 +53,7 @@ class EmbeddingTracker:
                  *,
                  every: int = 10,           # embed at step 0 and every `every` steps
                  layers="all",              # "all" hidden states, or a list of indices
-                 poolings=("mean",),        # any of "mean", "cls", "max"
+                 poolings=None,             # any of "mean", "cls", "max", "last"; None: "last" for a decoder, else "mean"
                  config: dict | None = None,  # your run's parameters (JSON-serialisable), recorded in config.json
                  identity: dict | None = None,  # what identifies the run, if not all of `config` (see runs.RunWriter)
                  max_length: int = 128,     # tokens per probe
@@ -55,9 +63,10 @@ class EmbeddingTracker:
                  lock: FolderLock | None = None,  # the folder's lock, if the caller holds it already
                 ):
         self.model, self.tokenizer, self.autocast = model, tokenizer, autocast
+        if poolings is None: poolings = ("last",) if is_decoder(getattr(model, "config", None)) else ("mean",)
         self.settings = tracker_settings(every, layers, poolings, max_length, batch_size, dtype)
         self.probes = probe_table(probes)
-        self.config = {**(config or {}), "tracker": self.settings}
+        self.config = {**(config or {}), "tracker": self.settings, **model_facts(model)}
         identity = None if identity is None else {**identity, "tracker": self.settings}
         self.writer = RunWriter(run_dir, self.config, self.probes, identity=identity, lock=lock)
         self.run_dir, self.tracked, self.seconds = Path(run_dir), [], 0.0
