@@ -31,7 +31,7 @@ PROFILES: dict[str, dict] = {
         "lrs": [5e-5, 5e-4], "seeds": [0, 1, 2, 3, 4], "ref_lr": 5e-5, "head_seeds": [0, 1, 2, 3, 4], "data_seeds": [0, 1, 2, 3, 4],
         "perturb": dict(_PERTURB, perturb_k=16), "crossed_seeds": [0, 1, 2],
         "extended_lrs": [1e-5, 3e-5, 5e-5, 1e-4, 2e-4, 5e-4], "extended_seeds": [0, 1, 2],
-        "schedules": ["linear", "constant", "cosine"], "schedule_seeds": [0, 1, 2], **_LORA, "lora_seeds": [0, 1, 2, 3, 4],
+        "schedules": ["linear", "constant", "cosine"], "schedule_seeds": [0, 1, 2], **_LORA,
         "experiments": list(EXPERIMENT_NAMES)},
     "quick": {
         "base": dict(model="minilm-offline", dataset="bundled", n_train=192, n_eval=64, epochs=2, batch_size=16,
@@ -39,7 +39,7 @@ PROFILES: dict[str, dict] = {
         "lrs": [5e-5, 5e-4], "seeds": [0, 1, 2], "ref_lr": 5e-5, "head_seeds": [0, 1, 2], "data_seeds": [0, 1, 2],
         "perturb": dict(_PERTURB, perturb_k=6), "crossed_seeds": [0, 1, 2],
         "extended_lrs": [1e-5, 3e-5, 5e-5, 1e-4, 2e-4, 5e-4], "extended_seeds": [0, 1],
-        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], **_LORA, "lora_seeds": [0, 1, 2],
+        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], **_LORA,
         "experiments": list(EXPERIMENT_NAMES)},
     "reviews": {
         "base": dict(model="minilm-offline", dataset=None, probes="heldout", n_probes=48, n_train=160, n_eval=48, epochs=2,
@@ -47,7 +47,7 @@ PROFILES: dict[str, dict] = {
         "lrs": [5e-5, 5e-4], "seeds": [0, 1, 2], "ref_lr": 5e-5, "head_seeds": [0, 1, 2], "data_seeds": [0, 1, 2],
         "perturb": dict(_PERTURB, perturb_k=4), "crossed_seeds": [0, 1],
         "extended_lrs": [1e-5, 5e-5, 2e-4, 5e-4], "extended_seeds": [0, 1],
-        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], **_LORA, "lora_seeds": [0, 1],
+        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], **_LORA,
         "experiments": ["lr_sweep", "schedule"]},
     "smoke": {
         "base": dict(model="tiny-distilbert", dataset="bundled", n_train=64, n_eval=32, epochs=1, batch_size=16,
@@ -55,11 +55,11 @@ PROFILES: dict[str, dict] = {
         "lrs": [5e-5, 5e-4], "seeds": [0, 1], "ref_lr": 5e-5, "head_seeds": [0, 1], "data_seeds": [0, 1],
         "perturb": dict(_PERTURB, perturb_k=4), "crossed_seeds": [0, 1],
         "extended_lrs": [5e-5, 5e-4, 5e-3], "extended_seeds": [0, 1],
-        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1], **_LORA, "lora_seeds": [0, 1],
+        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1], **_LORA,
         "experiments": list(EXPERIMENT_NAMES)},
 }
 PROFILE_KEYS = ("lrs", "seeds", "ref_lr", "head_seeds", "data_seeds", "perturb", "crossed_seeds", "extended_lrs",
-                "extended_seeds", "schedules", "schedule_seeds", "lora_ranks", "lora_lr", "lora_seeds", "experiments")
+                "extended_seeds", "schedules", "schedule_seeds", "lora_ranks", "lora_lr", "experiments")
 
 # %% ../nbs/15_sweep.ipynb #7bbbbe03
 def suggest(name: str, valid: "Iterable[str]") -> str:
@@ -79,7 +79,7 @@ def _check_grid_keys(prof: dict):
     lr_ok = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
     seed_ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0
     kinds = ((("lrs", "extended_lrs"), lr_ok, "positive learning rates"),
-             (("seeds", "head_seeds", "data_seeds", "crossed_seeds", "extended_seeds", "schedule_seeds", "lora_seeds"), seed_ok, "seeds (integers >= 0)"),
+             (("seeds", "head_seeds", "data_seeds", "crossed_seeds", "extended_seeds", "schedule_seeds"), seed_ok, "seeds (integers >= 0)"),
              (("lora_ranks",), lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "LoRA ranks (integers >= 1)"),
              (("schedules",), lambda v: v in ("linear", "constant", "cosine"), "schedules (linear, constant, cosine)"),
              (("experiments",), lambda v: v in EXPERIMENT_NAMES, f"experiment names {list(EXPERIMENT_NAMES)}"))
@@ -140,9 +140,9 @@ def experiment_grid(profile: dict,  # from get_profile
         "lr_extended": lambda: [{"factor": "lr", **g} for g in expand_grid(p["base"], {"lr": p["extended_lrs"], "seed": p["extended_seeds"]})],
         "schedule": lambda: [{"factor": "schedule", **g} for g in
                              expand_grid(p["base"], {"lr": p["lrs"], "schedule": p["schedules"], "seed": p["schedule_seeds"]})],
-        "lora": lambda: ([{"factor": "full", **g} for g in expand_grid(p["base"], {"lr": [p["ref_lr"]], "seed": p["lora_seeds"]})]
+        "lora": lambda: ([{"factor": "full", **g} for g in expand_grid(p["base"], {"lr": [p["ref_lr"]], "seed": p["seeds"]})]
                          + [{"factor": f"lora_r{r}", **g} for r in p["lora_ranks"]
-                            for g in expand_grid(p["base"], {"lr": [p["lora_lr"]], "lora_r": [r], "seed": p["lora_seeds"]})]),
+                            for g in expand_grid(p["base"], {"lr": [p["lora_lr"]], "lora_r": [r], "seed": p["seeds"]})]),
     }
     if experiment not in grids:
         raise ValueError(f"experiment: expected one of {list(EXPERIMENT_NAMES)}, got {experiment!r}{suggest(experiment, grids)}")
