@@ -334,6 +334,7 @@ def apply_lora(model: PreTrainedModel,   # a classifier from `load_model_and_tok
     cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=cuda), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*fan_in_fan_out.*")
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)   # PEFT calls a deprecated name
         torch.manual_seed(init_seed)
         try: return get_peft_model(model, cfg)
         except ValueError as e:
