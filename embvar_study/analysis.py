@@ -14,13 +14,13 @@ from .study import RunSet, NotComputed, config_value, format_lr
 from .metrics import (cosine_drift, drift_curve, step_drift, spectrum_summary, covariance_spectrum, class_variance,
                                   cross_run_dispersion)
 from .align import generalized_procrustes, pairwise_run_table
-from .stats import cluster_bootstrap_ci, effect_size_table
+from .stats import cluster_bootstrap_ci, effect_size_table, bootstrap_ci, mean_difference_ci
 
 # %% auto #0
 __all__ = ['REFERENCE', 'runs_table', 'probe_drift', 'drift_curves', 'drift_summary', 'setup_table', 'reference_table',
            'layer_drift_table', 'pairwise_table', 'similarity_matrix', 'dispersion_over_training', 'geometry_table',
            'lr_effects', 'noise_floor', 'mitigation_table', 'perturbation_table', 'curve_gap', 'collapse_table',
-           'schedule_effects', 'provenance_tables']
+           'schedule_effects', 'change_spectrum', 'lora_table', 'lora_comparisons', 'provenance_tables']
 
 # %% ../nbs/16_analysis.ipynb #ebb2079a
 def _history(run) -> tuple[pd.DataFrame, pd.DataFrame]:  # (training rows, held-out rows)
@@ -321,6 +321,65 @@ def schedule_effects(rs: RunSet, layer: int = -1, pooling: str = "mean", *, n_re
     t = pd.DataFrame(out)
     lin = t[t["schedule"] == "linear"].set_index("lr")["drift"]
     return t.assign(ratio_to_linear=[r["drift"] / lin[r["lr"]] if r["lr"] in lin.index and lin[r["lr"]] > 0 else np.nan for _, r in t.iterrows()])
+
+# %% ../nbs/16_analysis.ipynb #67fb37f2
+def change_spectrum(delta: np.ndarray,  # (..., N, d) change of the embeddings, E_T - E_0
+                    share: float = 0.9, # the share of the change k counts directions for
+                   ) -> dict:           # {"k": (...,) int, "participation_ratio": (...,), "top_share": (...,)}
+    "How many directions carry the change: fewest singular directions holding `share` of sum s^2, participation ratio, top share."
+    s2 = np.linalg.svd(np.asarray(delta, dtype=np.float64), compute_uv=False) ** 2      # (..., min(N, d)), descending
+    tot = s2.sum(-1, keepdims=True)
+    frac = np.divide(s2, tot, out=np.zeros_like(s2), where=tot > 0)
+    k = np.where(tot[..., 0] > 0, (np.cumsum(frac, -1) < share - 1e-12).sum(-1) + 1, 0)   # no change: no direction
+    pr = np.divide(tot[..., 0] ** 2, (s2 ** 2).sum(-1), out=np.zeros_like(tot[..., 0]), where=tot[..., 0] > 0)
+    return {"k": k, "participation_ratio": pr, "top_share": frac[..., 0]}
+
+# %% ../nbs/16_analysis.ipynb #e3ca8b8a
+def _arm_values(rs: RunSet, layer: int, pooling: str) -> dict:  # arm -> {"runs", "acc": (S,), "drift": (S, N), "spectrum": {...}}
+    out = {}
+    for arm, grp in rs.groups("factor").items():
+        runs = grp.runs
+        acc = np.array([_history(r)[1]["eval_acc"].iloc[-1] if len(_history(r)[1]) and "eval_acc" in r.history else np.nan for r in runs])
+        emb = [r.embeddings(layer=layer, pooling=pooling) for r in runs]           # each (T, N, d)
+        out[arm] = {"runs": runs, "acc": acc, "drift": np.stack([probe_drift(r, layer, pooling)[-1] for r in runs]),
+                    "spectrum": change_spectrum(np.stack([e[-1] - e[0] for e in emb]))}
+    return out
+
+def lora_table(rs: RunSet, layer: int = -1, pooling: str = "mean", *, n_resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
+    "Per arm (full, lora_r8, ...): lr, rank, trainable share, final accuracy and drift with 95% CIs, directions of the change."
+    if len(rs) < 2: raise NotComputed(f"the lora table needs runs of at least 2 arms, got {len(rs)} run(s)")
+    out = []
+    for arm, v in _arm_values(rs, layer, pooling).items():
+        c, S = v["runs"][0].config, len(v["runs"])
+        acc_ci = bootstrap_ci(v["acc"], n_resamples=n_resamples, method="percentile", seed=seed) if S >= 2 and np.isfinite(v["acc"]).all() else None
+        dr_ci = cluster_bootstrap_ci(v["drift"], n_resamples=n_resamples, seed=seed) if S >= 2 else None
+        sp = v["spectrum"]
+        out.append({"arm": arm, "lr": c.get("lr"), "lora_r": c.get("lora_r"), "n_seeds": S,
+                    "trainable_share": config_value(c, "parameters.trainable_share"),
+                    "eval_acc": float(np.mean(v["acc"])), "eval_acc_ci": (acc_ci.low, acc_ci.high) if acc_ci else (np.nan, np.nan),
+                    "drift": float(v["drift"].mean()), "drift_ci": (dr_ci.low, dr_ci.high) if dr_ci else (np.nan, np.nan),
+                    "k90_directions": float(sp["k"].mean()), "k90_min": int(sp["k"].min()), "k90_max": int(sp["k"].max()),
+                    "participation_ratio": float(sp["participation_ratio"].mean()), "top_direction_share": float(sp["top_share"].mean())})
+    return pd.DataFrame(out)
+
+def lora_comparisons(rs: RunSet, layer: int = -1, pooling: str = "mean", *, n_resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
+    "Each LoRA arm against full fine-tuning, seeds as samples: accuracy and drift differences (LoRA - full, 95% CI), drift ratio."
+    vals = _arm_values(rs, layer, pooling)
+    if "full" not in vals or len(vals) < 2: raise NotComputed(f"LoRA comparisons need a 'full' arm and a LoRA arm, got {sorted(vals)}")
+    full, out = vals["full"], []
+    fd = full["drift"].mean(1)
+    for arm, v in vals.items():
+        if arm == "full": continue
+        d = v["drift"].mean(1)
+        ok = min(len(d), len(fd)) >= 2
+        acc = mean_difference_ci(v["acc"], full["acc"], n_resamples=n_resamples, method="percentile", seed=seed) if ok else None
+        dr = mean_difference_ci(d, fd, n_resamples=n_resamples, method="percentile", seed=seed) if ok else None
+        out.append({"arm": arm, "n_seeds": len(d), "n_seeds_full": len(fd),
+                    "acc_diff": float(v["acc"].mean() - full["acc"].mean()), "acc_diff_ci": (acc.low, acc.high) if acc else (np.nan, np.nan),
+                    "drift_diff": float(d.mean() - fd.mean()), "drift_diff_ci": (dr.low, dr.high) if dr else (np.nan, np.nan),
+                    "drift_ratio": float(d.mean() / fd.mean()) if fd.mean() > 0 else np.nan,
+                    "k90_ratio": float(v["spectrum"]["k"].mean() / full["spectrum"]["k"].mean())})
+    return pd.DataFrame(out)
 
 # %% ../nbs/16_analysis.ipynb #6e75027d
 def _flat(d: dict, prefix: str = "") -> dict:

@@ -79,6 +79,7 @@ TRAIN_GROUPS = {
     "tracking": ["probes", "n_probes", "probe_max_length", "track_every", "eval_every", "poolings", "embed_batch_size", "embed_dtype"],
     "seeds": ["seed", "init_seed", "data_seed", "dropout_seed", "probe_seed", "replicate"],
     "perturbations": ["perturb_kinds", "perturb_k", "perturb_rate", "perturb_at"],
+    "lora (PEFT adapter; default: full fine-tuning)": ["lora_r", "lora_alpha", "lora_dropout", "lora_targets"],
 }
 
 def field_docs(cls) -> dict:  # field -> its comment
@@ -98,7 +99,7 @@ def train_parser() -> argparse.ArgumentParser:
         for name in names:
             f = fields[name]
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            kw = {"nargs": "+"} if isinstance(default, list) else {"type": parse_value if default is None or isinstance(default, (int, float)) else str}
+            kw = {"nargs": "+"} if isinstance(default, list) or str(f.type).startswith("list") else {"type": parse_value if default is None or isinstance(default, (int, float)) else str}
             g.add_argument("--" + name.replace("_", "-"), dest=name, default=default, help=docs.get(name, name), **kw)
     g = p.add_argument_group("output")
     g.add_argument("--out", dest="run_dir", required=True, help="run folder to write (created; resumable)")

@@ -11,12 +11,12 @@ from typing import Iterator
 import numpy as np
 
 from .data import source_fingerprint, probes_fingerprint, HubUnavailableError
-from .models import model_fingerprint
+from .models import model_fingerprint, default_poolings
 from .runs import config_hash
 
 # %% auto #0
-__all__ = ['POOLINGS', 'PERTURB_KINDS', 'SCHEDULES', 'DIVERGENCE_FACTOR', 'CONFIG_RULES', 'tracker_settings', 'as_field',
-           'TrainConfig']
+__all__ = ['POOLINGS', 'PERTURB_KINDS', 'SCHEDULES', 'DIVERGENCE_FACTOR', 'CONFIG_RULES', 'LORA_FIELDS', 'CONFIG_REQUIRES',
+           'tracker_settings', 'as_field', 'TrainConfig']
 
 # %% ../nbs/09_config.ipynb #0958c746
 def tracker_settings(every: int, layers: str | int | list[int], poolings: str | list[str] | tuple[str, ...], max_length: int,
@@ -31,7 +31,7 @@ def tracker_settings(every: int, layers: str | int | list[int], poolings: str | 
             "batch_size": int(batch_size), "dtype": dtype}
 
 # %% ../nbs/09_config.ipynb #d1e2f301
-POOLINGS = ("mean", "cls", "max")
+POOLINGS = ("mean", "cls", "max", "last")
 PERTURB_KINDS = ("token_dropout", "typo", "mc_dropout")
 SCHEDULES = ("linear", "constant", "cosine")
 DIVERGENCE_FACTOR = 10  # a run diverges when its training loss is non-finite or above this multiple of its first step's loss
@@ -59,8 +59,16 @@ CONFIG_RULES = {  # field -> (test, what is expected)
     "perturb_at": (lambda v: v in ("first_last", "all"), "'first_last' or 'all'"),
     "embed_dtype": (lambda v: v in ("float32", "float16"), "'float32' or 'float16'"),
     "precision": (lambda v: v in ("auto", "fp32", "bf16"), "'auto', 'fp32' or 'bf16'"),
+    "lora_r": (_opt(lambda v: _int(v) and v >= 1), "None (full fine-tuning) or a LoRA rank >= 1"),
+    "lora_alpha": (_opt(lambda v: _real(v) and v > 0), "None (2 x lora_r) or a finite number > 0"),
+    "lora_dropout": (_opt(lambda v: _real(v) and 0 <= v < 1), "None (0) or a value in [0, 1)"),
+    "lora_targets": (_opt(lambda v: isinstance(v, list) and bool(v) and all(isinstance(x, str) and x.strip() for x in v)),
+                     "None (PEFT's default modules for the architecture) or a non-empty list of module names"),
     **{k: (lambda v: isinstance(v, str) and v.strip() != "", "a non-empty string") for k in ("model", "dataset", "text_col", "label_col", "split", "probes", "device")},
 }
+
+LORA_FIELDS = ("lora_alpha", "lora_dropout", "lora_targets")   # settings of the adapter: only with lora_r
+CONFIG_REQUIRES = {k: ("lora_r", "LoRA is off: set lora_r too") for k in LORA_FIELDS}  # field -> (field it needs, why)
 
 # %% ../nbs/09_config.ipynb #9f1462a7
 @contextlib.contextmanager
@@ -82,7 +90,7 @@ def _without_paths(d):
 @dataclass
 class TrainConfig:
     "Every parameter of one fine-tuning run with tracking."
-    model: str = "distilbert-base-uncased"  # Hub id, local folder, or alias: minilm-offline, tiny-distilbert, tiny-bert
+    model: str = "distilbert-base-uncased"  # Hub id, local folder, or alias: minilm-offline, tiny-distilbert, tiny-bert, tiny-gpt2, tiny-llama
     dataset: str = "imdb"  # Hub dataset id, a local .csv/.tsv/.jsonl/.json/.parquet file, or "bundled" (the offline mini-corpus)
     text_col: str = "text"  # column holding the text
     label_col: str = "label"  # column holding the label
@@ -104,7 +112,7 @@ class TrainConfig:
     max_grad_norm: float | None = 1.0  # gradient clipping (None: no clipping)
     track_every: int = 10  # embed the probes at step 0 and every this many steps (and at the last step)
     eval_every: int | None = None  # eval loss/accuracy every this many steps (None: with tracking)
-    poolings: list = field(default_factory=lambda: ["mean", "cls", "max"])  # poolings stored at every tracked step
+    poolings: list | None = None  # poolings stored at every tracked step; None: mean, cls, max (encoder) or mean, last, max (decoder)
     probe_max_length: int = 128  # tokens per probe when embedding
     embed_batch_size: int = 16  # texts per forward pass when embedding probes and evaluating (raise it on a GPU)
     embed_dtype: str = "float32"  # dtype of stored embeddings: float32 or float16
@@ -119,13 +127,23 @@ class TrainConfig:
     perturb_at: str = "first_last"  # checkpoints where perturbations are embedded: first_last or all
     device: str = "auto"  # auto (cuda if available), cpu, cuda, cuda:1 ...
     precision: str = "auto"  # auto (bf16 autocast on cuda, fp32 on cpu), fp32, bf16
+    lora_r: int | None = None  # LoRA rank: train a LoRA adapter (PEFT) and the head, body frozen; None: full fine-tuning
+    lora_alpha: float | None = None  # LoRA scaling (the update is scaled by alpha / r); None: 2 x lora_r
+    lora_dropout: float | None = None  # dropout on the LoRA input; None: 0
+    lora_targets: list | None = None  # modules to adapt (e.g. query value); None: PEFT's default for the architecture
 
     def __post_init__(self):
         if isinstance(self.poolings, str): self.poolings = [self.poolings]
-        self.poolings, self.perturb_kinds = list(self.poolings), list(self.perturb_kinds)
+        if isinstance(self.lora_targets, str): self.lora_targets = [self.lora_targets]
+        if self.poolings is None and CONFIG_RULES["model"][0](self.model):
+            with as_field("model"): self.poolings = default_poolings(self.model)
+        self.poolings, self.perturb_kinds = list(self.poolings or []), list(self.perturb_kinds)
         for name, (ok, what) in CONFIG_RULES.items():
             v = getattr(self, name)
             if not ok(v): raise ValueError(f"{name}: expected {what}, got {v!r}")
+        for name, (needs, why) in CONFIG_REQUIRES.items():
+            if getattr(self, name) is not None and getattr(self, needs) is None:
+                raise ValueError(f"{name}: {why}, got {getattr(self, name)!r}")
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -139,9 +157,19 @@ class TrainConfig:
         s = lambda v: self.seed if v is None else v
         return {"init_seed": s(self.init_seed), "data_seed": s(self.data_seed), "dropout_seed": s(self.dropout_seed)}
 
+    def lora(self) -> dict | None:
+        "The LoRA adapter's settings, defaults resolved (r, alpha, dropout, targets), or None for full fine-tuning."
+        if self.lora_r is None: return None
+        return {"r": self.lora_r, "alpha": float(2 * self.lora_r if self.lora_alpha is None else self.lora_alpha),
+                "dropout": float(self.lora_dropout or 0.0), "targets": self.lora_targets}
+
     def to_dict(self) -> dict:
-        "JSON-able dict with the seeds resolved (what config.json records)."
-        d = asdict(self); d.update(self.seeds()); return d
+        "JSON-able dict with the seeds (and LoRA defaults) resolved (what config.json records); no lora_* keys without LoRA."
+        d = asdict(self); d.update(self.seeds())
+        lora = self.lora()
+        for k in ("lora_r", *LORA_FIELDS): d.pop(k)
+        if lora: d.update(lora_r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"], lora_targets=lora["targets"])
+        return d
 
     def tracker(self) -> dict:
         "The settings of the run's `EmbeddingTracker` (recorded next to the config, as for any tracked run)."

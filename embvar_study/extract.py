@@ -20,7 +20,7 @@ __all__ = ['POOLINGS', 'PERTURBATIONS', 'LINEAR_KERNELS', 'count_truncated', 'le
            'choose_linear_kernel', 'position_limit', 'embed_texts', 'perturb_texts', 'embed_perturbed']
 
 # %% ../nbs/07_extract.ipynb #7f4078f1
-POOLINGS = ("mean", "cls", "max")          # supported pooling names
+POOLINGS = ("mean", "cls", "max", "last")  # supported pooling names ("last": the last real token, for decoders)
 PERTURBATIONS = ("token_dropout", "typo", "mc_dropout")  # supported `embed_perturbed` kinds
 
 def _check_texts(texts, name: str = "texts") -> list[str]:
@@ -100,8 +100,10 @@ def _pool(h: torch.Tensor,     # (L', B, T, d) hidden states
         return ((h.to(acc) * m).sum(2) / m.sum(2)).float()
     if pooling == "max":
         return h.float().masked_fill(~mask[None, :, :, None], float("-inf")).amax(2)
-    first = mask.int().argmax(1)   # first real token: 0 under right padding, robust to left padding
-    return h[:, torch.arange(h.shape[1], device=h.device), first].float()
+    if pooling == "last":          # last real token: T-1 under left padding, length-1 under right padding
+        pos = mask.shape[1] - 1 - mask.flip(1).int().argmax(1)
+    else: pos = mask.int().argmax(1)   # first real token: 0 under right padding, robust to left padding
+    return h[:, torch.arange(h.shape[1], device=h.device), pos].float()
 
 # %% ../nbs/07_extract.ipynb #d9d5a2d2
 @contextmanager
@@ -303,18 +305,32 @@ def _check_lengths(lengths: np.ndarray, # (N,) token counts from `_token_lengths
     if n_trunc: warnings.warn(f"{n_trunc} of {len(texts)} {what} were truncated to max_length={max_length} tokens", stacklevel=4)
 
 # %% ../nbs/07_extract.ipynb #79be8c11
+def _forward_params(model) -> set[str]:
+    "Arguments the model's forward takes (a PEFT model's: those of the model it wraps, where its forward takes **kwargs)."
+    inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    return set(inspect.signature(inner.forward).parameters)
+
+def _left_positions(mask: torch.Tensor) -> torch.Tensor | None:  # (B, T) long, or None when no row is left-padded
+    "Position ids that start at 0 on each row's first real token: max(0, cumsum(mask) - 1); None for right padding."
+    if bool(mask[:, 0].all()): return None
+    return (mask.long().cumsum(1) - 1).clamp(min=0)
+
 def _forward_pooled(model, tokenizer, batch: list[str], max_length: int, dev: torch.device, layers,
                     poolings: tuple[str, ...]) -> tuple[dict[str, np.ndarray], bool]:
     "One padded batch through the model: {pooling: (L', B, d) float32} and the single-layer flag."
     enc = tokenizer(batch, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
     inputs = {"input_ids": enc["input_ids"].to(dev), "attention_mask": enc["attention_mask"].to(dev)}
-    if "token_type_ids" in enc and "token_type_ids" in inspect.signature(model.forward).parameters:
+    params = _forward_params(model)
+    if "token_type_ids" in enc and "token_type_ids" in params:
         inputs["token_type_ids"] = enc["token_type_ids"].to(dev)
+    if "position_ids" in params and (pos := _left_positions(inputs["attention_mask"])) is not None:
+        inputs["position_ids"] = pos            # left padding: each text's positions as if it were alone
     hs = model(**inputs, output_hidden_states=True, return_dict=True).hidden_states
     idx, single = _check_layers(layers, len(hs))            # the config may not tell the truth
     h = torch.stack([hs[i] for i in idx])                   # (L', B, T, d)
     mask = inputs["attention_mask"].bool()
     return {p: _pool(h, mask, p).cpu().numpy() for p in poolings}, single
+
 
 # %% ../nbs/07_extract.ipynb #f8577592
 def _embed(model, tokenizer, texts: list[str], *, poolings: tuple[str, ...], layers, batch_size: int, max_length: int,

@@ -17,9 +17,10 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 # %% auto #0
-__all__ = ['TINY_SPECIAL_TOKENS', 'TINY_MAX_LENGTH', 'TINY_BODY_SEED', 'MODEL_ALIASES', 'tiny_vocab', 'tiny_tokenizer_dir',
-           'tiny_tokenizer', 'minilm_folder', 'resolve_model', 'head_parameter_names', 'load_model_and_tokenizer',
-           'model_summary', 'model_fingerprint']
+__all__ = ['TINY_SPECIAL_TOKENS', 'TINY_MAX_LENGTH', 'TINY_BODY_SEED', 'MODEL_ALIASES', 'DECODER_TYPES', 'tiny_vocab',
+           'tiny_tokenizer_dir', 'tiny_tokenizer', 'minilm_folder', 'resolve_model', 'head_parameter_names',
+           'is_decoder', 'model_is_decoder', 'default_poolings', 'load_model_and_tokenizer', 'apply_lora',
+           'lora_summary', 'parameter_counts', 'model_summary', 'model_fingerprint']
 
 # %% ../nbs/06_models.ipynb #98603624
 TINY_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -90,7 +91,7 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast: # BertTokenizerFast over `tiny_
 
 # %% ../nbs/06_models.ipynb #dd2d447b
 TINY_BODY_SEED = 1234   # seed of the tiny models' "pretrained" body weights (fixed: never the run's init_seed)
-_TINY_MODELS = ("tiny-distilbert", "tiny-bert")
+_TINY_MODELS = ("tiny-distilbert", "tiny-bert", "tiny-gpt2", "tiny-llama")
 _OFFLINE_EXTRA = "pip install 'embvar-study[offline]'"
 
 MODEL_ALIASES = {
@@ -100,6 +101,10 @@ MODEL_ALIASES = {
                         "initialised from the fixed seed TINY_BODY_SEED; tokenizer built from the bundled text; for fast tests"),
     "tiny-bert": ("tiny BERT (2 layers, hidden 32, 2 heads, FFN 64, 256 positions), body randomly initialised "
                   "from the fixed seed TINY_BODY_SEED; same tokenizer as tiny-distilbert; for fast tests"),
+    "tiny-gpt2": ("tiny GPT-2 decoder (2 layers, dim 32, 2 heads, 256 positions) with a sequence-classification head on the "
+                  "last real token, body from TINY_BODY_SEED; tiny tokenizer ([PAD] as pad token); for fast tests"),
+    "tiny-llama": ("tiny Llama decoder (2 layers, hidden 32, 2 heads, FFN 64, rotary positions) with a sequence-classification "
+                   "head, body from TINY_BODY_SEED; tiny tokenizer; for fast tests"),
 }
 
 # %% ../nbs/06_models.ipynb #68603ebe
@@ -173,24 +178,71 @@ def _quiet_transformers():
         if bars: hf_logging.enable_progress_bar()
 
 # %% ../nbs/06_models.ipynb #1c943064
-def _build_tiny(alias: str,      # "tiny-distilbert" or "tiny-bert"
+def _tiny_config(alias: str, common: dict):
+    "The config of a tiny model: 2 layers, hidden 32, 2 heads, FFN 64 (GPT-2: 4 x 32), `common` (vocabulary, labels, pad id)."
+    from transformers import BertConfig, DistilBertConfig, GPT2Config, LlamaConfig
+    if alias == "tiny-distilbert": return DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=64, **common)
+    if alias == "tiny-bert": return BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, **common)
+    pad = common["pad_token_id"]   # a decoder has no [CLS]/[SEP]: bos/eos set to the pad id, inside the vocabulary
+    if alias == "tiny-gpt2":
+        n = common.pop("max_position_embeddings")
+        return GPT2Config(n_positions=n, n_embd=32, n_layer=2, n_head=2, bos_token_id=pad, eos_token_id=pad, **common)
+    return LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                       bos_token_id=pad, eos_token_id=pad, **common)
+
+def _build_tiny(alias: str,      # one of the tiny aliases (tiny-distilbert, tiny-bert, tiny-gpt2, tiny-llama)
                 num_labels: int, # classes of the head
                ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:  # randomly initialised (call under TINY_BODY_SEED)
     "A tiny classifier (2 layers, hidden 32) over the tiny tokenizer."
-    from transformers import BertConfig, BertForSequenceClassification, DistilBertConfig, DistilBertForSequenceClassification
-    distil = alias == "tiny-distilbert"
-    tokenizer = _load_tiny_tokenizer(**({"model_input_names": ["input_ids", "attention_mask"]} if distil else {}))  # DistilBERT: no token types
+    from transformers import AutoModelForSequenceClassification
+    no_types = alias != "tiny-bert"   # DistilBERT and decoders take no token types (GPT-2 would add them as token embeddings)
+    tokenizer = _load_tiny_tokenizer(**({"model_input_names": ["input_ids", "attention_mask"]} if no_types else {}))
     common = dict(vocab_size=len(tokenizer), max_position_embeddings=TINY_MAX_LENGTH, num_labels=num_labels,
                   pad_token_id=tokenizer.pad_token_id)
-    model = (DistilBertForSequenceClassification(DistilBertConfig(dim=32, n_layers=2, n_heads=2, hidden_dim=64, **common)) if distil
-             else BertForSequenceClassification(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                                           intermediate_size=64, **common)))
+    model = AutoModelForSequenceClassification.from_config(_tiny_config(alias, common))
     model.config.name_or_path = alias
     return model, tokenizer
 
+
+# %% ../nbs/06_models.ipynb #e8faf96f
+DECODER_TYPES = ("gpt2", "gpt_neo", "gpt_neox", "gptj", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+                 "phi", "phi3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "smollm3", "falcon", "bloom", "opt", "codegen",
+                 "stablelm", "starcoder2", "granite", "cohere", "deepseek_v3")   # model_type values of decoder-only LMs
+_TINY_DECODERS = ("tiny-gpt2", "tiny-llama")
+
+def is_decoder(config: object, # a transformers config (or anything with model_type / architectures)
+              ) -> bool:       # True for a decoder-only language model
+    "Is this the config of a decoder-only LM (by model_type, or an architecture ending in CausalLM / LMHeadModel)?"
+    archs = getattr(config, "architectures", None) or []
+    return getattr(config, "model_type", None) in DECODER_TYPES or any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
+
+def _cached_config(name: str) -> dict | None:
+    "A Hub id's config.json from the local Hugging Face cache (no network), or None."
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        path = try_to_load_from_cache(name, "config.json")
+        return json.loads(Path(path).read_text()) if isinstance(path, str) else None
+    except Exception: return None   # not a valid repo id, unreadable cache: decided when the model is loaded
+
+def model_is_decoder(name: str | os.PathLike, # alias, model folder, or Hub id
+                    ) -> bool:                # True when the name is known to be a decoder (no weights loaded)
+    "Whether `name` is a decoder, from the alias, the folder's config.json or the cached config.json of a Hub id."
+    resolved = resolve_model(name)
+    if resolved in _TINY_MODELS: return resolved in _TINY_DECODERS
+    if os.fspath(name) == "minilm-offline": return False
+    cfg = (json.loads((Path(resolved) / "config.json").read_text()) if (Path(resolved) / "config.json").is_file() else None
+           ) if os.path.isdir(resolved) else _cached_config(resolved)
+    from types import SimpleNamespace
+    return bool(cfg) and is_decoder(SimpleNamespace(**cfg))
+
+def default_poolings(name: str | os.PathLike, # alias, model folder, or Hub id
+                    ) -> list[str]:           # ["mean", "cls", "max"] for an encoder, ["mean", "last", "max"] for a decoder
+    "The poolings a run stores when none are given: the sentence token of the architecture (cls or last), mean and max."
+    return ["mean", "last" if model_is_decoder(name) else "cls", "max"]
+
 # %% ../nbs/06_models.ipynb #e3e6cdc7
 _MODEL_ALTERNATIVES = (f"'minilm-offline' (pretrained MiniLM, {_OFFLINE_EXTRA}), a local model folder (save_pretrained), "
-                       "or 'tiny-distilbert' (tiny random model for tests)")
+                       "or 'tiny-distilbert' / 'tiny-gpt2' (tiny random encoder / decoder for tests)")
 
 def _warn_missing_body(name: str, model, info: dict) -> None:
     "Warn when the checkpoint lacked body weights (they were drawn from TINY_BODY_SEED)."
@@ -201,6 +253,13 @@ def _warn_missing_body(name: str, model, info: dict) -> None:
                       f"from TINY_BODY_SEED (e.g. {missing[:3]})", stacklevel=4)
 
 # %% ../nbs/06_models.ipynb #fc09e659
+def _decoder_padding(model, tokenizer) -> None:
+    "A decoder's pad token (the end-of-text token when it has none), told to the config; padding on the right."
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None: raise ValueError(f"name: the tokenizer of {model.config.name_or_path!r} has neither a pad nor an eos token")
+        tokenizer.pad_token = tokenizer.eos_token
+    model.config.pad_token_id, tokenizer.padding_side = tokenizer.pad_token_id, "right"
+
 def _from_pretrained(name: str,      # the name as given, for messages
                      resolved: str,  # folder path or Hub id (from resolve_model)
                      num_labels: int,
@@ -213,6 +272,7 @@ def _from_pretrained(name: str,      # the name as given, for messages
         tokenizer = AutoTokenizer.from_pretrained(resolved, local_files_only=local)
         model, info = AutoModelForSequenceClassification.from_pretrained(
             resolved, num_labels=num_labels, local_files_only=local, output_loading_info=True)
+        if is_decoder(model.config): _decoder_padding(model, tokenizer)
     except (OSError, ValueError) as e:
         if is_folder: raise ValueError(f"name: could not load a model from folder {resolved!r}: {_one_line(e)}") from e
         if not isinstance(e, OSError): raise
@@ -247,18 +307,75 @@ def load_model_and_tokenizer(name: str | os.PathLike = "distilbert-base-uncased"
         _init_head(model, init_seed)
     return model.float().eval(), tokenizer
 
+# %% ../nbs/06_models.ipynb #b5f8ae76
+_LORA_DEFAULT_TARGETS = {"distilbert": ["q_lin", "v_lin"]}   # architectures PEFT has no default target modules for
+
+def _head_modules(model) -> list[str]:
+    "Top-level modules holding the head's parameters (kept fully trainable under LoRA)."
+    return list(dict.fromkeys(n.split(".")[0] for n in head_parameter_names(model)))
+
+def apply_lora(model: PreTrainedModel,   # a classifier from `load_model_and_tokenizer`
+               r: int,                   # LoRA rank
+               *,
+               alpha: float | None = None,    # scaling numerator (update scaled by alpha / r); None: 2 r
+               dropout: float = 0.0,          # dropout on the LoRA input
+               targets: list[str] | None = None,  # module names to adapt; None: PEFT's default for the architecture
+               init_seed: int = 0,            # seed of the A matrices (B starts at zero)
+              ) -> PreTrainedModel:           # a peft PeftModelForSequenceClassification (body frozen, adapter + head trainable)
+    "Wrap `model` in a LoRA adapter (PEFT); at init the wrapped model computes exactly what `model` did."
+    if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 1: raise ValueError(f"lora_r: expected an int >= 1, got {r!r}")
+    init_seed = _check_seed(init_seed, "init_seed")
+    import torch
+    from peft import LoraConfig, TaskType, get_peft_model
+    mtype = model.config.model_type
+    cfg = LoraConfig(task_type=TaskType.SEQ_CLS, r=int(r), lora_alpha=2 * int(r) if alpha is None else alpha, lora_dropout=float(dropout),
+                     target_modules=list(targets) if targets else _LORA_DEFAULT_TARGETS.get(mtype),
+                     modules_to_save=_head_modules(model), fan_in_fan_out=mtype == "gpt2")   # GPT-2's Conv1D stores W transposed
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=cuda), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*fan_in_fan_out.*")
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)   # PEFT calls a deprecated name
+        torch.manual_seed(init_seed)
+        try: return get_peft_model(model, cfg)
+        except ValueError as e:
+            raise ValueError(f"lora_targets: could not adapt {model.config.name_or_path!r} ({mtype}): {_one_line(e)}; "
+                             "name the modules to adapt (e.g. query value)") from None
+
+def lora_summary(model: PreTrainedModel, # any model
+                ) -> dict | None:        # r, alpha, dropout, targets (as resolved), modules_to_save; None without LoRA
+    "The LoRA adapter of a PEFT model, as it was applied (JSON-able), or None for a plain model."
+    cfg = getattr(model, "peft_config", {}).get("default") if hasattr(model, "peft_config") else None
+    if cfg is None: return None
+    return {"r": int(cfg.r), "alpha": float(cfg.lora_alpha), "dropout": float(cfg.lora_dropout),
+            "targets": sorted(cfg.target_modules), "modules_to_save": sorted({m for m in cfg.modules_to_save or [] if hasattr(_unwrapped(model), m)})}
+
+def _unwrapped(model):
+    "The transformers model inside a PEFT model (with its adapter layers), or `model` itself."
+    return model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+
+def parameter_counts(model: PreTrainedModel, # any torch module (a PEFT model too)
+                    ) -> dict:               # {"n_params", "n_trainable_params", "trainable_share"}
+    "Total and trainable parameters (requires_grad) of the model as it is trained."
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {"n_params": int(total), "n_trainable_params": int(trainable), "trainable_share": trainable / total if total else 0.0}
+
 # %% ../nbs/06_models.ipynb #a3d4fd00
-def model_summary(model: PreTrainedModel, # a model from `load_model_and_tokenizer`
-                 ) -> dict: # name, model_type, architecture, n_layers, hidden_size, num_labels, n_params, n_head_params, n_body_params, dtype
-    "Size and identity of a classifier, for run configs and reports."
-    config = model.config
-    sizes = {n: p.numel() for n, p in model.named_parameters()}
-    n_head = sum(sizes[n] for n in head_parameter_names(model))
-    return {"name": config.name_or_path or config.model_type, "model_type": config.model_type,
-            "architecture": type(model).__name__, "n_layers": int(config.num_hidden_layers),
-            "hidden_size": int(config.hidden_size), "num_labels": int(config.num_labels),
-            "n_params": int(sum(sizes.values())), "n_head_params": int(n_head),
-            "n_body_params": int(sum(sizes.values()) - n_head), "dtype": str(next(model.parameters()).dtype)}
+def model_summary(model: PreTrainedModel, # a model from `load_model_and_tokenizer` (optionally wrapped by `apply_lora`)
+                 ) -> dict: # name, model_type, architecture, decoder, n_layers, hidden_size, num_labels, n_params, n_head_params, n_body_params, n_trainable_params, trainable_share, dtype, lora
+    "Size and identity of a classifier, for run configs and reports (a LoRA model: the adapter and what it trains)."
+    inner = _unwrapped(model)
+    config = inner.config
+    sizes = {n: p.numel() for n, p in inner.named_parameters()}
+    n_head = sum(sizes[n] for n in head_parameter_names(inner))
+    out = {"name": config.name_or_path or config.model_type, "model_type": config.model_type,
+           "architecture": type(inner).__name__, "decoder": is_decoder(config), "n_layers": int(config.num_hidden_layers),
+           "hidden_size": int(config.hidden_size), "num_labels": int(config.num_labels),
+           "n_params": int(sum(sizes.values())), "n_head_params": int(n_head),
+           "n_body_params": int(sum(sizes.values()) - n_head), "dtype": str(next(model.parameters()).dtype)}
+    counts = parameter_counts(model)
+    out.update(n_trainable_params=counts["n_trainable_params"], trainable_share=counts["trainable_share"], lora=lora_summary(model))
+    return out
 
 # %% ../nbs/06_models.ipynb #b80681ad
 def model_fingerprint(name: str | os.PathLike, # alias, model folder, or Hub id (as for `load_model_and_tokenizer`)

@@ -24,8 +24,8 @@ __all__ = ['COLUMN_NAMES', 'COLLAPSE_GAP', 'format_value', 'format_sci', 'format
            'reference_lr', 'section_mitigation', 'section_components', 'collapse_identical', 'section_early_warning',
            'section_agreement', 'section_pooling', 'section_provenance', 'section_runs_overview', 'section_runs_seeds',
            'section_runs_noise_floor', 'compare_intervals', 'key_findings', 'findings', 'limitations',
-           'section_experiment', 'json_list', 'project_root', 'resolve_study_dir', 'template_dir', 'check_templates',
-           'NotebookFailed', 'execute_notebooks', 'doc_title', 'render_html']
+           'section_experiment', 'lora_answer', 'section_lora', 'json_list', 'project_root', 'resolve_study_dir',
+           'template_dir', 'check_templates', 'NotebookFailed', 'execute_notebooks', 'doc_title', 'render_html']
 
 # %% ../nbs/21_report.ipynb #ee566980
 def format_value(v: object, digits: int = 3) -> str:
@@ -797,6 +797,48 @@ def section_experiment(study: Study, experiment: str, **o) -> list:
         f", {fails['run_id'].nunique()} failed" if len(fails) else "") + "."
     cols = ["run", "run_id", "status", "last_step", "final_drift", "loss_first", "loss_last", "eval_acc_last"]
     return [text, Table(rt[cols], "One row per run: final drift (last layer, mean pooling) and training loss at the start and end (mean of 5 steps)")]
+
+# %% ../nbs/21_report.ipynb #1d3ace74
+def _pp(v: float) -> str: return f"{100 * v:+.1f}"   # an accuracy difference in percentage points
+
+def lora_answer(lc: pd.DataFrame) -> str:  # Markdown
+    "Whether each LoRA arm drifts less than full fine-tuning at equal accuracy, in words, from `analysis.lora_comparisons`."
+    q = "**Does LoRA drift less than full fine-tuning at equal held-out accuracy?**"
+    parts = []
+    for r in lc.itertuples():
+        (alo, ahi), (dlo, dhi) = r.acc_diff_ci, r.drift_diff_ci
+        acc = f"accuracy {_pp(r.acc_diff)} points [{_pp(alo)}, {_pp(ahi)}]"
+        drift = f"drift {r.drift_ratio:.2f}x full fine-tuning's ({format_value(r.drift_diff)} [{format_value(dlo)}, {format_value(dhi)}])"
+        if not (np.isfinite(alo) and np.isfinite(dlo)):
+            parts.append(f"{r.arm}: not answerable with {r.n_seeds} seed(s) (no interval from one seed); {acc}, {drift}"); continue
+        if not alo <= 0 <= ahi:
+            parts.append(f"{r.arm}: not at equal accuracy, it ends {'higher' if r.acc_diff > 0 else 'lower'} ({acc}), so its {drift} "
+                         f"is that of a model that learned {'more' if r.acc_diff > 0 else 'less'}")
+        elif dhi < 0: parts.append(f"{r.arm}: yes, at indistinguishable {acc} its {drift}, clearly less")
+        elif dlo > 0: parts.append(f"{r.arm}: no, at indistinguishable {acc} its {drift}, clearly more")
+        else: parts.append(f"{r.arm}: not clearly, at indistinguishable {acc} its {drift}; the drift difference's CI contains 0")
+    return f"{q} " + "; ".join(parts) + "." if parts else f"{q} No LoRA arm to compare."
+
+# %% ../nbs/21_report.ipynb #2d288b22
+def section_lora(study: Study, **o) -> list:
+    "LoRA (each rank) against full fine-tuning: the answer, accuracy, drift and directions of change per arm, drift per layer."
+    from embvar_study import analysis as A
+    o = _opts(**o); rs = study.runs("lora", min_runs=2)
+    lt = memo(study, ("lora_table", o["layer"], o["pooling"], o["n_resamples"]),
+              lambda: A.lora_table(rs, o["layer"], o["pooling"], n_resamples=o["n_resamples"]))
+    lc = memo(study, ("lora_comparisons", o["layer"], o["pooling"], o["n_resamples"]),
+              lambda: A.lora_comparisons(rs, o["layer"], o["pooling"], n_resamples=o["n_resamples"]))
+    lt_ = memo(study, ("layers", "lora", "factor"), lambda: A.layer_drift_table(rs, "factor", poolings=(o["pooling"],)))
+    last = lt_[lt_["step"] == lt_.groupby("factor")["step"].transform("max")]
+    wide = last.pivot_table(index="layer", columns="factor", values="drift").reset_index()
+    wide.columns = ["layer", *[f"drift, {c}" for c in wide.columns[1:]]]
+    return [lora_answer(lc),
+            Table(lt, "Per arm: learning rate, LoRA rank, share of parameters trained, final held-out accuracy and final drift "
+                      "(last layer) with 95% CIs (seeds as the unit), and how many directions carry 90% of the change E_T - E_0 "
+                      "(mean over seeds, range) with its participation ratio and the top direction's share"),
+            Table(lc, "Each LoRA arm against full fine-tuning: differences LoRA - full of final accuracy and drift (95% bootstrap CI over "
+                      "seeds), ratio of drifts and of the number of directions"),
+            Table(wide, f"Drift from step 0 of every layer at the last step ({o['pooling']} pooling, mean over seeds; layer 0 = embeddings)")]
 
 # %% ../nbs/21_report.ipynb #8c6aeb1a
 def json_list(value: list | str) -> list:

@@ -20,7 +20,8 @@ __all__ = ['EXPERIMENT_NAMES', 'PROFILES', 'PROFILE_KEYS', 'EXECUTORS', 'suggest
            'ray_options', 'run_study', 'run_experiment', 'run_sweep']
 
 # %% ../nbs/15_sweep.ipynb #f10dbc4a
-EXPERIMENT_NAMES = ("lr_sweep", "seed_sweep", "perturbation", "crossed", "lr_extended", "schedule")
+EXPERIMENT_NAMES = ("lr_sweep", "seed_sweep", "perturbation", "crossed", "lr_extended", "schedule", "lora")
+_LORA = {"lora_ranks": [8, 64], "lora_lr": 5e-4}   # LoRA at the rate it is used at (see the lora experiment)
 _PERTURB = dict(perturb_kinds=["token_dropout", "typo", "mc_dropout"])
 
 PROFILES: dict[str, dict] = {
@@ -30,31 +31,35 @@ PROFILES: dict[str, dict] = {
         "lrs": [5e-5, 5e-4], "seeds": [0, 1, 2, 3, 4], "ref_lr": 5e-5, "head_seeds": [0, 1, 2, 3, 4], "data_seeds": [0, 1, 2, 3, 4],
         "perturb": dict(_PERTURB, perturb_k=16), "crossed_seeds": [0, 1, 2],
         "extended_lrs": [1e-5, 3e-5, 5e-5, 1e-4, 2e-4, 5e-4], "extended_seeds": [0, 1, 2],
-        "schedules": ["linear", "constant", "cosine"], "schedule_seeds": [0, 1, 2], "experiments": list(EXPERIMENT_NAMES)},
+        "schedules": ["linear", "constant", "cosine"], "schedule_seeds": [0, 1, 2], **_LORA,
+        "experiments": list(EXPERIMENT_NAMES)},
     "quick": {
         "base": dict(model="minilm-offline", dataset="bundled", n_train=192, n_eval=64, epochs=2, batch_size=16,
                      max_length=64, probe_max_length=64, track_every=3, eval_every=6, warmup_ratio=0.06),
         "lrs": [5e-5, 5e-4], "seeds": [0, 1, 2], "ref_lr": 5e-5, "head_seeds": [0, 1, 2], "data_seeds": [0, 1, 2],
         "perturb": dict(_PERTURB, perturb_k=6), "crossed_seeds": [0, 1, 2],
         "extended_lrs": [1e-5, 3e-5, 5e-5, 1e-4, 2e-4, 5e-4], "extended_seeds": [0, 1],
-        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], "experiments": list(EXPERIMENT_NAMES)},
+        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], **_LORA,
+        "experiments": list(EXPERIMENT_NAMES)},
     "reviews": {
         "base": dict(model="minilm-offline", dataset=None, probes="heldout", n_probes=48, n_train=160, n_eval=48, epochs=2,
                      batch_size=16, max_length=256, probe_max_length=256, track_every=4, eval_every=10, warmup_ratio=0.06),
         "lrs": [5e-5, 5e-4], "seeds": [0, 1, 2], "ref_lr": 5e-5, "head_seeds": [0, 1, 2], "data_seeds": [0, 1, 2],
         "perturb": dict(_PERTURB, perturb_k=4), "crossed_seeds": [0, 1],
         "extended_lrs": [1e-5, 5e-5, 2e-4, 5e-4], "extended_seeds": [0, 1],
-        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], "experiments": ["lr_sweep", "schedule"]},
+        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], **_LORA,
+        "experiments": ["lr_sweep", "schedule"]},
     "smoke": {
         "base": dict(model="tiny-distilbert", dataset="bundled", n_train=64, n_eval=32, epochs=1, batch_size=16,
                      max_length=48, probe_max_length=48, track_every=1, n_probes=48),
         "lrs": [5e-5, 5e-4], "seeds": [0, 1], "ref_lr": 5e-5, "head_seeds": [0, 1], "data_seeds": [0, 1],
         "perturb": dict(_PERTURB, perturb_k=4), "crossed_seeds": [0, 1],
         "extended_lrs": [5e-5, 5e-4, 5e-3], "extended_seeds": [0, 1],
-        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1], "experiments": list(EXPERIMENT_NAMES)},
+        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1], **_LORA,
+        "experiments": list(EXPERIMENT_NAMES)},
 }
 PROFILE_KEYS = ("lrs", "seeds", "ref_lr", "head_seeds", "data_seeds", "perturb", "crossed_seeds", "extended_lrs",
-                "extended_seeds", "schedules", "schedule_seeds", "experiments")
+                "extended_seeds", "schedules", "schedule_seeds", "lora_ranks", "lora_lr", "experiments")
 
 # %% ../nbs/15_sweep.ipynb #7bbbbe03
 def suggest(name: str, valid: "Iterable[str]") -> str:
@@ -75,6 +80,7 @@ def _check_grid_keys(prof: dict):
     seed_ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0
     kinds = ((("lrs", "extended_lrs"), lr_ok, "positive learning rates"),
              (("seeds", "head_seeds", "data_seeds", "crossed_seeds", "extended_seeds", "schedule_seeds"), seed_ok, "seeds (integers >= 0)"),
+             (("lora_ranks",), lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "LoRA ranks (integers >= 1)"),
              (("schedules",), lambda v: v in ("linear", "constant", "cosine"), "schedules (linear, constant, cosine)"),
              (("experiments",), lambda v: v in EXPERIMENT_NAMES, f"experiment names {list(EXPERIMENT_NAMES)}"))
     for keys, ok, what in kinds:
@@ -82,7 +88,8 @@ def _check_grid_keys(prof: dict):
             v = prof[key]
             if not isinstance(v, list) or not v or not all(ok(x) for x in v):
                 raise ValueError(f"{key}: expected a non-empty list of {what}, got {v!r}")
-    if not lr_ok(prof["ref_lr"]): raise ValueError(f"ref_lr: expected a positive learning rate, got {prof['ref_lr']!r}")
+    for key in ("ref_lr", "lora_lr"):
+        if not lr_ok(prof[key]): raise ValueError(f"{key}: expected a positive learning rate, got {prof[key]!r}")
     if not isinstance(prof["perturb"], dict): raise ValueError(f"perturb: expected a dict of run fields, got {prof['perturb']!r}")
     TrainConfig.from_dict({**prof["base"], **prof["perturb"]})
 
@@ -133,6 +140,9 @@ def experiment_grid(profile: dict,  # from get_profile
         "lr_extended": lambda: [{"factor": "lr", **g} for g in expand_grid(p["base"], {"lr": p["extended_lrs"], "seed": p["extended_seeds"]})],
         "schedule": lambda: [{"factor": "schedule", **g} for g in
                              expand_grid(p["base"], {"lr": p["lrs"], "schedule": p["schedules"], "seed": p["schedule_seeds"]})],
+        "lora": lambda: ([{"factor": "full", **g} for g in expand_grid(p["base"], {"lr": [p["ref_lr"]], "seed": p["seeds"]})]
+                         + [{"factor": f"lora_r{r}", **g} for r in p["lora_ranks"]
+                            for g in expand_grid(p["base"], {"lr": [p["lora_lr"]], "lora_r": [r], "seed": p["seeds"]})]),
     }
     if experiment not in grids:
         raise ValueError(f"experiment: expected one of {list(EXPERIMENT_NAMES)}, got {experiment!r}{suggest(experiment, grids)}")
@@ -184,7 +194,7 @@ def _label(row: dict) -> str:
     "The design values of a plan row in a few words: 'lr=5e-4 seed=1', 'lr=5e-5 init_seed=2 data_seed=0'."
     given = {k: v for k, v in row.items() if v is not None and not (isinstance(v, float) and math.isnan(v))}
     shown = lambda k, v: format_lr(v) if k == "lr" else (int(v) if isinstance(v, float) and v.is_integer() else v)
-    keys = ["lr", "schedule", "seed", "init_seed", "data_seed", "replicate"]
+    keys = ["lr", "lora_r", "schedule", "seed", "init_seed", "data_seed", "replicate"]
     return " ".join(f"{k}={shown(k, given[k])}" for k in keys if k in given
                     and not (k == "replicate" and not given[k]) and not (k == "schedule" and given[k] == "linear"))
 

@@ -23,10 +23,11 @@ from .extract import embed_texts
 from .metrics import cosine_drift
 from .runs import RunWriter, FolderLock, atomic_write_json, canonical_json, _method_of
 from .config import POOLINGS, tracker_settings
+from .models import is_decoder, lora_summary, parameter_counts
 
 # %% auto #0
-__all__ = ['ALARM_SIGNALS', 'probe_table', 'AlarmRule', 'alarm_rule', 'NonFiniteEmbeddings', 'EmbeddingTracker', 'send_metrics',
-           'trainer_config', 'EmbvarCallback']
+__all__ = ['ALARM_SIGNALS', 'probe_table', 'AlarmRule', 'alarm_rule', 'NonFiniteEmbeddings', 'model_facts', 'EmbeddingTracker',
+           'send_metrics', 'trainer_config', 'EmbvarCallback']
 
 # %% ../nbs/10_tracking.ipynb #bee8e345
 def probe_table(probes: list[str] | pd.DataFrame | str | Path) -> pd.DataFrame:  # N rows, a `text` column first
@@ -131,6 +132,13 @@ def alarm_rule(spec: float | dict | AlarmRule | str | Path | object,  # a thresh
 class NonFiniteEmbeddings(ValueError):
     "The probe embeddings at a checkpoint contain NaN or inf (the model diverged)."
 
+# %% ../nbs/10_tracking.ipynb #e8008731
+def model_facts(model: torch.nn.Module, # the model being trained (a PEFT model too)
+               ) -> dict:               # {"parameters": {n_params, n_trainable_params, trainable_share}, "lora": ... (PEFT only)}
+    "What config.json records about the model as trained: total and trainable parameters, and the LoRA adapter if any."
+    lora = lora_summary(model)
+    return {"parameters": parameter_counts(model), **({"lora": lora} if lora else {})}
+
 # %% ../nbs/10_tracking.ipynb #cbbd4c05
 class EmbeddingTracker:
     "Embeds a fixed probe set at tracked steps of any training loop and writes a run folder (see `runs`)."
@@ -140,7 +148,7 @@ class EmbeddingTracker:
                  *,
                  every: int = 10,           # embed at step 0 and every `every` steps
                  layers="all",              # "all" hidden states, or a list of indices
-                 poolings=("mean",),        # any of "mean", "cls", "max"
+                 poolings=None,             # any of "mean", "cls", "max", "last"; None: "last" for a decoder, else "mean"
                  config: dict | None = None,  # your run's parameters (JSON-serialisable), recorded in config.json
                  identity: dict | None = None,  # what identifies the run, if not all of `config` (see runs.RunWriter)
                  max_length: int = 128,     # tokens per probe
@@ -153,11 +161,12 @@ class EmbeddingTracker:
                  alarm=None,                # an alarm rule, anything `alarm_rule` reads (a threshold, a dict, a JSON file, ...)
                 ):
         self.model, self.tokenizer, self.autocast = model, tokenizer, autocast
+        if poolings is None: poolings = ("last",) if is_decoder(getattr(model, "config", None)) else ("mean",)
         self.settings = tracker_settings(every, layers, poolings, max_length, batch_size, dtype)
         self.probes = probe_table(probes)
         self.drift_layer, self.drift_pooling, self.alarm_rule = self._live_settings(drift_layer, drift_pooling, alarm)
         armed = {"alarm": self.alarm_rule.to_dict()} if self.alarm_rule else {}
-        self.config = {**(config or {}), "tracker": self.settings, **armed}
+        self.config = {**(config or {}), "tracker": self.settings, **armed, **model_facts(model)}
         identity = None if identity is None else {**identity, "tracker": self.settings, **armed}
         self.writer = RunWriter(run_dir, self.config, self.probes, identity=identity, lock=lock)
         self.run_dir, self.tracked, self.seconds = Path(run_dir), [], 0.0

@@ -14,7 +14,7 @@ import torch
 
 from .config import TrainConfig, SCHEDULES, DIVERGENCE_FACTOR, as_field
 from .data import load_texts, train_eval_split, load_probes, parse_heldout
-from .models import load_model_and_tokenizer, model_summary
+from .models import load_model_and_tokenizer, model_summary, apply_lora
 from .extract import embed_perturbed, count_truncated, position_limit, length_groups, linear_kernel, choose_linear_kernel
 from .runs import FolderLock, run_folder_state, verify_run, CorruptRunError
 from .tracking import EmbeddingTracker, NonFiniteEmbeddings
@@ -201,6 +201,9 @@ def train_run(config: TrainConfig | dict,  # the run's parameters
                     f"({train_df.attrs['n_rows']} rows), {len(probes)} probes")
         with as_field("model"):
             model, tok = load_model_and_tokenizer(cfg.model, num_labels=train_df.attrs["n_labels"], init_seed=cfg.seeds()["init_seed"])
+        if (lora := cfg.lora()) is not None:   # adapter + head trained, body frozen; B = 0: step 0 is the base model's
+            with as_field("lora_targets"): model = apply_lora(model, lora["r"], alpha=lora["alpha"], dropout=lora["dropout"],
+                                                              targets=lora["targets"], init_seed=cfg.seeds()["init_seed"])
         model.to(device)
         _check_lengths(cfg, model)
         n_trunc = count_truncated(tok, probes["text"].tolist(), cfg.probe_max_length)
