@@ -437,6 +437,8 @@ def test_cli_train_writes_a_complete_run(tmp_path, capsys):
     run = load_run(out)
     assert run.status == "completed" and run.config_hash == TrainConfig(**TINY).run_id()
     cfg = TrainConfig(**TINY)
+    params = run.config.pop("parameters")          # the model's parameter counts (tracking.model_facts)
+    assert params["n_params"] == params["n_trainable_params"] > 0 and params["trainable_share"] == 1.0
     assert run.config == {**cfg.to_dict(), "resolved": cfg.resolved(), "tracker": cfg.tracker()}
     np.testing.assert_array_equal(run.steps, [0, 2, 4])
 
