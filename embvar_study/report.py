@@ -17,13 +17,14 @@ from .runs import atomic_write_bytes, package_version, git_info
 
 # %% auto #0
 __all__ = ['COLLAPSE_GAP', 'format_value', 'format_sci', 'format_table', 'table_html', 'Figure', 'figure_png', 'figure_html',
-           'RawHTML', 'Table', 'note_html', 'note_md', 'to_html', 'show', 'memo', 'header', 'section_drift',
-           'section_reference', 'section_schedule', 'collapse_answer', 'section_effects', 'section_layers',
-           'section_seed_variance', 'section_pairs', 'section_noise_floor', 'section_geometry', 'section_perturbation',
-           'section_mitigation', 'section_components', 'section_early_warning', 'section_agreement', 'section_pooling',
-           'section_provenance', 'section_runs_overview', 'section_runs_seeds', 'section_runs_noise_floor', 'findings',
-           'section_experiment', 'json_list', 'project_root', 'resolve_study_dir', 'template_dir', 'check_templates',
-           'NotebookFailed', 'execute_notebooks', 'doc_title', 'render_html']
+           'RawHTML', 'Table', 'note_html', 'note_md', 'to_html', 'diverged_note', 'section_items', 'show', 'memo',
+           'header', 'section_drift', 'section_reference', 'section_schedule', 'collapse_answer', 'section_effects',
+           'section_layers', 'section_seed_variance', 'section_pairs', 'section_noise_floor', 'section_geometry',
+           'section_perturbation', 'section_mitigation', 'section_components', 'section_early_warning',
+           'section_agreement', 'section_pooling', 'section_provenance', 'section_runs_overview', 'section_runs_seeds',
+           'section_runs_noise_floor', 'findings', 'section_experiment', 'json_list', 'project_root',
+           'resolve_study_dir', 'template_dir', 'check_templates', 'NotebookFailed', 'execute_notebooks', 'doc_title',
+           'render_html']
 
 # %% ../nbs/21_report.ipynb #ee566980
 def format_value(v: object, digits: int = 3) -> str:
@@ -136,14 +137,32 @@ def to_html(item: object, study_dir: str | Path | None = None) -> str:
         return mistune.create_markdown(escape=True, plugins=["table"])(item)
     raise TypeError(f"show: cannot display a {type(item).__name__}")
 
+def diverged_note(study: Study,            # the study
+                  experiments: list[str],  # experiments whose diverged runs a section left out
+                 ) -> str | None:          # Markdown, or None when none diverged
+    "One line: how many runs of these experiments diverged and were left out, which (label) and at which step."
+    dv = study.diverged(experiments)
+    if not len(dv): return None
+    each = "; ".join(f"{r.run} of {r.experiment} at step {r.step}" + (f" ({r.because})" if r.because else "") for r in dv.itertuples())
+    return note_md(f"{len(dv)} diverged run{'s' if len(dv) != 1 else ''} left out of this section's tables and figures: {each}.")
+
+def section_items(section: Callable | object, *args, **kwargs) -> list:  # items to display
+    "A section's items (or a ready value); `NotComputed` becomes a note; a note first when it left diverged runs out."
+    study = args[0] if args and isinstance(args[0], Study) else None
+    if study is not None: study.left_out = set()
+    try: out = section(*args, **kwargs) if callable(section) else section
+    except NotComputed as e: out = RawHTML(note_html(str(e)))
+    items = [i for i in (out if isinstance(out, (list, tuple)) else [out]) if i is not None]
+    if study is not None and study.left_out and getattr(section, "__name__", "") != "findings":   # findings say it themselves
+        note = diverged_note(study, sorted(study.left_out))
+        if note: items.insert(0, note)
+    return items
+
 def show(section: Callable | object, *args, study_dir: str | Path | None = None, **kwargs) -> None:
     "Display a section's result (or a ready value); `NotComputed` becomes a note with the reason."
     from IPython.display import HTML, display
-    try: out = section(*args, **kwargs) if callable(section) else section
-    except NotComputed as e: display(HTML(note_html(str(e)))); return
     if study_dir is None and args and isinstance(args[0], Study): study_dir = args[0].study_dir
-    items = out if isinstance(out, (list, tuple)) else [out]
-    display(HTML("\n".join(to_html(i, study_dir) for i in items if i is not None)))
+    display(HTML("\n".join(to_html(i, study_dir) for i in section_items(section, *args, **kwargs))))
 
 # %% ../nbs/21_report.ipynb #683e998f
 def memo(study: Study, key: tuple, fn: Callable, *args, **kwargs) -> object:
@@ -417,7 +436,7 @@ def section_components(study: Study, **o) -> list:
 def section_early_warning(study: Study, **o) -> list:
     "Drift as an early warning of failing runs, over the extended learning-rate sweep."
     from embvar_study import early_warning as EW
-    o = _opts(**o); ext = study.runs("lr_extended", min_runs=2)
+    o = _opts(**o); ext = study.runs("lr_extended", min_runs=2, diverged=True)   # failing runs are its subject
     ref = study.grid("ref_lr") or ext.table["lr"].min()
     try: rep = EW.replicate_distances(study.runs("seed_sweep", "replicate"), layer=o["layer"], pooling=o["pooling"])
     except NotComputed: rep = np.array([])
@@ -519,6 +538,11 @@ def findings(study: Study, **o) -> str:  # Markdown
     "The headline numbers with their CIs, in sentences, from the study's tables."
     from embvar_study import analysis as A
     o = _opts(**o); out = []
+    dv = study.diverged()
+    if len(dv):
+        out.append(f"**{len(dv)} run{'s' if len(dv) != 1 else ''} diverged** and {'are' if len(dv) != 1 else 'is'} left out of every table "
+                   "and figure but the early-warning analysis (which needs its failing runs): " + "; ".join(
+                       f"{r.run} of {r.experiment} at step {r.step}" + (f" ({r.because})" if r.because else "") for r in dv.itertuples()) + ".")
     try:
         rs = study.runs("lr_sweep")
         ref = memo(study, ("reference", o["layer"], o["pooling"], o["n_resamples"]),

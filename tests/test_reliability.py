@@ -1,0 +1,36 @@
+"""Nothing lost, nothing misreported (issue 20): diverged runs in reports, foreign --out folders, missing and case-variant
+labels, subsets that lose a class, duplicates across subsets, half-executed notebooks, bit rot, byte-identical builds."""
+import html as html_lib, json, re
+
+import pytest
+
+from embvar_study.cli import main
+
+SMALL = ["--set", "n_train=32", "--set", "n_eval=16", "--set", "max_length=32", "--set", "probe_max_length=32", "--set", "n_probes=16"]
+TRAIN = ["--model", "tiny-distilbert", "--dataset", "bundled", "--n-train", "32", "--n-eval", "16", "--max-length", "32",
+         "--probe-max-length", "32", "--n-probes", "16", "--track-every", "2", "--no-progress"]
+
+
+def text_of(page: str) -> str: return " ".join(html_lib.unescape(re.sub(r"<[^>]+>", " ", page)).split())
+
+
+def test_a_study_with_diverged_runs_renders_and_says_which(tmp_path):
+    # lr 10 diverges at its first tracked step: one checkpoint, which broke drift_curves ("expected at least 2 checkpoints")
+    out = tmp_path / "study"
+    main(["report", "--profile", "smoke", "--experiments", "lr_sweep", "--set", "lrs=[5e-5,10]", "--set", "track_every=2", "--out", str(out), *SMALL])
+    text = text_of((out / "report.html").read_text(encoding="utf-8"))
+    assert "Traceback" not in text
+    assert re.search(r"2 runs diverged\s+and are left out of every table and figure", text)
+    assert re.search(r"lr 10 · init seed 0 · data seed 0 · dropout seed 0 of lr_sweep at step \d+ \(training loss", text)
+    assert "at lr 10," not in text                                      # Findings do not quote lr 10 as a result
+    assert text.count("2 diverged runs left out of this section's tables and figures") >= 3
+
+
+def test_a_runs_report_with_a_diverged_run_renders(tmp_path):
+    a, b, c = (tmp_path / "runs" / n for n in "abc")
+    main(["train", *TRAIN, "--lr", "5e-5", "--out", str(a)]); main(["train", *TRAIN, "--lr", "5e-5", "--seed", "1", "--out", str(b)])
+    main(["train", *TRAIN, "--lr", "10", "--out", str(c)])
+    assert json.loads((c / "COMPLETE").read_text())["status"] == "diverged"
+    main(["report", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "rr")])
+    text = text_of((tmp_path / "rr" / "report.html").read_text(encoding="utf-8"))
+    assert "Traceback" not in text and "1 diverged run left out of this section's tables and figures: lr 10" in text
