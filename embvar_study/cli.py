@@ -209,14 +209,18 @@ def report_main(argv: list[str]) -> Path:
     "`embvar report`: run (or read) a study, execute the notebooks, render report.html."
     a = report_parser().parse_args(fix_negatives(argv))
     _check_report_args(a)
-    if a.runs: return runs_report(a.runs, a.group_by, _folder(a.study_dir or "reports/runs", "study_dir"), templates=a.templates)
+    if a.runs:
+        from embvar_study.study import check_out_folder
+        out = check_out_folder(_folder(a.study_dir or "reports/runs", "study_dir"), runs=True)   # someone else's folder: refused
+        return runs_report(a.runs, a.group_by, out, templates=a.templates)
     from embvar_study.sweep import check_profile_name, check_experiments
     profile = check_profile_name(a.profile or "quick")              # before anything heavy is imported
     if a.experiments: check_experiments(a.experiments)
     sets, study_dir = parse_sets(a.sets), _folder(a.study_dir or Path("reports") / profile, "study_dir")
     jobs = _jobs(a.jobs) if a.executor == "local" else (1 if a.jobs == "auto" else _jobs(a.jobs))
     from embvar_study.sweep import get_profile, run_study
-    from embvar_study.study import study_lock, lock_env, check_study, read_study_spec
+    from embvar_study.study import study_lock, lock_env, check_study, read_study_spec, check_out_folder
+    check_out_folder(study_dir)                                     # not empty and not a study: refused before any work
     from embvar_study.runs import atomic_write_json
     from embvar_study import report as R
     prof = get_profile(profile, sets)                               # every --set key checked before any work

@@ -4,7 +4,7 @@
 
 # %% ../nbs/14_study.ipynb #fc5a97f8
 from __future__ import annotations
-import contextlib, json, os, re
+import contextlib, json, os, re, tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -15,10 +15,10 @@ from .runs import (Run, RunWriter, load_run, config_hash, atomic_write_json, ato
                                FolderLock, lock_holder, _method_of)
 
 # %% auto #0
-__all__ = ['LOCK_ENV', 'STUDY_FILE', 'MANIFEST_COLUMNS', 'DESIGN_COLUMNS', 'EXPERIMENT_FACTORS', 'NotComputed', 'study_lock',
-           'lock_env', 'write_study_spec', 'read_study_spec', 'manifest_path', 'write_manifest', 'load_manifest',
-           'config_value', 'format_lr', 'synthetic_study', 'RunSet', 'Study', 'check_study', 'load_study',
-           'study_from_runs']
+__all__ = ['LOCK_ENV', 'STUDY_FILE', 'RUNS_REPORT_MARK', 'MANIFEST_COLUMNS', 'DESIGN_COLUMNS', 'EXPERIMENT_FACTORS',
+           'NotComputed', 'study_lock', 'lock_env', 'write_study_spec', 'read_study_spec', 'check_out_folder',
+           'manifest_path', 'write_manifest', 'load_manifest', 'config_value', 'format_lr', 'synthetic_study', 'RunSet',
+           'Study', 'check_study', 'load_study', 'study_from_runs']
 
 # %% ../nbs/14_study.ipynb #19b2c9c2
 class NotComputed(Exception):
@@ -70,6 +70,29 @@ def read_study_spec(study_dir: str | Path) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as e: raise CorruptRunError(f"{f}: unreadable ({e})") from None
     if not isinstance(spec, dict): raise CorruptRunError(f"{f}: expected a JSON object, got {type(spec).__name__}")
     return spec
+
+# %% ../nbs/14_study.ipynb #e9b03d28
+RUNS_REPORT_MARK = Path("notebooks") / "runs_report.ipynb"   # what a report from run folders leaves in its folder
+
+def check_out_folder(study_dir: str | Path,  # the folder `embvar report` would write (need not exist)
+                     *,
+                     runs: bool = False,     # a report from run folders (`--runs`), not a profile's study
+                     name: str = "study_dir",  # the argument, for messages
+                    ) -> Path:               # the folder, absolute
+    "`study_dir` if it is empty, missing or a study (of this kind); a one-line `ValueError` naming `name` otherwise."
+    p = Path(study_dir).absolute()
+    if p.exists() and not p.is_dir(): raise ValueError(f"{name}: {p} is a file; expected a folder")
+    entries = sorted(e.name for e in p.iterdir() if not e.name.startswith(".")) if p.is_dir() else []
+    mark = RUNS_REPORT_MARK if runs else Path(STUDY_FILE)
+    if entries and not (p / mark).is_file():
+        what = "a report from run folders" if runs else "an embvar study"
+        raise ValueError(f"{name}: {p} is not empty ({', '.join(entries[:3])}{', ...' if len(entries) > 3 else ''}) and is not {what} "
+                         f"(no {mark.as_posix()}); refusing to write there: choose an empty or new folder")
+    base = p if p.exists() else next(a for a in p.parents if a.exists())
+    for d in dict.fromkeys([base, p.parent if p.parent.exists() else base]):   # the folder, and beside it its lock file
+        try: fd, probe = tempfile.mkstemp(dir=d, prefix=".embvar-write-check-"); os.close(fd); os.unlink(probe)
+        except OSError as e: raise ValueError(f"{name}: cannot write to {p} ({d}: {e.strerror or e})") from None
+    return p
 
 # %% ../nbs/14_study.ipynb #becc1f68
 MANIFEST_COLUMNS = ["run_id", "path", "status", "error", "seconds", "node"]

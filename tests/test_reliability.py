@@ -34,3 +34,29 @@ def test_a_runs_report_with_a_diverged_run_renders(tmp_path):
     main(["report", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "rr")])
     text = text_of((tmp_path / "rr" / "report.html").read_text(encoding="utf-8"))
     assert "Traceback" not in text and "1 diverged run left out of this section's tables and figures: lr 10" in text
+
+
+def _refused(capsys, argv: list, *wanted: str) -> str:
+    "Run `embvar ARGV`; it must exit 2 with one line on stderr containing every `wanted`, and no traceback."
+    with pytest.raises(SystemExit) as e: main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    for w in wanted: assert w in err, err
+    return err
+
+
+def test_report_out_refuses_a_folder_that_is_not_a_study(tmp_path, capsys):
+    theirs = tmp_path / "theirs"; (theirs / "figures").mkdir(parents=True); (theirs / "logs").mkdir()
+    for f in ("report.html", "figures/drift_and_loss.png", "logs/report.log"): (theirs / f).write_text("someone else's")
+    before = {p: p.read_text() for p in theirs.rglob("*") if p.is_file()}
+    _refused(capsys, ["report", "--profile", "smoke", "--out", str(theirs)], "--out:", "is not an embvar study")
+    _refused(capsys, ["report", "--runs", str(tmp_path), "--out", str(theirs)], "--out:", "is not a report from run folders")
+    assert {p: p.read_text() for p in theirs.rglob("*") if p.is_file()} == before and not list(tmp_path.glob(".*lock"))
+
+
+def test_an_unwritable_out_names_out(tmp_path, capsys):
+    import os
+    ro = tmp_path / "ro"
+    if os.geteuid() == 0: ro = type(tmp_path)("/sys")     # root writes any folder whatever its mode; sysfs refuses it
+    else: ro.mkdir(); ro.chmod(0o555)
+    _refused(capsys, ["report", "--profile", "smoke", "--out", str(ro / "study")], f"--out: cannot write to {ro / 'study'}")
