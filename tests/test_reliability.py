@@ -60,3 +60,46 @@ def test_an_unwritable_out_names_out(tmp_path, capsys):
     if os.geteuid() == 0: ro = type(tmp_path)("/sys")     # root writes any folder whatever its mode; sysfs refuses it
     else: ro.mkdir(); ro.chmod(0o555)
     _refused(capsys, ["report", "--profile", "smoke", "--out", str(ro / "study")], f"--out: cannot write to {ro / 'study'}")
+
+
+def _write(path, df):
+    {".csv": lambda: df.to_csv(path, index=False), ".tsv": lambda: df.to_csv(path, sep="\t", index=False),
+     ".jsonl": lambda: df.to_json(path, orient="records", lines=True), ".parquet": lambda: df.to_parquet(path)}[path.suffix]()
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl", ".parquet"])
+def test_missing_markers_and_case_variants_are_refused_by_every_reader(tmp_path, suffix):
+    import pandas as pd
+    from embvar_study.data import load_texts
+    texts = [f"text number {i}" for i in range(12)]
+    for marker in ("NA", "NaN", "null", "None", "nan", "N/A", "#N/A"):
+        labels = ["pos", "neg"] * 6; labels[3] = labels[8] = marker
+        f = _write(tmp_path / f"m{suffix}", pd.DataFrame({"text": texts, "label": labels}))
+        with pytest.raises(ValueError, match=r"expected a label in every row, got 2 missing label\(s\) at rows 3, 8"): load_texts(f)
+    f = _write(tmp_path / f"c{suffix}", pd.DataFrame({"text": texts, "label": ["Pos", "pos", "neg"] * 4}))
+    with pytest.raises(ValueError, match=r"differ only in case or surrounding spaces would be different classes: 'Pos' \(4 rows\), 'pos' \(4 rows\)"):
+        load_texts(f)
+
+
+def test_train_refuses_a_missing_label_and_a_class_a_subset_cannot_hold(tmp_path, capsys):
+    import pandas as pd
+    rows = pd.DataFrame({"text": [f"a review, number {i}" for i in range(80)], "label": ["neg"] * 79 + ["pos"]})
+    one = _write(tmp_path / "one.csv", rows)
+    _refused(capsys, ["train", "--dataset", str(one), "--model", "tiny-distilbert", "--n-train", "40", "--n-eval", "20", "--out", str(tmp_path / "r")],
+             "class 'pos' has 1 row of 80", "(40 rows)", "(20 rows)")
+    six = _write(tmp_path / "six.csv", pd.DataFrame({"text": [f"review {i}" for i in range(206)], "label": ["neg"] * 200 + ["pos"] * 6}))
+    _refused(capsys, ["train", "--dataset", str(six), "--model", "tiny-distilbert", "--n-train", "16", "--n-eval", "1", "--out", str(tmp_path / "r")],
+             "--n-eval: expected at least 2 rows (one of every class: 'neg', 'pos'), got 1")
+    na = _write(tmp_path / "na.csv", rows.assign(label=["neg", "pos"] * 39 + ["NA", "pos"]))
+    _refused(capsys, ["train", "--dataset", str(na), "--model", "tiny-distilbert", "--out", str(tmp_path / "r")], "missing label(s) at row 78 ('NA' read as missing)")
+    assert not (tmp_path / "r").exists()
+
+
+def test_every_subset_keeps_every_class(tmp_path):
+    import pandas as pd
+    from embvar_study.config import TrainConfig
+    from embvar_study.train import prepare_data
+    six = _write(tmp_path / "six.csv", pd.DataFrame({"text": [f"review {i}" for i in range(206)], "label": ["neg"] * 200 + ["pos"] * 6}))
+    tr, ev, _ = prepare_data(TrainConfig(dataset=str(six), n_train=16, n_eval=8, n_probes=4))
+    assert set(tr["label"]) == set(ev["label"]) == {0, 1}
