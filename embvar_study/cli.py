@@ -10,7 +10,8 @@ from typing import Callable
 
 # %% auto #0
 __all__ = ['TRAIN_GROUPS', 'parse_value', 'parse_sets', 'absolute_path', 'fix_negatives', 'flag_message', 'field_docs',
-           'train_parser', 'train_main', 'report_parser', 'StudyFailed', 'report_main', 'runs_report', 'main']
+           'train_parser', 'train_main', 'report_parser', 'StudyFailed', 'report_main', 'runs_report', 'verify_parser',
+           'verify_main', 'main']
 
 # %% ../nbs/22_cli.ipynb #765022ee
 def parse_value(text: str) -> object:
@@ -135,6 +136,7 @@ def report_parser() -> argparse.ArgumentParser:
                    help="override a profile key (lrs, seeds, schedules, ...) or a run field (dataset, n_train, ...); repeatable; values are JSON")
     g.add_argument("--experiments", nargs="+", default=None, metavar="NAME", help="run only these experiments (default: the profile's)")
     g.add_argument("--only-report", action="store_true", help="train nothing: rebuild the report from the runs on disk")
+    g.add_argument("--verify", action="store_true", help="with --only-report: re-hash every file of every run before rendering (not the size/mtime cache)")
     g = p.add_argument_group("any run folders")
     g.add_argument("--runs", nargs="+", default=None, metavar="DIR", help="report on these run folders (or folders holding them) instead of a profile")
     g.add_argument("--group-by", dest="group_by", default="lr", metavar="KEY", help="with --runs: the config key that groups runs (dotted for nested keys)")
@@ -195,6 +197,7 @@ def _check_report_args(a: argparse.Namespace) -> None:
     if a.runs:
         for dest, flag in _NOT_WITH_RUNS:
             if getattr(a, dest): raise ValueError(f"{dest}: {flag} cannot be used with --runs (a report of run folders has no profile and trains nothing)")
+    if getattr(a, "verify", False) and not a.only_report: raise ValueError("verify: --verify goes with --only-report (a run of the study verifies each run it skips)")
     if a.cpus_per_run < 1: raise ValueError(f"cpus_per_run: expected an integer >= 1, got {a.cpus_per_run}")
     if a.gpus_per_run is not None and not a.gpus_per_run >= 0: raise ValueError(f"gpus_per_run: expected a number >= 0, got {a.gpus_per_run}")
 
@@ -229,7 +232,7 @@ def report_main(argv: list[str]) -> Path:
     with study_lock(study_dir):
         if a.only_report:
             spec = read_study_spec(study_dir)
-            bad = check_study(study_dir)
+            bad = check_study(study_dir, full=a.verify)
             if bad: raise StudyFailed(f"{len(bad)} damaged run(s); the report was not rendered (rerun without --only-report to recompute them):\n"
                                       + "\n".join(f"  {p}: {e}" for p, e in bad))
             names = [e for e in spec.get("experiments", []) if (study_dir / "notebooks" / f"{e}.ipynb").is_file()]
@@ -273,6 +276,39 @@ def runs_report(run_dirs: list[str], group_by: str, study_dir: Path, *, template
     print(f"report: {dest}")
     return dest
 
+# %% ../nbs/22_cli.ipynb #b4059144
+def verify_parser() -> argparse.ArgumentParser:
+    "The parser of `embvar verify`."
+    p = _Parser(prog="embvar verify", description="Re-hash every file of a run folder, or of every run of a study, against COMPLETE.")
+    p.add_argument("path", metavar="STUDY_OR_RUN", help="a run folder, a study folder, or a folder holding run folders")
+    return p
+
+def _verify_targets(p: Path) -> list[Path]:
+    "The run folders to verify under `p`: itself, or a study's done runs and every run folder with a COMPLETE."
+    from embvar_study.runs import find_runs
+    if (p / "COMPLETE").exists(): return [p]
+    listed = []
+    if (p / "sweeps").is_dir():
+        from embvar_study.study import load_manifest, _DONE
+        for f in sorted((p / "sweeps").glob("*.csv")):
+            m = load_manifest(p, f.stem); listed += [p / r for r in m[m["status"].isin(_DONE)]["path"]]
+    return list(dict.fromkeys([*listed, *find_runs(p)]))
+
+def verify_main(argv: list[str]) -> list[tuple[str, str]]:  # [(damaged file, why)]; exits 1 when there is one
+    "`embvar verify`: re-hash everything; one line per damaged file and exit 1, or one line and exit 0."
+    from embvar_study.runs import damaged_files
+    p = Path(verify_parser().parse_args(argv).path).resolve()
+    if not p.is_dir(): raise FileNotFoundError(f"path: no such folder {p}")
+    runs = _verify_targets(p)
+    if not runs: raise ValueError(f"path: {p} holds no run folder (no COMPLETE here or below it)")
+    bad = [(f, why) for r in runs for f, why in damaged_files(r)]
+    for f, why in bad: print(f"damaged: {f}: {why}", file=sys.stderr)
+    if bad:
+        print(f"embvar verify: {len(bad)} damaged file(s) in {len({Path(f).parent for f, _ in bad})} folder(s) of {len(runs)} run(s)", file=sys.stderr)
+        sys.exit(1)
+    print(f"embvar verify: all {len(runs)} run(s) verify (every file re-hashed against COMPLETE)")
+    return bad
+
 # %% ../nbs/22_cli.ipynb #37fc4f4b
 _T_MAIN = time.perf_counter()   # when `embvar` started its work (reset by main); phases are timed from it
 
@@ -293,14 +329,14 @@ def _errors() -> tuple:
 def main(argv: list[str] | None = None) -> None:
     "`embvar {train,report} ...`; `embvar --version`."
     argv = sys.argv[1:] if argv is None else list(argv)
-    cmds = {"train": (train_main, train_parser), "report": (report_main, report_parser)}
+    cmds = {"train": (train_main, train_parser), "report": (report_main, report_parser), "verify": (verify_main, verify_parser)}
     if argv[:1] in (["--version"], ["-V"]): print(f"embvar-study {_version()}"); return
     if argv[:1] in (["-h"], ["--help"]):
-        print("usage: embvar {train,report} [options]   (embvar train --help, embvar report --help, embvar --version)"); return
-    if not argv: print("embvar: error: expected a command: train or report (see embvar --help)", file=sys.stderr); sys.exit(2)
+        print("usage: embvar {train,report,verify} [options]   (embvar train --help, embvar report --help, embvar verify --help, embvar --version)"); return
+    if not argv: print("embvar: error: expected a command: train, report or verify (see embvar --help)", file=sys.stderr); sys.exit(2)
     if argv[0] not in cmds:
         from embvar_study.sweep import suggest
-        print(f"embvar: error: unknown command {argv[0]!r}{suggest(argv[0], cmds)}; valid: train, report", file=sys.stderr); sys.exit(2)
+        print(f"embvar: error: unknown command {argv[0]!r}{suggest(argv[0], cmds)}; valid: train, report, verify", file=sys.stderr); sys.exit(2)
     run, parser = cmds[argv[0]]
     global _T_MAIN; _T_MAIN = time.perf_counter()
     try: run(argv[1:])

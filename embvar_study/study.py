@@ -380,14 +380,16 @@ class Study:
 # %% ../nbs/14_study.ipynb #d5eecb4d
 _DONE = ["completed", "diverged", "skipped"]   # manifest statuses whose run folder is complete
 
-def check_study(study_dir: str | Path) -> list[tuple[str, str]]:  # [(run path, one-line error)] of damaged runs
+def check_study(study_dir: str | Path,  # the study folder
+                full: bool = False,      # re-hash every file (`embvar report --only-report --verify`), not the cache
+               ) -> list[tuple[str, str]]:  # [(run path, one-line error)] of damaged runs
     "Every run named by a manifest that does not load and verify (nothing is loaded beyond the checks)."
     from embvar_study.runs import verify_run, IncompleteRunError
     study_dir, bad = Path(study_dir), []
     for f in sorted((study_dir / "sweeps").glob("*.csv")):
         m = load_manifest(study_dir, f.stem)
         for p in m[m["status"].isin(_DONE)]["path"].unique():
-            try: verify_run(study_dir / p)
+            try: verify_run(study_dir / p, full=full)
             except (CorruptRunError, IncompleteRunError, FileNotFoundError) as e: bad.append((p, " ".join(str(e).split())))
     return list(dict.fromkeys(bad))
 

@@ -103,3 +103,30 @@ def test_every_subset_keeps_every_class(tmp_path):
     six = _write(tmp_path / "six.csv", pd.DataFrame({"text": [f"review {i}" for i in range(206)], "label": ["neg"] * 200 + ["pos"] * 6}))
     tr, ev, _ = prepare_data(TrainConfig(dataset=str(six), n_train=16, n_eval=8, n_probes=4))
     assert set(tr["label"]) == set(ev["label"]) == {0, 1}
+
+
+def _rot(f):
+    "Flip one bit of a float in `f` and put its modification time back: what bit rot looks like to a size/mtime cache."
+    import os
+    st = f.stat(); b = bytearray(f.read_bytes()); b[-2] ^= 0x10; f.write_bytes(bytes(b)); os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_verify_names_every_damaged_file_and_only_report_verify_stops(tmp_path, capsys):
+    from embvar_study.runs import verify_run
+    from embvar_study.study import synthetic_study
+    sd = synthetic_study(tmp_path / "syn")
+    files = sorted((sd / "runs").glob("*/embeddings/step_000012.mean.npy"))[:2]
+    for f in files: verify_run(f.parent.parent)            # cached as verified, then rotted
+    for f in files: _rot(f)
+    with pytest.raises(SystemExit) as e: main(["verify", str(sd)])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and all(f"damaged: {f}: checksum mismatch" in err for f in files) and "Traceback" not in err
+    with pytest.raises(SystemExit) as e: main(["verify", str(files[0].parent.parent)])   # one run folder
+    assert e.value.code == 1 and f"damaged: {files[0]}" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e: main(["report", "--profile", "smoke", "--only-report", "--verify", "--out", str(sd)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "2 damaged run(s); the report was not rendered" in err and not (sd / "report.html").exists()
+    _refused(capsys, ["report", "--profile", "smoke", "--verify", "--out", str(sd)], "--verify: --verify goes with --only-report")
+    for f in files: _rot(f)                                   # the same bit flipped back
+    main(["verify", str(sd)])
+    assert "embvar verify: all 27 run(s) verify" in capsys.readouterr().out
