@@ -235,8 +235,9 @@ def report_main(argv: list[str]) -> Path:
             bad = check_study(study_dir, full=a.verify)
             if bad: raise StudyFailed(f"{len(bad)} damaged run(s); the report was not rendered (rerun without --only-report to recompute them):\n"
                                       + "\n".join(f"  {p}: {e}" for p, e in bad))
-            names = [e for e in spec.get("experiments", []) if (study_dir / "notebooks" / f"{e}.ipynb").is_file()]
-            run_names = ["report"]
+            names = list(spec.get("experiments", []))
+            stale, sets = _stale_notebooks(study_dir, names, profile, sets or spec.get("overrides") or {})
+            run_names = [*stale, "report"]
         else:
             manifests = run_study(profile, study_dir, overrides=sets, experiments=a.experiments, executor=a.executor, jobs=jobs,
                                   runs_per_gpu=_runs_per_gpu(a.runs_per_gpu), ray_address=a.ray_address, gpus_per_run=a.gpus_per_run,
@@ -258,6 +259,27 @@ def report_main(argv: list[str]) -> Path:
         atomic_write_json(study_dir / "logs" / "timing.json", timing)
     print(f"report: {dest} ({dest.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - t0:.0f}s)")
     return dest
+
+def _stale_notebooks(study_dir: Path, names: list[str], profile: str, sets: dict) -> tuple[list[str], dict]:  # (to re-execute, overrides)
+    "Experiment notebooks that papermill did not finish (missing, half-executed): re-executable when all their runs are on disk, else named."
+    from embvar_study import report as R
+    from embvar_study.sweep import get_profile, plan_study
+    from embvar_study.study import load_manifest, _DONE
+    stale = {e: R.notebook_state(study_dir / "notebooks" / f"{e}.ipynb") for e in names}
+    stale = {e: s for e, s in stale.items() if s != "finished"}
+    if not stale: return [], sets
+    plan = plan_study(get_profile(profile, sets), list(stale))
+    lacking = {}
+    for e in stale:
+        m = load_manifest(study_dir, e) if (study_dir / "sweeps" / f"{e}.csv").is_file() else None
+        done = set() if m is None else set(m[m["status"].isin(_DONE)]["run_id"])
+        need = set(plan[plan["experiment"] == e]["run_id"])
+        if need - done: lacking[e] = (len(need - done), len(need))
+    if lacking:
+        raise StudyFailed("; ".join(f"notebook {e} is {stale[e]} and cannot be re-executed without training ({k} of its {n} runs are not "
+                                    f"on disk)" for e, (k, n) in lacking.items()) + "; the report was not rendered: rerun without --only-report")
+    print(f"notebook(s) {', '.join(f'{e} ({s})' for e, s in stale.items())}: re-executed from the runs on disk (no training)")
+    return list(stale), sets
 
 def _notebook_time(line: str) -> dict:
     m = re.match(r"\[\d+/\d+\] notebook (\w+): done in ([\d.]+)s", line)

@@ -23,8 +23,8 @@ __all__ = ['COLLAPSE_GAP', 'format_value', 'format_sci', 'format_table', 'table_
            'section_perturbation', 'section_mitigation', 'section_components', 'section_early_warning',
            'section_agreement', 'section_pooling', 'section_provenance', 'section_runs_overview', 'section_runs_seeds',
            'section_runs_noise_floor', 'findings', 'section_experiment', 'json_list', 'project_root',
-           'resolve_study_dir', 'template_dir', 'check_templates', 'NotebookFailed', 'execute_notebooks', 'doc_title',
-           'render_html']
+           'resolve_study_dir', 'template_dir', 'check_templates', 'NotebookFailed', 'execute_notebooks',
+           'notebook_state', 'doc_title', 'render_html']
 
 # %% ../nbs/21_report.ipynb #ee566980
 def format_value(v: object, digits: int = 3) -> str:
@@ -663,6 +663,21 @@ def execute_notebooks(names: list[str], study_dir: str | Path, parameters: dict,
             else: os.environ[k] = v
     return out
 
+# %% ../nbs/21_report.ipynb #fa432a3e
+def notebook_state(path: str | Path, # an executed notebook (need not exist)
+                  ) -> str:          # "finished", "missing", "unreadable", "failed" or "unfinished"
+    "Whether papermill finished executing the notebook at `path`, from its metadata."
+    p = Path(path)
+    if not p.is_file(): return "missing"
+    try: nb = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError): return "unreadable"
+    meta = (nb.get("metadata") or {}).get("papermill") if isinstance(nb, dict) else None
+    if not isinstance(meta, dict): return "unfinished"
+    if meta.get("exception"): return "failed"
+    cells = [((c.get("metadata") or {}).get("papermill") or {}).get("status") for c in nb.get("cells", []) if isinstance(c, dict)]
+    if not meta.get("end_time") or any(s not in (None, "completed") for s in cells): return "unfinished"
+    return "finished"
+
 # %% ../nbs/21_report.ipynb #7abd68e4
 _CSS = """
 body{margin:0;font:15px/1.55 -apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;color:#1d1d1f;background:#fff}
@@ -708,6 +723,10 @@ def doc_title(title: str, profile: str = "") -> str:
 # %% ../nbs/21_report.ipynb #2f00b35b
 def render_html(study_dir: str | Path, report: str | Path, appendix: list[str | Path] = (), *, profile: str = "") -> Path:
     "Compose the executed report notebook and experiment notebooks into <study_dir>/report.html (title, contents, no network)."
+    for nb in [report, *appendix]:       # only what papermill finished: never a half-executed or missing notebook
+        state = notebook_state(nb)
+        if state != "finished":
+            raise NotebookFailed(f"notebook {Path(nb).stem} is {state} ({nb}); the report was not rendered: run embvar report again")
     body = _fragment(Path(report))
     m = re.search(r"<h1[^>]*>(.*?)(<a class=\"anchor-link\".*?)?</h1>", body, flags=re.S)
     title = re.sub(r"<[^>]+>", "", m.group(1)).strip() if m else "Embedding variance report"

@@ -14,11 +14,16 @@ TRAIN = ["--model", "tiny-distilbert", "--dataset", "bundled", "--n-train", "32"
 def text_of(page: str) -> str: return " ".join(html_lib.unescape(re.sub(r"<[^>]+>", " ", page)).split())
 
 
-def test_a_study_with_diverged_runs_renders_and_says_which(tmp_path):
+@pytest.fixture(scope="module")
+def diverged_study(tmp_path_factory):
     # lr 10 diverges at its first tracked step: one checkpoint, which broke drift_curves ("expected at least 2 checkpoints")
-    out = tmp_path / "study"
+    out = tmp_path_factory.mktemp("diverged") / "study"
     main(["report", "--profile", "smoke", "--experiments", "lr_sweep", "--set", "lrs=[5e-5,10]", "--set", "track_every=2", "--out", str(out), *SMALL])
-    text = text_of((out / "report.html").read_text(encoding="utf-8"))
+    return out
+
+
+def test_a_study_with_diverged_runs_renders_and_says_which(diverged_study):
+    text = text_of((diverged_study / "report.html").read_text(encoding="utf-8"))
     assert "Traceback" not in text
     assert re.search(r"2 runs diverged\s+and are left out of every table and figure", text)
     assert re.search(r"lr 10 · init seed 0 · data seed 0 · dropout seed 0 of lr_sweep at step \d+ \(training loss", text)
@@ -130,3 +135,37 @@ def test_verify_names_every_damaged_file_and_only_report_verify_stops(tmp_path, 
     for f in files: _rot(f)                                   # the same bit flipped back
     main(["verify", str(sd)])
     assert "embvar verify: all 27 run(s) verify" in capsys.readouterr().out
+
+
+def test_only_report_reexecutes_a_half_run_notebook_from_the_runs_on_disk(diverged_study, capsys):
+    from conftest import folder_state
+    sd, nb = diverged_study, diverged_study / "notebooks" / "lr_sweep.ipynb"
+    runs = folder_state(sd / "runs")
+    d = json.loads(nb.read_text()); d["metadata"]["papermill"]["end_time"] = None   # what a SIGTERM mid-notebook leaves
+    nb.write_text(json.dumps(d)); capsys.readouterr()
+    main(["report", "--profile", "smoke", "--only-report", "--out", str(sd)])
+    out = capsys.readouterr().out
+    assert "notebook(s) lr_sweep (unfinished): re-executed from the runs on disk (no training)" in out
+    assert json.loads(nb.read_text())["metadata"]["papermill"]["end_time"] and folder_state(sd / "runs") == runs
+    page = (sd / "report.html").read_text(encoding="utf-8")
+    assert 'id="appendix-lr_sweep"' in page
+
+
+def test_only_report_names_a_notebook_it_cannot_reexecute_without_training(diverged_study, tmp_path, capsys):
+    import shutil
+    sd = tmp_path / "copy"; shutil.copytree(diverged_study, sd)
+    (sd / "notebooks" / "lr_sweep.ipynb").unlink()
+    m = sd / "sweeps" / "lr_sweep.csv"; lines = m.read_text().splitlines()
+    rid = lines[1].split(",")[lines[0].split(",").index("run_id")]
+    shutil.rmtree(sd / "runs" / rid); m.write_text("\n".join([lines[0]] + [x for x in lines[1:] if rid not in x]) + "\n")
+    _refused(capsys, ["report", "--profile", "smoke", "--only-report", "--out", str(sd)],
+             "notebook lr_sweep is missing and cannot be re-executed without training (1 of its 4 runs are not on disk)")
+
+
+def test_render_html_refuses_a_half_executed_notebook(diverged_study, tmp_path):
+    import shutil
+    from embvar_study.report import render_html, NotebookFailed
+    nb = tmp_path / "lr_sweep.ipynb"; shutil.copy(diverged_study / "notebooks" / "lr_sweep.ipynb", nb)
+    d = json.loads(nb.read_text()); d["metadata"]["papermill"]["end_time"] = None; nb.write_text(json.dumps(d))
+    with pytest.raises(NotebookFailed, match="notebook lr_sweep is unfinished"):
+        render_html(tmp_path, diverged_study / "notebooks" / "report.ipynb", [nb])
