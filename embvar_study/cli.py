@@ -4,7 +4,7 @@
 
 # %% ../nbs/22_cli.ipynb #a0d9067b
 from __future__ import annotations
-import argparse, json, re, sys, time
+import argparse, json, re, sys, threading, time
 from pathlib import Path
 from typing import Callable
 
@@ -15,7 +15,8 @@ __all__ = ['TRAIN_GROUPS', 'parse_value', 'parse_sets', 'absolute_path', 'fix_ne
 
 # %% ../nbs/22_cli.ipynb #765022ee
 def parse_value(text: str) -> object:
-    "JSON when it parses (numbers, lists, null, true), else the string itself."
+    "JSON when it parses (numbers, lists, null, true), Python's `None` as None (the help says 'None keeps all'), else the string itself."
+    if text.strip() == "None": return None
     try: return json.loads(text)
     except json.JSONDecodeError: return text
 
@@ -334,6 +335,9 @@ def verify_main(argv: list[str]) -> list[tuple[str, str]]:  # [(damaged file, wh
 # %% ../nbs/22_cli.ipynb #37fc4f4b
 _T_MAIN = time.perf_counter()   # when `embvar` started its work (reset by main); phases are timed from it
 
+class _Terminated(BaseException):
+    "SIGTERM, raised in the main thread so that locks and workers are released as for Ctrl-C."
+
 def _version() -> str:
     from importlib.metadata import version, PackageNotFoundError
     try: return version("embvar-study")
@@ -361,13 +365,20 @@ def main(argv: list[str] | None = None) -> None:
         print(f"embvar: error: unknown command {argv[0]!r}{suggest(argv[0], cmds)}; valid: train, report, verify", file=sys.stderr); sys.exit(2)
     run, parser = cmds[argv[0]]
     global _T_MAIN; _T_MAIN = time.perf_counter()
+    import signal
+    def _term(signum, frame): raise _Terminated()
+    main_thread = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, _term) if main_thread else None   # cleanup as for Ctrl-C, one line
     try: run(argv[1:])
+    except _Terminated: print(f"embvar {argv[0]}: terminated (SIGTERM)", file=sys.stderr); sys.exit(143)
     except KeyboardInterrupt: print(f"embvar {argv[0]}: interrupted", file=sys.stderr); sys.exit(130)
     except Exception as e:
         if not isinstance(e, _errors()): raise
         msg = " ".join(str(e).split()) if not isinstance(e, StudyFailed) else str(e)
         keys = (lambda: _set_keys(argv)) if argv[0] == "report" else ()
         print(f"embvar {argv[0]}: error: {flag_message(msg, parser(), keys)}", file=sys.stderr); sys.exit(2)
+    finally:
+        if main_thread: signal.signal(signal.SIGTERM, old)
 
 def _set_keys(argv: list[str]) -> set:
     "Keys that `embvar report --set` sets here or could set: those given, the profile keys and the run fields."

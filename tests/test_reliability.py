@@ -169,3 +169,28 @@ def test_render_html_refuses_a_half_executed_notebook(diverged_study, tmp_path):
     d = json.loads(nb.read_text()); d["metadata"]["papermill"]["end_time"] = None; nb.write_text(json.dumps(d))
     with pytest.raises(NotebookFailed, match="notebook lr_sweep is unfinished"):
         render_html(tmp_path, diverged_study / "notebooks" / "report.ipynb", [nb])
+
+
+def test_n_probes_none_keeps_all_as_the_help_says(tmp_path, capsys):
+    main(["train", "--model", "tiny-distilbert", "--dataset", "bundled", "--n-train", "16",
+          "--n-eval", "8", "--max-length", "16", "--probe-max-length", "16", "--max-steps", "1", "--n-probes", "None", "--no-progress",
+          "--out", str(tmp_path / "r")])
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["n_probes"] is None
+    assert "128 probes" in capsys.readouterr().out                       # the whole built-in set
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_during_worker_start_up_prints_one_line_and_no_traceback(tmp_path, sig):
+    import os, signal, subprocess, sys, time
+    proc = subprocess.Popen([sys.executable, "-c", "from embvar_study.cli import main; main()", "report", "--profile", "smoke",
+                             "--experiments", "lr_sweep", "--jobs", "2", "--out", str(tmp_path / "s"), *SMALL],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=tmp_path)
+    for line in proc.stdout:                                           # the plan is printed just before the workers start
+        if "grid points" in line: break
+    time.sleep(0.3)
+    os.killpg(proc.pid, getattr(signal, sig))                         # as Ctrl-C does: the whole process group
+    _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert lines == [f"embvar report: {'interrupted' if sig == 'SIGINT' else 'terminated (SIGTERM)'}"], err
+    assert proc.returncode == (130 if sig == "SIGINT" else 143)
