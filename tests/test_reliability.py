@@ -194,3 +194,26 @@ def test_a_signal_during_worker_start_up_prints_one_line_and_no_traceback(tmp_pa
     lines = [x for x in err.splitlines() if x.strip()]
     assert lines == [f"embvar report: {'interrupted' if sig == 'SIGINT' else 'terminated (SIGTERM)'}"], err
     assert proc.returncode == (130 if sig == "SIGINT" else 143)
+
+
+BUILD = """
+import sys, torch
+from embvar_study.train import train_run
+torch.set_num_threads(1)
+out, warm = sys.argv[1], sys.argv[2] == "warm"
+base = dict(model="tiny-distilbert", dataset="bundled", n_train=32, n_eval=16, max_length=32, probe_max_length=32, n_probes=16,
+            track_every=2, batch_size=8, max_steps=4)
+if warm: train_run({**base, "seed": 1, "lr": 5e-4}, out + "_other")   # a warm worker: another run (and its step-0 cache) first
+train_run({**base, "seed": 0, "lr": 5e-5}, out)
+"""
+
+
+def test_two_builds_write_the_same_bytes_but_for_complete_even_in_a_warm_worker(tmp_path):
+    import subprocess, sys
+    from conftest import sha256
+    for name, mode in (("cold", "cold"), ("warm", "warm")):    # two processes, different warm-up history
+        subprocess.run([sys.executable, "-c", BUILD, str(tmp_path / name), mode], check=True, capture_output=True)
+    files = lambda d: {p.relative_to(d).as_posix(): sha256(p) for p in sorted(d.rglob("*")) if p.is_file() and not p.name.startswith(".")}
+    a, b = files(tmp_path / "cold"), files(tmp_path / "warm")
+    assert a.pop("COMPLETE") and b.pop("COMPLETE") and len(a) > 5
+    assert a == b, sorted(k for k in a if a[k] != b.get(k))
