@@ -4,17 +4,19 @@
 
 # %% ../nbs/22_cli.ipynb #a0d9067b
 from __future__ import annotations
-import argparse, json, re, sys, time
+import argparse, json, re, sys, threading, time
 from pathlib import Path
 from typing import Callable
 
 # %% auto #0
 __all__ = ['TRAIN_GROUPS', 'parse_value', 'parse_sets', 'absolute_path', 'fix_negatives', 'flag_message', 'field_docs',
-           'train_parser', 'train_main', 'report_parser', 'StudyFailed', 'report_main', 'runs_report', 'main']
+           'train_parser', 'train_main', 'report_parser', 'StudyFailed', 'report_main', 'runs_report', 'verify_parser',
+           'verify_main', 'main']
 
 # %% ../nbs/22_cli.ipynb #765022ee
 def parse_value(text: str) -> object:
-    "JSON when it parses (numbers, lists, null, true), else the string itself."
+    "JSON when it parses (numbers, lists, null, true), Python's `None` as None (the help says 'None keeps all'), else the string itself."
+    if text.strip() == "None": return None
     try: return json.loads(text)
     except json.JSONDecodeError: return text
 
@@ -136,6 +138,7 @@ def report_parser() -> argparse.ArgumentParser:
                    help="override a profile key (lrs, seeds, schedules, ...) or a run field (dataset, n_train, ...); repeatable; values are JSON")
     g.add_argument("--experiments", nargs="+", default=None, metavar="NAME", help="run only these experiments (default: the profile's)")
     g.add_argument("--only-report", action="store_true", help="train nothing: rebuild the report from the runs on disk")
+    g.add_argument("--verify", action="store_true", help="with --only-report: re-hash every file of every run before rendering (not the size/mtime cache)")
     g = p.add_argument_group("any run folders")
     g.add_argument("--runs", nargs="+", default=None, metavar="DIR", help="report on these run folders (or folders holding them) instead of a profile")
     g.add_argument("--group-by", dest="group_by", default="lr", metavar="KEY", help="with --runs: the config key that groups runs (dotted for nested keys)")
@@ -196,6 +199,7 @@ def _check_report_args(a: argparse.Namespace) -> None:
     if a.runs:
         for dest, flag in _NOT_WITH_RUNS:
             if getattr(a, dest): raise ValueError(f"{dest}: {flag} cannot be used with --runs (a report of run folders has no profile and trains nothing)")
+    if getattr(a, "verify", False) and not a.only_report: raise ValueError("verify: --verify goes with --only-report (a run of the study verifies each run it skips)")
     if a.cpus_per_run < 1: raise ValueError(f"cpus_per_run: expected an integer >= 1, got {a.cpus_per_run}")
     if a.gpus_per_run is not None and not a.gpus_per_run >= 0: raise ValueError(f"gpus_per_run: expected a number >= 0, got {a.gpus_per_run}")
 
@@ -210,14 +214,18 @@ def report_main(argv: list[str]) -> Path:
     "`embvar report`: run (or read) a study, execute the notebooks, render report.html."
     a = report_parser().parse_args(fix_negatives(argv))
     _check_report_args(a)
-    if a.runs: return runs_report(a.runs, a.group_by, _folder(a.study_dir or "reports/runs", "study_dir"), templates=a.templates)
+    if a.runs:
+        from embvar_study.study import check_out_folder
+        out = check_out_folder(_folder(a.study_dir or "reports/runs", "study_dir"), runs=True)   # someone else's folder: refused
+        return runs_report(a.runs, a.group_by, out, templates=a.templates)
     from embvar_study.sweep import check_profile_name, check_experiments
     profile = check_profile_name(a.profile or "quick")              # before anything heavy is imported
     if a.experiments: check_experiments(a.experiments)
     sets, study_dir = parse_sets(a.sets), _folder(a.study_dir or Path("reports") / profile, "study_dir")
     jobs = _jobs(a.jobs) if a.executor == "local" else (1 if a.jobs == "auto" else _jobs(a.jobs))
     from embvar_study.sweep import get_profile, run_study
-    from embvar_study.study import study_lock, lock_env, check_study, read_study_spec
+    from embvar_study.study import study_lock, lock_env, check_study, read_study_spec, check_out_folder
+    check_out_folder(study_dir)                                     # not empty and not a study: refused before any work
     from embvar_study.runs import atomic_write_json
     from embvar_study import report as R
     prof = get_profile(profile, sets)                               # every --set key checked before any work
@@ -226,11 +234,12 @@ def report_main(argv: list[str]) -> Path:
     with study_lock(study_dir):
         if a.only_report:
             spec = read_study_spec(study_dir)
-            bad = check_study(study_dir)
+            bad = check_study(study_dir, full=a.verify)
             if bad: raise StudyFailed(f"{len(bad)} damaged run(s); the report was not rendered (rerun without --only-report to recompute them):\n"
                                       + "\n".join(f"  {p}: {e}" for p, e in bad))
-            names = [e for e in spec.get("experiments", []) if (study_dir / "notebooks" / f"{e}.ipynb").is_file()]
-            run_names = ["report"]
+            names = list(spec.get("experiments", []))
+            stale, sets = _stale_notebooks(study_dir, names, profile, sets or spec.get("overrides") or {})
+            run_names = [*stale, "report"]
         else:
             manifests = run_study(profile, study_dir, overrides=sets, experiments=a.experiments, executor=a.executor, jobs=jobs,
                                   runs_per_gpu=_runs_per_gpu(a.runs_per_gpu), ray_address=a.ray_address, gpus_per_run=a.gpus_per_run,
@@ -253,6 +262,27 @@ def report_main(argv: list[str]) -> Path:
     print(f"report: {dest} ({dest.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - t0:.0f}s)")
     return dest
 
+def _stale_notebooks(study_dir: Path, names: list[str], profile: str, sets: dict) -> tuple[list[str], dict]:  # (to re-execute, overrides)
+    "Experiment notebooks that papermill did not finish (missing, half-executed): re-executable when all their runs are on disk, else named."
+    from embvar_study import report as R
+    from embvar_study.sweep import get_profile, plan_study
+    from embvar_study.study import load_manifest, _DONE
+    stale = {e: R.notebook_state(study_dir / "notebooks" / f"{e}.ipynb") for e in names}
+    stale = {e: s for e, s in stale.items() if s != "finished"}
+    if not stale: return [], sets
+    plan = plan_study(get_profile(profile, sets), list(stale))
+    lacking = {}
+    for e in stale:
+        m = load_manifest(study_dir, e) if (study_dir / "sweeps" / f"{e}.csv").is_file() else None
+        done = set() if m is None else set(m[m["status"].isin(_DONE)]["run_id"])
+        need = set(plan[plan["experiment"] == e]["run_id"])
+        if need - done: lacking[e] = (len(need - done), len(need))
+    if lacking:
+        raise StudyFailed("; ".join(f"notebook {e} is {stale[e]} and cannot be re-executed without training ({k} of its {n} runs are not "
+                                    f"on disk)" for e, (k, n) in lacking.items()) + "; the report was not rendered: rerun without --only-report")
+    print(f"notebook(s) {', '.join(f'{e} ({s})' for e, s in stale.items())}: re-executed from the runs on disk (no training)")
+    return list(stale), sets
+
 def _notebook_time(line: str) -> dict:
     m = re.match(r"\[\d+/\d+\] notebook (\w+): done in ([\d.]+)s", line)
     return {m.group(1): float(m.group(2))} if m else {}
@@ -270,8 +300,44 @@ def runs_report(run_dirs: list[str], group_by: str, study_dir: Path, *, template
     print(f"report: {dest}")
     return dest
 
+# %% ../nbs/22_cli.ipynb #b4059144
+def verify_parser() -> argparse.ArgumentParser:
+    "The parser of `embvar verify`."
+    p = _Parser(prog="embvar verify", description="Re-hash every file of a run folder, or of every run of a study, against COMPLETE.")
+    p.add_argument("path", metavar="STUDY_OR_RUN", help="a run folder, a study folder, or a folder holding run folders")
+    return p
+
+def _verify_targets(p: Path) -> list[Path]:
+    "The run folders to verify under `p`: itself, or a study's done runs and every run folder with a COMPLETE."
+    from embvar_study.runs import find_runs
+    if (p / "COMPLETE").exists(): return [p]
+    listed = []
+    if (p / "sweeps").is_dir():
+        from embvar_study.study import load_manifest, _DONE
+        for f in sorted((p / "sweeps").glob("*.csv")):
+            m = load_manifest(p, f.stem); listed += [p / r for r in m[m["status"].isin(_DONE)]["path"]]
+    return list(dict.fromkeys([*listed, *find_runs(p)]))
+
+def verify_main(argv: list[str]) -> list[tuple[str, str]]:  # [(damaged file, why)]; exits 1 when there is one
+    "`embvar verify`: re-hash everything; one line per damaged file and exit 1, or one line and exit 0."
+    from embvar_study.runs import damaged_files
+    p = Path(verify_parser().parse_args(argv).path).resolve()
+    if not p.is_dir(): raise FileNotFoundError(f"path: no such folder {p}")
+    runs = _verify_targets(p)
+    if not runs: raise ValueError(f"path: {p} holds no run folder (no COMPLETE here or below it)")
+    bad = [(f, why) for r in runs for f, why in damaged_files(r)]
+    for f, why in bad: print(f"damaged: {f}: {why}", file=sys.stderr)
+    if bad:
+        print(f"embvar verify: {len(bad)} damaged file(s) in {len({Path(f).parent for f, _ in bad})} folder(s) of {len(runs)} run(s)", file=sys.stderr)
+        sys.exit(1)
+    print(f"embvar verify: all {len(runs)} run(s) verify (every file re-hashed against COMPLETE)")
+    return bad
+
 # %% ../nbs/22_cli.ipynb #37fc4f4b
 _T_MAIN = time.perf_counter()   # when `embvar` started its work (reset by main); phases are timed from it
+
+class _Terminated(BaseException):
+    "SIGTERM, raised in the main thread so that locks and workers are released as for Ctrl-C."
 
 def _version() -> str:
     from importlib.metadata import version, PackageNotFoundError
@@ -290,23 +356,30 @@ def _errors() -> tuple:
 def main(argv: list[str] | None = None) -> None:
     "`embvar {train,report} ...`; `embvar --version`."
     argv = sys.argv[1:] if argv is None else list(argv)
-    cmds = {"train": (train_main, train_parser), "report": (report_main, report_parser)}
+    cmds = {"train": (train_main, train_parser), "report": (report_main, report_parser), "verify": (verify_main, verify_parser)}
     if argv[:1] in (["--version"], ["-V"]): print(f"embvar-study {_version()}"); return
     if argv[:1] in (["-h"], ["--help"]):
-        print("usage: embvar {train,report} [options]   (embvar train --help, embvar report --help, embvar --version)"); return
-    if not argv: print("embvar: error: expected a command: train or report (see embvar --help)", file=sys.stderr); sys.exit(2)
+        print("usage: embvar {train,report,verify} [options]   (embvar train --help, embvar report --help, embvar verify --help, embvar --version)"); return
+    if not argv: print("embvar: error: expected a command: train, report or verify (see embvar --help)", file=sys.stderr); sys.exit(2)
     if argv[0] not in cmds:
         from embvar_study.sweep import suggest
-        print(f"embvar: error: unknown command {argv[0]!r}{suggest(argv[0], cmds)}; valid: train, report", file=sys.stderr); sys.exit(2)
+        print(f"embvar: error: unknown command {argv[0]!r}{suggest(argv[0], cmds)}; valid: train, report, verify", file=sys.stderr); sys.exit(2)
     run, parser = cmds[argv[0]]
     global _T_MAIN; _T_MAIN = time.perf_counter()
+    import signal
+    def _term(signum, frame): raise _Terminated()
+    main_thread = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, _term) if main_thread else None   # cleanup as for Ctrl-C, one line
     try: run(argv[1:])
+    except _Terminated: print(f"embvar {argv[0]}: terminated (SIGTERM)", file=sys.stderr); sys.exit(143)
     except KeyboardInterrupt: print(f"embvar {argv[0]}: interrupted", file=sys.stderr); sys.exit(130)
     except Exception as e:
         if not isinstance(e, _errors()): raise
         msg = " ".join(str(e).split()) if not isinstance(e, StudyFailed) else str(e)
         keys = (lambda: _set_keys(argv)) if argv[0] == "report" else ()
         print(f"embvar {argv[0]}: error: {flag_message(msg, parser(), keys)}", file=sys.stderr); sys.exit(2)
+    finally:
+        if main_thread: signal.signal(signal.SIGTERM, old)
 
 def _set_keys(argv: list[str]) -> set:
     "Keys that `embvar report --set` sets here or could set: those given, the profile keys and the run fields."

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from pandas._libs.parsers import STR_NA_VALUES   # the default `na_values` of every pandas reader
 
 # %% auto #0
-__all__ = ['SHORT_MAX_WORDS', 'MEDIUM_MAX_WORDS', 'NO_SENTIMENT', 'PROBE_FAMILIES', 'PROBE_COLUMNS', 'RACY_SECONDS', 'clean_text',
-           'HubUnavailableError', 'hub_offline', 'check_hub_reachable', 'load_texts', 'stratified_subset',
-           'train_eval_split', 'length_bucket', 'default_probes', 'load_probes', 'file_sha256', 'folder_sha256',
-           'source_fingerprint', 'parse_heldout', 'probes_fingerprint']
+__all__ = ['MISSING_MARKERS', 'SHORT_MAX_WORDS', 'MEDIUM_MAX_WORDS', 'NO_SENTIMENT', 'PROBE_FAMILIES', 'PROBE_COLUMNS',
+           'RACY_SECONDS', 'clean_text', 'HubUnavailableError', 'hub_offline', 'check_hub_reachable', 'load_texts',
+           'stratified_subset', 'train_eval_split', 'length_bucket', 'default_probes', 'load_probes', 'file_sha256',
+           'folder_sha256', 'source_fingerprint', 'parse_heldout', 'probes_fingerprint']
 
 # %% ../nbs/05_data.ipynb #e63a40fe
 _BR_TAG = re.compile(r"<\s*br\s*/?\s*>", re.IGNORECASE)
@@ -110,12 +111,34 @@ def _read_table(path: str | os.PathLike, # a .csv/.tsv/.jsonl/.json/.parquet fil
     return df
 
 # %% ../nbs/05_data.ipynb #f95df914
+MISSING_MARKERS = frozenset(STR_NA_VALUES)   # what pandas reads as missing by default: '', 'NA', 'NaN', 'null', 'None', 'N/A', '#N/A', ...
+
+def _rows(mask: np.ndarray, most: int = 5) -> str:
+    "'rows 3, 17 and 2 more' for the positions where `mask` holds (counting data rows from 0)."
+    pos = np.flatnonzero(mask)
+    return f"row{'s' if len(pos) > 1 else ''} " + ", ".join(map(str, pos[:most])) + (f" and {len(pos) - most} more" if len(pos) > most else "")
+
+def _check_spellings(values: pd.Series, what: str) -> None:
+    "Refuse labels that differ only in case or surrounding spaces ('Pos' / 'pos' / ' pos'), naming each spelling."
+    counts = values.value_counts(sort=False)
+    key = pd.Series(counts.index, index=counts.index).str.strip().str.casefold()
+    clash = key[key.duplicated(keep=False)]
+    if len(clash):
+        k = clash.iloc[0]; same = [f"{v!r} ({int(counts[v])} rows)" for v in clash.index[clash == k]]
+        raise ValueError(f"{what}: labels that differ only in case or surrounding spaces would be different classes: {', '.join(same)}; "
+                         f"write each class one way")
+
 def _label_values(labels: pd.Series, what: str) -> np.ndarray:
-    "(N,) int64 for bool/integral numbers, str objects otherwise; non-integer numbers and missing labels raise."
-    if labels.isna().any():
-        raise ValueError(f"{what}: expected a label in every row, got {int(labels.isna().sum())} missing label(s)")
+    "(N,) int64 for bool/integral numbers, str objects otherwise; missing labels (pandas' markers too), case variants and non-integer numbers raise."
+    missing = labels.isna().to_numpy() | labels.map(lambda v: isinstance(v, str) and v.strip() in MISSING_MARKERS).to_numpy(dtype=bool)
+    if missing.any():
+        shown = sorted({repr(v) for v in labels[missing] if isinstance(v, str)})
+        raise ValueError(f"{what}: expected a label in every row, got {int(missing.sum())} missing label(s) at {_rows(missing)}"
+                         + (f" ({', '.join(shown)} read as missing)" if shown else "") + "; remove those rows or label them")
     if pd.api.types.is_bool_dtype(labels): return labels.to_numpy().astype(np.int64)
-    if not pd.api.types.is_numeric_dtype(labels): return labels.astype(str).to_numpy(dtype=object)
+    if not pd.api.types.is_numeric_dtype(labels):
+        values = labels.astype(str); _check_spellings(values, what)
+        return values.to_numpy(dtype=object)
     x = labels.to_numpy().astype(np.float64)
     bad = ~np.isfinite(x) | (x != np.round(x))
     if bad.any():
@@ -272,11 +295,14 @@ def _largest_remainder(counts: np.ndarray, # (C,) class sizes
 def _stratified_positions(labels: np.ndarray,     # (N,) class of each row
                           n: int,                 # rows to draw, 1..N
                           rng: np.random.Generator,  # the data seed's stream
+                          every_class: bool = False,  # at least one row of every class (needs n >= C): a zero quota takes one from the largest
                          ) -> np.ndarray:         # (n,) distinct row positions in shuffled order
     "Positions of a stratified random sample of `n` rows, shuffled."
     classes, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
     inverse = inverse.reshape(-1)
     quota = _largest_remainder(counts, n)
+    if every_class and n >= len(classes):   # unchanged wherever every class already has a row (same subsets as before)
+        for k in np.flatnonzero(quota == 0): quota[np.argmax(quota)] -= 1; quota[k] += 1
     chosen = [rng.permutation(np.flatnonzero(inverse == k))[:quota[k]] for k in range(len(classes))]  # loop over classes
     return rng.permutation(np.concatenate(chosen))
 
@@ -311,15 +337,31 @@ def train_eval_split(df: pd.DataFrame, # (N, ...) labelled rows (e.g. from `load
                      seed: int,        # data seed: picks both subsets and the training order
                      label_col: str = "label",  # class column used for stratification
                     ) -> tuple[pd.DataFrame, pd.DataFrame]:  # (n_train, ...) and (n_eval, ...), disjoint, original index kept
-    "Disjoint stratified train and eval subsets; the eval set depends only on `(df, n_eval, seed)`."
+    "Disjoint stratified train and eval subsets, each with every class; the eval set depends only on `(df, n_eval, seed)`."
     labels = _check_frame(df, "df", label_col)
     n_train, n_eval = _check_positive_int(n_train, "n_train"), _check_positive_int(n_eval, "n_eval")
     if n_train + n_eval > len(df):
         raise ValueError(f"n_train + n_eval: expected at most len(df) = {len(df)} rows, got {n_train} + {n_eval} = {n_train + n_eval}")
+    _check_every_class(df, labels, label_col, n_train, n_eval)
     rng = np.random.default_rng(_check_seed(seed))
-    eval_pos = _stratified_positions(labels, n_eval, rng)
+    eval_pos = _stratified_positions(labels, n_eval, rng, every_class=True)
     rest = np.setdiff1d(np.arange(len(df)), eval_pos)
-    return df.iloc[rest[_stratified_positions(labels[rest], n_train, rng)]], df.iloc[eval_pos]
+    return df.iloc[rest[_stratified_positions(labels[rest], n_train, rng, every_class=True)]], df.iloc[eval_pos]
+
+def _check_every_class(df: pd.DataFrame, labels: np.ndarray, label_col: str, n_train: int, n_eval: int) -> None:
+    "Both subsets can hold a row of every class, or a one-line ValueError naming the class (or subset) and the sizes."
+    classes, counts = np.unique(labels, return_counts=True)
+    names = df.attrs.get("label_names") if label_col == "label" else None
+    name = lambda c: names[int(c)] if names is not None and 0 <= int(c) < len(names) else c.item() if hasattr(c, "item") else c
+    few = np.flatnonzero(counts < 2)
+    if len(few):
+        k = few[0]
+        raise ValueError(f"{label_col}: class {name(classes[k])!r} has {int(counts[k])} row of {len(df)}; the training subset "
+                         f"({n_train} rows) and the evaluation subset ({n_eval} rows) need at least 1 each: add examples of it or remove it")
+    for what, n in (("n_eval", n_eval), ("n_train", n_train)):
+        if n < len(classes):
+            raise ValueError(f"{what}: expected at least {len(classes)} rows (one of every class: "
+                             f"{', '.join(repr(name(c)) for c in classes)}), got {n}")
 
 # %% ../nbs/05_data.ipynb #16c250c7
 SHORT_MAX_WORDS = 8     # a probe with at most this many words is "short"

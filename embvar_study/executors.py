@@ -4,7 +4,7 @@
 
 # %% ../nbs/12_executors.ipynb #aaa60d7c
 from __future__ import annotations
-import math, os, socket, sys, threading, time, traceback, warnings
+import contextlib, math, os, signal, socket, sys, threading, time, traceback, warnings
 import multiprocessing as mp
 from multiprocessing.connection import wait as _wait
 from typing import Callable
@@ -129,13 +129,22 @@ def _died(exitcode: int | None) -> dict:
             "error": f"worker died: the process running this run exited with code {exitcode}"}
 
 # %% ../nbs/12_executors.ipynb #650380ea
+@contextlib.contextmanager
+def _sigint_ignored():
+    "SIGINT ignored in this (main) thread while the block runs: a process started in it begins with SIGINT ignored."
+    if threading.current_thread() is not threading.main_thread(): yield; return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try: yield
+    finally: signal.signal(signal.SIGINT, old)
+
 class _Worker:
     def __init__(self, ctx, spec: dict, target: Callable):
         self.spec, self.task = spec, None
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker, args=(spec, child, os.getpid(), target), daemon=True,
                                 name=f"embvar-worker-{spec['device']}")
-        self.proc.start(); child.close()
+        with _sigint_ignored(): self.proc.start()   # inherited across exec: a Ctrl-C while it starts is the parent's, not a traceback here
+        child.close()
     def send(self, task: tuple): self.task = task; self.conn.send(task)
     def result(self) -> tuple:
         "(key, summary) of the task just finished (`task` is cleared), or of the worker's death (`task` stays)."
@@ -211,5 +220,8 @@ class LocalExecutor:
                     if w.task is not None: workers[workers.index(w)] = _Worker(self.ctx, w.spec, self.target)   # it died
                     else: self._grow(workers, w.spec["device"], res.get("peak_memory"))
                     on_done(key, res)
+        except BaseException:                    # interrupted (Ctrl-C, SIGTERM) or failed: the workers end now, not after their run
+            for w in workers: w.proc.kill()
+            raise
         finally:
             for w in workers: w.stop()

@@ -18,14 +18,15 @@ from .runs import atomic_write_bytes, package_version, git_info
 # %% auto #0
 __all__ = ['COLUMN_NAMES', 'COLLAPSE_GAP', 'format_value', 'format_sci', 'format_table', 'plain_column', 'method_line',
            'table_html', 'Figure', 'figure_png', 'figure_html', 'RawHTML', 'Table', 'note_html', 'note_md', 'to_html',
-           'show', 'memo', 'study_description', 'header', 'section_drift', 'headline', 'section_reference',
-           'section_schedule', 'collapse_verdict', 'collapse_answer', 'section_effects', 'section_layers',
-           'section_seed_variance', 'section_pairs', 'section_noise_floor', 'section_geometry', 'section_perturbation',
-           'reference_lr', 'section_mitigation', 'section_components', 'collapse_identical', 'section_early_warning',
-           'section_agreement', 'section_pooling', 'section_provenance', 'section_runs_overview', 'section_runs_seeds',
-           'section_runs_noise_floor', 'compare_intervals', 'key_findings', 'findings', 'limitations',
-           'section_experiment', 'lora_answer', 'section_lora', 'json_list', 'project_root', 'resolve_study_dir',
-           'template_dir', 'check_templates', 'NotebookFailed', 'execute_notebooks', 'doc_title', 'render_html']
+           'diverged_note', 'section_items', 'show', 'memo', 'study_description', 'header', 'section_drift', 'headline',
+           'section_reference', 'section_schedule', 'collapse_verdict', 'collapse_answer', 'section_effects',
+           'section_layers', 'section_seed_variance', 'section_pairs', 'section_noise_floor', 'section_geometry',
+           'section_perturbation', 'reference_lr', 'section_mitigation', 'section_components', 'collapse_identical',
+           'section_early_warning', 'section_agreement', 'section_pooling', 'section_provenance',
+           'section_runs_overview', 'section_runs_seeds', 'section_runs_noise_floor', 'compare_intervals',
+           'key_findings', 'findings', 'limitations', 'section_experiment', 'lora_answer', 'section_lora', 'json_list',
+           'project_root', 'resolve_study_dir', 'template_dir', 'check_templates', 'NotebookFailed',
+           'execute_notebooks', 'notebook_state', 'doc_title', 'render_html']
 
 # %% ../nbs/21_report.ipynb #ee566980
 def format_value(v: object, digits: int = 3) -> str:
@@ -178,14 +179,32 @@ def to_html(item: object, study_dir: str | Path | None = None) -> str:
         return mistune.create_markdown(escape=True, plugins=["table"])(item)
     raise TypeError(f"show: cannot display a {type(item).__name__}")
 
+def diverged_note(study: Study,            # the study
+                  experiments: list[str],  # experiments whose diverged runs a section left out
+                 ) -> str | None:          # Markdown, or None when none diverged
+    "One line: how many runs of these experiments diverged and were left out, which (label) and at which step."
+    dv = study.diverged(experiments)
+    if not len(dv): return None
+    each = "; ".join(f"{r.run} of {r.experiment} at step {r.step}" + (f" ({r.because})" if r.because else "") for r in dv.itertuples())
+    return note_md(f"{len(dv)} diverged run{'s' if len(dv) != 1 else ''} left out of this section's tables and figures: {each}.")
+
+def section_items(section: Callable | object, *args, **kwargs) -> list:  # items to display
+    "A section's items (or a ready value); `NotComputed` becomes a note; a note first when it left diverged runs out."
+    study = args[0] if args and isinstance(args[0], Study) else None
+    if study is not None: study.left_out = set()
+    try: out = section(*args, **kwargs) if callable(section) else section
+    except NotComputed as e: out = RawHTML(note_html(str(e)))
+    items = [i for i in (out if isinstance(out, (list, tuple)) else [out]) if i is not None]
+    if study is not None and study.left_out and getattr(section, "__name__", "") != "findings":   # findings say it themselves
+        note = diverged_note(study, sorted(study.left_out))
+        if note: items.insert(0, note)
+    return items
+
 def show(section: Callable | object, *args, study_dir: str | Path | None = None, **kwargs) -> None:
     "Display a section's result (or a ready value); `NotComputed` becomes a note with the reason."
     from IPython.display import HTML, display
-    try: out = section(*args, **kwargs) if callable(section) else section
-    except NotComputed as e: display(HTML(note_html(str(e)))); return
     if study_dir is None and args and isinstance(args[0], Study): study_dir = args[0].study_dir
-    items = out if isinstance(out, (list, tuple)) else [out]
-    display(HTML("\n".join(to_html(i, study_dir) for i in items if i is not None)))
+    display(HTML("\n".join(to_html(i, study_dir) for i in section_items(section, *args, **kwargs))))
 
 # %% ../nbs/21_report.ipynb #683e998f
 def memo(study: Study, key: tuple, fn: Callable, *args, **kwargs) -> object:
@@ -544,7 +563,7 @@ def collapse_identical(df: pd.DataFrame,         # a table with one row per run
 def section_early_warning(study: Study, **o) -> list:
     "Drift as an early warning of failing runs, over the extended learning-rate sweep."
     from embvar_study import early_warning as EW
-    o = _opts(**o); ext = study.runs("lr_extended", min_runs=2)
+    o = _opts(**o); ext = study.runs("lr_extended", min_runs=2, diverged=True)   # failing runs are its subject
     ref = reference_lr(study, "lr_extended")
     try: rep = EW.replicate_distances(study.runs("seed_sweep", "replicate"), layer=o["layer"], pooling=o["pooling"])
     except NotComputed: rep = np.array([])
@@ -747,7 +766,12 @@ def findings(study: Study, **o) -> str:  # Markdown
     top = [f for f in picked if not f["key"].startswith("drift_lr")][:4] or picked[:4]
     drift = [f for f in picked if f["key"].startswith("drift_lr")]
     if drift and len(top) < 5: top.append({"text": " ".join(f["text"] for f in drift)})
-    return "\n".join(f"- {f['text']}" for f in top[:5])
+    dv = study.diverged()
+    if len(dv):   # said first: these runs are left out of everything that follows
+        top.insert(0, {"text": f"**{len(dv)} run{'s' if len(dv) != 1 else ''} diverged** and {'are' if len(dv) != 1 else 'is'} left out of every table "
+                       "and figure but the early-warning analysis (which needs its failing runs): " + "; ".join(
+                           f"{r.run} of {r.experiment} at step {r.step}" + (f" ({r.because})" if r.because else "") for r in dv.itertuples()) + "."})
+    return "\n".join(f"- {f['text']}" for f in top[:6 if len(dv) else 5])
 
 # %% ../nbs/21_report.ipynb #a1f7f138
 def _range_words(values: list, unit: str = "") -> str:
@@ -911,6 +935,21 @@ def execute_notebooks(names: list[str], study_dir: str | Path, parameters: dict,
             else: os.environ[k] = v
     return out
 
+# %% ../nbs/21_report.ipynb #fa432a3e
+def notebook_state(path: str | Path, # an executed notebook (need not exist)
+                  ) -> str:          # "finished", "missing", "unreadable", "failed" or "unfinished"
+    "Whether papermill finished executing the notebook at `path`, from its metadata."
+    p = Path(path)
+    if not p.is_file(): return "missing"
+    try: nb = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError): return "unreadable"
+    meta = (nb.get("metadata") or {}).get("papermill") if isinstance(nb, dict) else None
+    if not isinstance(meta, dict): return "unfinished"
+    if meta.get("exception"): return "failed"
+    cells = [((c.get("metadata") or {}).get("papermill") or {}).get("status") for c in nb.get("cells", []) if isinstance(c, dict)]
+    if not meta.get("end_time") or any(s not in (None, "completed") for s in cells): return "unfinished"
+    return "finished"
+
 # %% ../nbs/21_report.ipynb #7abd68e4
 _CSS = """
 body{margin:0;font:15px/1.55 -apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;color:#1d1d1f;background:#fff}
@@ -989,7 +1028,11 @@ def _study_title(study_dir: Path, profile: str) -> str:
     return study_description(spec) if spec.get("profile") == profile else profile
 
 def render_html(study_dir: str | Path, report: str | Path, appendix: list[str | Path] = (), *, profile: str = "") -> Path:
-    "Compose the executed report notebook and experiment notebooks into <study_dir>/report.html (title with the study's description, contents, a 'Not computed' list, the experiments under the Appendix; no network)."
+    "Compose the executed report notebook and experiment notebooks into <study_dir>/report.html (title, contents, no network)."
+    for nb in [report, *appendix]:       # only what papermill finished: never a half-executed or missing notebook
+        state = notebook_state(nb)
+        if state != "finished":
+            raise NotebookFailed(f"notebook {Path(nb).stem} is {state} ({nb}); the report was not rendered: run embvar report again")
     body = _fragment(Path(report))
     m = re.search(r"<h1[^>]*>(.*?)(<a class=\"anchor-link\".*?)?</h1>", body, flags=re.S)
     title = re.sub(r"<[^>]+>", "", m.group(1)).strip() if m else "Embedding variance report"

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import platform
+import random
 import re
 import shutil
 import socket
@@ -28,11 +29,12 @@ import pandas as pd
 from .checks import as_float_array
 
 # %% auto #0
-__all__ = ['NON_IDENTITY_KEYS', 'RESERVED_KEYS', 'VERIFIED_FILE', 'RunAlreadyComplete', 'IncompleteRunError', 'CorruptRunError',
-           'FolderLockedError', 'canonical_json', 'config_hash', 'atomic_write_bytes', 'atomic_write_text',
-           'atomic_write_json', 'atomic_save_npy', 'package_version', 'git_dirty', 'git_info', 'environment_info',
-           'run_context', 'lock_files', 'lock_holder', 'FolderLock', 'run_folder_state', 'RunWriter', 'safe_path',
-           'read_marker', 'verify_run', 'Run', 'load_run', 'is_complete', 'find_runs', 'load_runs']
+__all__ = ['NON_IDENTITY_KEYS', 'RESERVED_KEYS', 'VERIFIED_FILE', 'VERIFY_SAMPLE', 'RunAlreadyComplete', 'IncompleteRunError',
+           'CorruptRunError', 'FolderLockedError', 'canonical_json', 'config_hash', 'atomic_write_bytes',
+           'atomic_write_text', 'atomic_write_json', 'atomic_save_npy', 'package_version', 'git_dirty', 'git_info',
+           'environment_info', 'run_context', 'lock_files', 'lock_holder', 'FolderLock', 'run_folder_state',
+           'RunWriter', 'safe_path', 'read_marker', 'damaged_files', 'verify_run', 'Run', 'load_run', 'is_complete',
+           'find_runs', 'load_runs']
 
 # %% ../nbs/08_runs.ipynb #1c9dc01e
 def _method_of(cls: type):
@@ -578,21 +580,40 @@ def _stats(run_dir: Path, files: dict) -> dict:
     return out
 
 # %% ../nbs/08_runs.ipynb #c0a1b022
+VERIFY_SAMPLE = 2   # files of a run re-hashed at random on every cached verification (bit rot keeps size and mtime)
+
+def damaged_files(run_dir: str | Path,  # a run folder with a COMPLETE marker
+                 ) -> list[tuple[str, str]]:  # [(file path, one-line reason)], empty when every file verifies
+    "Re-hash every file COMPLETE lists (no cache): each missing or changed file, named; a bad marker is one entry."
+    run_dir = Path(run_dir)
+    try: m = read_marker(run_dir)
+    except (CorruptRunError, IncompleteRunError) as e: return [(str(run_dir / "COMPLETE"), " ".join(str(e).split()))]
+    bad = []
+    for rel, digest in m["files"].items():
+        f = run_dir / rel
+        if not f.is_file(): bad.append((str(f), "listed in COMPLETE but missing")); continue
+        got = _sha256(f)
+        if got != digest: bad.append((str(f), f"checksum mismatch (sha256 {got[:12]}..., COMPLETE says {digest[:12]}...)"))
+    return bad
+
 def verify_run(run_dir: str | Path,  # a complete run folder
                *,
                full: bool = False,   # re-hash every file even if the cache says it verified unchanged
               ) -> dict:             # the (checked) COMPLETE marker
-    "Check every file of a complete run against its sha256 (cached by size and mtime); `CorruptRunError` names the file."
+    "Check every file against its sha256 (cached by size and mtime, plus VERIFY_SAMPLE random files re-hashed); `CorruptRunError` names the file."
     run_dir = Path(run_dir); m = read_marker(run_dir)
     stats, key = _stats(run_dir, m["files"]), _sha256(run_dir / "COMPLETE")
     cache = run_dir / VERIFIED_FILE
+    files = m["files"]
     if not full:
         with suppress(OSError, ValueError):
-            if json.loads(cache.read_text()) == {"complete": key, "files": stats}: return m
-    for rel, digest in m["files"].items():
+            if json.loads(cache.read_text()) == {"complete": key, "files": stats}:   # unchanged by size and mtime: re-hash a sample
+                files = {k: files[k] for k in random.SystemRandom().sample(sorted(files), min(VERIFY_SAMPLE, len(files)))}
+    for rel, digest in files.items():
         got = _sha256(run_dir / rel)
         if got != digest: raise _corrupt(run_dir / rel, f"checksum mismatch (sha256 {got[:12]}..., COMPLETE says {digest[:12]}...)")
-    with suppress(OSError): atomic_write_json(cache, {"complete": key, "files": stats})   # read-only copies stay unverified-cached
+    if files is m["files"]:
+        with suppress(OSError): atomic_write_json(cache, {"complete": key, "files": stats})   # read-only copies stay unverified-cached
     return m
 
 # %% ../nbs/08_runs.ipynb #9e216281

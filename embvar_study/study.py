@@ -4,7 +4,7 @@
 
 # %% ../nbs/14_study.ipynb #fc5a97f8
 from __future__ import annotations
-import contextlib, json, os, re
+import contextlib, json, os, re, tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -15,10 +15,10 @@ from .runs import (Run, RunWriter, load_run, config_hash, atomic_write_json, ato
                                FolderLock, lock_holder, _method_of)
 
 # %% auto #0
-__all__ = ['LOCK_ENV', 'STUDY_FILE', 'MANIFEST_COLUMNS', 'DESIGN_COLUMNS', 'EXPERIMENT_FACTORS', 'NotComputed', 'study_lock',
-           'lock_env', 'write_study_spec', 'read_study_spec', 'manifest_path', 'write_manifest', 'load_manifest',
-           'config_value', 'format_lr', 'synthetic_study', 'RunSet', 'Study', 'check_study', 'load_study',
-           'study_from_runs']
+__all__ = ['LOCK_ENV', 'STUDY_FILE', 'RUNS_REPORT_MARK', 'MANIFEST_COLUMNS', 'DESIGN_COLUMNS', 'EXPERIMENT_FACTORS',
+           'NotComputed', 'study_lock', 'lock_env', 'write_study_spec', 'read_study_spec', 'check_out_folder',
+           'manifest_path', 'write_manifest', 'load_manifest', 'config_value', 'format_lr', 'synthetic_study', 'RunSet',
+           'Study', 'check_study', 'load_study', 'study_from_runs']
 
 # %% ../nbs/14_study.ipynb #19b2c9c2
 class NotComputed(Exception):
@@ -70,6 +70,29 @@ def read_study_spec(study_dir: str | Path) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as e: raise CorruptRunError(f"{f}: unreadable ({e})") from None
     if not isinstance(spec, dict): raise CorruptRunError(f"{f}: expected a JSON object, got {type(spec).__name__}")
     return spec
+
+# %% ../nbs/14_study.ipynb #e9b03d28
+RUNS_REPORT_MARK = Path("notebooks") / "runs_report.ipynb"   # what a report from run folders leaves in its folder
+
+def check_out_folder(study_dir: str | Path,  # the folder `embvar report` would write (need not exist)
+                     *,
+                     runs: bool = False,     # a report from run folders (`--runs`), not a profile's study
+                     name: str = "study_dir",  # the argument, for messages
+                    ) -> Path:               # the folder, absolute
+    "`study_dir` if it is empty, missing or a study (of this kind); a one-line `ValueError` naming `name` otherwise."
+    p = Path(study_dir).absolute()
+    if p.exists() and not p.is_dir(): raise ValueError(f"{name}: {p} is a file; expected a folder")
+    entries = sorted(e.name for e in p.iterdir() if not e.name.startswith(".")) if p.is_dir() else []
+    mark = RUNS_REPORT_MARK if runs else Path(STUDY_FILE)
+    if entries and not (p / mark).is_file():
+        what = "a report from run folders" if runs else "an embvar study"
+        raise ValueError(f"{name}: {p} is not empty ({', '.join(entries[:3])}{', ...' if len(entries) > 3 else ''}) and is not {what} "
+                         f"(no {mark.as_posix()}); refusing to write there: choose an empty or new folder")
+    base = p if p.exists() else next(a for a in p.parents if a.exists())
+    for d in dict.fromkeys([base, p.parent if p.parent.exists() else base]):   # the folder, and beside it its lock file
+        try: fd, probe = tempfile.mkstemp(dir=d, prefix=".embvar-write-check-"); os.close(fd); os.unlink(probe)
+        except OSError as e: raise ValueError(f"{name}: cannot write to {p} ({d}: {e.strerror or e})") from None
+    return p
 
 # %% ../nbs/14_study.ipynb #becc1f68
 MANIFEST_COLUMNS = ["run_id", "path", "status", "error", "seconds", "node"]
@@ -298,6 +321,24 @@ def _label_columns(t: pd.DataFrame) -> list[str]:
     return [c for c in ("lr", "schedule", "init_seed", "data_seed", "dropout_seed", "replicate")
             if c in t and t[c].nunique(dropna=False) > 1] or ["seed"]
 
+_NOT_LABELS = ("resolved", "environment", "device", "config_hash")   # config keys that never name a run
+
+def _short(v: object) -> str:
+    "A config value for a label: a path by its file name, a float as format_lr writes it, anything else as JSON."
+    if isinstance(v, str): return Path(v).name if ("/" in v or os.sep in v) else v
+    if isinstance(v, float): return format_lr(v)
+    return json.dumps(v, sort_keys=True, default=str)
+
+def _differing_config(runs: list[Run], most: int = 2) -> list[dict]:  # per run {key: short value}; [] when nothing differs
+    "The (at most `most`) top-level config keys whose values differ between the runs, per run."
+    keys = sorted({k for r in runs for k in r.config if k not in _NOT_LABELS and not k.startswith("_")})
+    val = lambda r, k: json.dumps(r.config.get(k), sort_keys=True, default=str)
+    differ = [k for k in keys if len({val(r, k) for r in runs}) > 1][:most]
+    names = [{k: _short(r.config.get(k)) for k in differ} for r in runs]
+    if differ and len({tuple(n.values()) for n in names}) < len(runs):   # still ambiguous: add the run id
+        names = [{**n, "run": r.config_hash} for n, r in zip(names, runs)]
+    return names if differ else []
+
 def _label_word(column: str, value: object) -> str:
     v = format_lr(value) if column == "lr" else value
     return f"{_LABEL_WORDS[column]} {v}" if _LABEL_WORDS.get(column) else str(v)
@@ -307,8 +348,11 @@ def _label_word(column: str, value: object) -> str:
 def labels(self: RunSet,
            columns: list[str] | None = None,  # the columns to name (None: those that vary)
           ) -> list[str]:                     # one label per run, in table order
-    "One readable label per run naming the design columns that vary: 'init seed 1 · data seed 0'."
+    "One readable label per run naming the design columns that vary: 'init seed 1 · data seed 0' (else the config keys that do)."
     cols = columns or _label_columns(self.table)
+    if columns is None and cols == ["seed"] and len(self) > 1:   # no design column varies: name what does differ
+        differ = _differing_config(self.runs)
+        if differ: return [" · ".join(f"{k} {v}" for k, v in d.items()) for d in differ]
     return [" · ".join(_label_word(c, row[c]) for c in cols) for _, row in self.table.iterrows()]
 
 # %% ../nbs/14_study.ipynb #4e718cfe
@@ -321,6 +365,7 @@ class Study:
                  manifests: dict[str, pd.DataFrame],         # experiment -> its manifest, in the study's order
                  runs: dict[str, Run]):                      # run_id -> loaded run, every complete run of the manifests
         self.study_dir, self.spec, self.manifests, self._runs = Path(study_dir), spec, manifests, runs
+        self.left_out: set[str] = set()   # experiments whose diverged runs `runs` has left out (the report resets it per section)
     @property
     def profile(self) -> str: return self.spec.get("profile", "runs")
     @property
@@ -335,14 +380,16 @@ class Study:
 # %% ../nbs/14_study.ipynb #d5eecb4d
 _DONE = ["completed", "diverged", "skipped"]   # manifest statuses whose run folder is complete
 
-def check_study(study_dir: str | Path) -> list[tuple[str, str]]:  # [(run path, one-line error)] of damaged runs
+def check_study(study_dir: str | Path,  # the study folder
+                full: bool = False,      # re-hash every file (`embvar report --only-report --verify`), not the cache
+               ) -> list[tuple[str, str]]:  # [(run path, one-line error)] of damaged runs
     "Every run named by a manifest that does not load and verify (nothing is loaded beyond the checks)."
     from embvar_study.runs import verify_run, IncompleteRunError
     study_dir, bad = Path(study_dir), []
     for f in sorted((study_dir / "sweeps").glob("*.csv")):
         m = load_manifest(study_dir, f.stem)
         for p in m[m["status"].isin(_DONE)]["path"].unique():
-            try: verify_run(study_dir / p)
+            try: verify_run(study_dir / p, full=full)
             except (CorruptRunError, IncompleteRunError, FileNotFoundError) as e: bad.append((p, " ".join(str(e).split())))
     return list(dict.fromkeys(bad))
 
@@ -384,24 +431,30 @@ def runs(self: Study,
          factor: str | None = None,  # only the points of this factor (the seed sweep's 'init_seed', ...)
          *,
          min_runs: int = 1,          # fewer complete runs than this: NotComputed
+         diverged: bool = False,     # keep runs whose COMPLETE says 'diverged' (left out by default, and remembered in `left_out`)
          **where,                    # design column=value(s), as for `RunSet.where`
         ) -> RunSet:
-    "The distinct complete runs of `experiment` (and `factor`); `NotComputed` with the reason when there are too few."
+    "The distinct complete runs of `experiment` (and `factor`), diverged runs left out unless asked for; `NotComputed` when too few."
     if experiment not in self.manifests:
         raise NotComputed(f"the {experiment} experiment was not run in this study (run: {', '.join(self.experiments) or 'none'})")
     m = self.manifests[experiment]
     if factor is not None: m = m[m["factor"] == factor]
     rs = RunSet(_manifest_table(m, experiment, self._runs), self._runs).where(**where)
+    n_div = int((rs.table["status"] == "diverged").sum())
+    if n_div and not diverged:
+        self.left_out.add(experiment)
+        rs = RunSet(rs.table[rs.table["status"] != "diverged"], self._runs)
     if len(rs) < min_runs:
         what = f"{experiment}" + (f" ({factor})" if factor else "")
-        raise NotComputed(f"{what} has {len(rs)} complete run(s); this needs at least {min_runs}")
+        left = f" that did not diverge ({n_div} diverged and are left out)" if n_div and not diverged else ""
+        raise NotComputed(f"{what} has {len(rs)} complete run(s){left}; this needs at least {min_runs}")
     return rs
 
 # %% ../nbs/14_study.ipynb #7878b642
 @_method_of(Study)
 def all_runs(self: Study) -> RunSet:
-    "Every distinct run of the study, each once (its first experiment named)."
-    sets = [self.runs(e) for e in self.experiments if len(self.manifests[e])]
+    "Every distinct run of the study, each once (its first experiment named), diverged runs included (provenance)."
+    sets = [self.runs(e, diverged=True) for e in self.experiments if len(self.manifests[e])]
     if not sets: raise NotComputed("the study has no complete runs")
     out = sets[0]
     for s in sets[1:]: out = out + s
@@ -413,6 +466,44 @@ def failed(self: Study) -> pd.DataFrame:  # experiment, run_id, status, error
     rows = [m.assign(experiment=e) for e, m in self.manifests.items()]
     t = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["experiment", "run_id", "status", "error"])
     return t[t["status"] == "failed"][["experiment", "run_id", "status", "error"]].drop_duplicates("run_id")
+
+def diverged_step(run: Run) -> int:  # the step of the first history row marked 'diverged' (else the last step done)
+    "The optimizer step at which a diverged run was stopped, from its history (COMPLETE's `steps_done` when no row says so)."
+    h = run.history
+    bad = h[h["status"].astype(str) == "diverged"] if {"status", "step"} <= set(h.columns) else h.iloc[:0]
+    return int(bad["step"].iloc[0]) if len(bad) else int(run.marker.get("steps_done", run.steps[-1] if len(run.steps) else 0))
+
+@_method_of(Study)
+def diverged(self: Study,
+             experiments: list[str] | None = None,  # those to look at (None: every experiment)
+            ) -> pd.DataFrame:  # experiment, run_id, run (label within its experiment), step, because
+    "The diverged runs of each experiment, labelled as the experiment's tables label runs, with the step and the reason."
+    rows = []
+    for e in (self.experiments if experiments is None else experiments):
+        if e not in self.manifests: continue
+        rs = RunSet(_manifest_table(self.manifests[e], e, self._runs), self._runs)
+        for (_, d), label in zip(rs.table.iterrows(), rs.labels()):
+            if d["status"] != "diverged": continue
+            run = self._runs[d["run_id"]]
+            rows.append({"experiment": e, "run_id": d["run_id"], "run": label, "step": diverged_step(run),
+                         "because": run.marker.get("diverged_because", "")})
+    return pd.DataFrame(rows, columns=["experiment", "run_id", "run", "step", "because"])
+
+# %% ../nbs/14_study.ipynb #3aba7ce3
+def _add_diverged_run(study_dir: Path, experiment: str, cfg: dict, at_step: int = 1, n_probes: int = 24, dim: int = 8) -> str:
+    "Write a run that diverged at `at_step` (embeddings of step 0 only) and list it in `experiment`'s manifest; its run_id."
+    rng = np.random.default_rng(1); probes = pd.DataFrame({"text": [f"probe {i}" for i in range(n_probes)]})
+    rid = config_hash(cfg)
+    with RunWriter(Path(study_dir) / "runs" / rid, cfg, probes) as w:
+        w.save_embeddings(0, {"mean": rng.normal(size=(3, n_probes, dim)), "cls": rng.normal(size=(3, n_probes, dim))})
+        w.log(step=0, lr=0.0, status="start", eval_loss=0.7, eval_acc=0.5)
+        w.log(step=at_step, lr=cfg["lr"], train_loss=2e4, status="diverged")
+        w.finish(status="diverged", steps_done=at_step - 1, diverged_because=f"training loss 2e+04 at step {at_step}")
+    m = load_manifest(study_dir, experiment).to_dict("records")
+    row = {**m[0], **{k: cfg[k] for k in ("lr", "seed", "init_seed", "data_seed") if k in m[0]},
+           "run_id": rid, "path": f"runs/{rid}", "status": "diverged"}
+    write_manifest(study_dir, experiment, m + [row])
+    return rid
 
 # %% ../nbs/14_study.ipynb #6adc201e
 def _seeds(n: int) -> str: return f"{n} seed{'s' if n != 1 else ''}"

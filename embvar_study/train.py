@@ -46,6 +46,17 @@ def _probe_source(cfg: TrainConfig, train_texts) -> pd.DataFrame:
         return load_probes(rows, n=cfg.n_probes, seed=cfg.probe_seed, exclude=train_texts)
     return load_probes(cfg.probes, n=cfg.n_probes, seed=cfg.probe_seed, exclude=train_texts)
 
+def _drop_leaked(train_df: pd.DataFrame, eval_df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    "The evaluation rows whose text is not also a training text (exact duplicates leak), and how many were removed (said once)."
+    dup = eval_df["text"].isin(set(train_df["text"])).to_numpy()
+    if dup.all():
+        raise ValueError(f"n_eval: all {len(eval_df)} evaluation examples also occur (as exact duplicates) in the training subset; "
+                         "remove the duplicate rows from the dataset")
+    if dup.any():
+        warnings.warn(f"removed {int(dup.sum())} of {len(eval_df)} evaluation examples whose text also occurs in the training subset "
+                      f"(exact duplicates): the held-out metrics use the other {int((~dup).sum())}", stacklevel=3)
+    return eval_df[~dup], int(dup.sum())
+
 def prepare_data(cfg: TrainConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:  # (train, eval, probes)
     "Stratified train/eval subsets chosen by data_seed, probes by probe_seed; facts for COMPLETE in `train.attrs`."
     with as_field("dataset"): df = load_texts(cfg.dataset, split=cfg.split, text_col=cfg.text_col, label_col=cfg.label_col)
@@ -56,7 +67,9 @@ def prepare_data(cfg: TrainConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataF
         df = df[~df["text"].isin(set(probes["text"]))].reset_index(drop=True)
     n_train, n_eval = split_sizes(cfg, len(df))
     train_df, eval_df = train_eval_split(df, n_train, n_eval, seed=cfg.seeds()["data_seed"])
-    train_df.attrs.update(facts, n_rows=len(df))   # classes of the dataset, even one the subset misses
+    eval_df, n_dup = _drop_leaked(train_df, eval_df)
+    train_df.attrs.update(facts, n_rows=len(df), eval_duplicates_removed=n_dup)   # classes of the dataset; leaked rows removed
+    train_df.attrs["derived"] = {"eval_duplicates_removed": n_dup}   # for COMPLETE's derived facts
     if probes is None:
         with as_field("probes"): probes = _probe_source(cfg, set(train_df["text"]))
     return train_df, eval_df, probes

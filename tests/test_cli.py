@@ -233,5 +233,5 @@ def test_argparse_errors_and_a_missing_command_are_one_line(tmp_path):
     line = one_line_error(embvar("train", "--dataset", "bundled"))
     assert "the following arguments are required: --out" in line
     r = embvar()
-    assert r.returncode == 2 and r.stderr.strip() == "embvar: error: expected a command: train or report (see embvar --help)"
+    assert r.returncode == 2 and r.stderr.strip() == "embvar: error: expected a command: train, report or verify (see embvar --help)"
     assert "(default: None)" not in embvar("report", "--help").stdout

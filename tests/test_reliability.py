@@ -1,0 +1,219 @@
+"""Nothing lost, nothing misreported (issue 20): diverged runs in reports, foreign --out folders, missing and case-variant
+labels, subsets that lose a class, duplicates across subsets, half-executed notebooks, bit rot, byte-identical builds."""
+import html as html_lib, json, re
+
+import pytest
+
+from embvar_study.cli import main
+
+SMALL = ["--set", "n_train=32", "--set", "n_eval=16", "--set", "max_length=32", "--set", "probe_max_length=32", "--set", "n_probes=16"]
+TRAIN = ["--model", "tiny-distilbert", "--dataset", "bundled", "--n-train", "32", "--n-eval", "16", "--max-length", "32",
+         "--probe-max-length", "32", "--n-probes", "16", "--track-every", "2", "--no-progress"]
+
+
+def text_of(page: str) -> str: return " ".join(html_lib.unescape(re.sub(r"<[^>]+>", " ", page)).split())
+
+
+@pytest.fixture(scope="module")
+def diverged_study(tmp_path_factory):
+    # lr 10 diverges at its first tracked step: one checkpoint, which broke drift_curves ("expected at least 2 checkpoints")
+    out = tmp_path_factory.mktemp("diverged") / "study"
+    main(["report", "--profile", "smoke", "--experiments", "lr_sweep", "--set", "lrs=[5e-5,10]", "--set", "track_every=2", "--out", str(out), *SMALL])
+    return out
+
+
+def test_a_study_with_diverged_runs_renders_and_says_which(diverged_study):
+    text = text_of((diverged_study / "report.html").read_text(encoding="utf-8"))
+    assert "Traceback" not in text
+    assert re.search(r"2 runs diverged\s+and are left out of every table and figure", text)
+    assert re.search(r"lr 10 · init seed 0 · data seed 0 · dropout seed 0 of lr_sweep at step \d+ \(training loss", text)
+    assert "at lr 10," not in text                                      # Findings do not quote lr 10 as a result
+    assert text.count("2 diverged runs left out of this section's tables and figures") >= 3
+
+
+def test_a_runs_report_with_a_diverged_run_renders(tmp_path):
+    a, b, c = (tmp_path / "runs" / n for n in "abc")
+    main(["train", *TRAIN, "--lr", "5e-5", "--out", str(a)]); main(["train", *TRAIN, "--lr", "5e-5", "--seed", "1", "--out", str(b)])
+    main(["train", *TRAIN, "--lr", "10", "--out", str(c)])
+    assert json.loads((c / "COMPLETE").read_text())["status"] == "diverged"
+    main(["report", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "rr")])
+    text = text_of((tmp_path / "rr" / "report.html").read_text(encoding="utf-8"))
+    assert "Traceback" not in text and "1 diverged run left out of this section's tables and figures: lr 10" in text
+
+
+def _refused(capsys, argv: list, *wanted: str) -> str:
+    "Run `embvar ARGV`; it must exit 2 with one line on stderr containing every `wanted`, and no traceback."
+    with pytest.raises(SystemExit) as e: main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    for w in wanted: assert w in err, err
+    return err
+
+
+def test_report_out_refuses_a_folder_that_is_not_a_study(tmp_path, capsys):
+    theirs = tmp_path / "theirs"; (theirs / "figures").mkdir(parents=True); (theirs / "logs").mkdir()
+    for f in ("report.html", "figures/drift_and_loss.png", "logs/report.log"): (theirs / f).write_text("someone else's")
+    before = {p: p.read_text() for p in theirs.rglob("*") if p.is_file()}
+    _refused(capsys, ["report", "--profile", "smoke", "--out", str(theirs)], "--out:", "is not an embvar study")
+    _refused(capsys, ["report", "--runs", str(tmp_path), "--out", str(theirs)], "--out:", "is not a report from run folders")
+    assert {p: p.read_text() for p in theirs.rglob("*") if p.is_file()} == before and not list(tmp_path.glob(".*lock"))
+
+
+def test_an_unwritable_out_names_out(tmp_path, capsys):
+    import os
+    ro = tmp_path / "ro"
+    if os.geteuid() == 0: ro = type(tmp_path)("/sys")     # root writes any folder whatever its mode; sysfs refuses it
+    else: ro.mkdir(); ro.chmod(0o555)
+    _refused(capsys, ["report", "--profile", "smoke", "--out", str(ro / "study")], f"--out: cannot write to {ro / 'study'}")
+
+
+def _write(path, df):
+    {".csv": lambda: df.to_csv(path, index=False), ".tsv": lambda: df.to_csv(path, sep="\t", index=False),
+     ".jsonl": lambda: df.to_json(path, orient="records", lines=True), ".parquet": lambda: df.to_parquet(path)}[path.suffix]()
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl", ".parquet"])
+def test_missing_markers_and_case_variants_are_refused_by_every_reader(tmp_path, suffix):
+    import pandas as pd
+    from embvar_study.data import load_texts
+    texts = [f"text number {i}" for i in range(12)]
+    for marker in ("NA", "NaN", "null", "None", "nan", "N/A", "#N/A"):
+        labels = ["pos", "neg"] * 6; labels[3] = labels[8] = marker
+        f = _write(tmp_path / f"m{suffix}", pd.DataFrame({"text": texts, "label": labels}))
+        with pytest.raises(ValueError, match=r"expected a label in every row, got 2 missing label\(s\) at rows 3, 8"): load_texts(f)
+    f = _write(tmp_path / f"c{suffix}", pd.DataFrame({"text": texts, "label": ["Pos", "pos", "neg"] * 4}))
+    with pytest.raises(ValueError, match=r"differ only in case or surrounding spaces would be different classes: 'Pos' \(4 rows\), 'pos' \(4 rows\)"):
+        load_texts(f)
+
+
+def test_train_refuses_a_missing_label_and_a_class_a_subset_cannot_hold(tmp_path, capsys):
+    import pandas as pd
+    rows = pd.DataFrame({"text": [f"a review, number {i}" for i in range(80)], "label": ["neg"] * 79 + ["pos"]})
+    one = _write(tmp_path / "one.csv", rows)
+    _refused(capsys, ["train", "--dataset", str(one), "--model", "tiny-distilbert", "--n-train", "40", "--n-eval", "20", "--out", str(tmp_path / "r")],
+             "class 'pos' has 1 row of 80", "(40 rows)", "(20 rows)")
+    six = _write(tmp_path / "six.csv", pd.DataFrame({"text": [f"review {i}" for i in range(206)], "label": ["neg"] * 200 + ["pos"] * 6}))
+    _refused(capsys, ["train", "--dataset", str(six), "--model", "tiny-distilbert", "--n-train", "16", "--n-eval", "1", "--out", str(tmp_path / "r")],
+             "--n-eval: expected at least 2 rows (one of every class: 'neg', 'pos'), got 1")
+    na = _write(tmp_path / "na.csv", rows.assign(label=["neg", "pos"] * 39 + ["NA", "pos"]))
+    _refused(capsys, ["train", "--dataset", str(na), "--model", "tiny-distilbert", "--out", str(tmp_path / "r")], "missing label(s) at row 78 ('NA' read as missing)")
+    assert not (tmp_path / "r").exists()
+
+
+def test_every_subset_keeps_every_class(tmp_path):
+    import pandas as pd
+    from embvar_study.config import TrainConfig
+    from embvar_study.train import prepare_data
+    six = _write(tmp_path / "six.csv", pd.DataFrame({"text": [f"review {i}" for i in range(206)], "label": ["neg"] * 200 + ["pos"] * 6}))
+    tr, ev, _ = prepare_data(TrainConfig(dataset=str(six), n_train=16, n_eval=8, n_probes=4))
+    assert set(tr["label"]) == set(ev["label"]) == {0, 1}
+
+
+def _rot(f):
+    "Flip one bit of a float in `f` and put its modification time back: what bit rot looks like to a size/mtime cache."
+    import os
+    st = f.stat(); b = bytearray(f.read_bytes()); b[-2] ^= 0x10; f.write_bytes(bytes(b)); os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_verify_names_every_damaged_file_and_only_report_verify_stops(tmp_path, capsys):
+    from embvar_study.runs import verify_run
+    from embvar_study.study import synthetic_study
+    sd = synthetic_study(tmp_path / "syn")
+    files = sorted((sd / "runs").glob("*/embeddings/step_000012.mean.npy"))[:2]
+    for f in files: verify_run(f.parent.parent)            # cached as verified, then rotted
+    for f in files: _rot(f)
+    with pytest.raises(SystemExit) as e: main(["verify", str(sd)])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and all(f"damaged: {f}: checksum mismatch" in err for f in files) and "Traceback" not in err
+    with pytest.raises(SystemExit) as e: main(["verify", str(files[0].parent.parent)])   # one run folder
+    assert e.value.code == 1 and f"damaged: {files[0]}" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e: main(["report", "--profile", "smoke", "--only-report", "--verify", "--out", str(sd)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "2 damaged run(s); the report was not rendered" in err and not (sd / "report.html").exists()
+    _refused(capsys, ["report", "--profile", "smoke", "--verify", "--out", str(sd)], "--verify: --verify goes with --only-report")
+    for f in files: _rot(f)                                   # the same bit flipped back
+    main(["verify", str(sd)])
+    assert "embvar verify: all 27 run(s) verify" in capsys.readouterr().out
+
+
+def test_only_report_reexecutes_a_half_run_notebook_from_the_runs_on_disk(diverged_study, capsys):
+    from conftest import folder_state
+    sd, nb = diverged_study, diverged_study / "notebooks" / "lr_sweep.ipynb"
+    runs = folder_state(sd / "runs")
+    d = json.loads(nb.read_text()); d["metadata"]["papermill"]["end_time"] = None   # what a SIGTERM mid-notebook leaves
+    nb.write_text(json.dumps(d)); capsys.readouterr()
+    main(["report", "--profile", "smoke", "--only-report", "--out", str(sd)])
+    out = capsys.readouterr().out
+    assert "notebook(s) lr_sweep (unfinished): re-executed from the runs on disk (no training)" in out
+    assert json.loads(nb.read_text())["metadata"]["papermill"]["end_time"] and folder_state(sd / "runs") == runs
+    page = (sd / "report.html").read_text(encoding="utf-8")
+    assert 'id="appendix-lr_sweep"' in page
+
+
+def test_only_report_names_a_notebook_it_cannot_reexecute_without_training(diverged_study, tmp_path, capsys):
+    import shutil
+    sd = tmp_path / "copy"; shutil.copytree(diverged_study, sd)
+    (sd / "notebooks" / "lr_sweep.ipynb").unlink()
+    m = sd / "sweeps" / "lr_sweep.csv"; lines = m.read_text().splitlines()
+    rid = lines[1].split(",")[lines[0].split(",").index("run_id")]
+    shutil.rmtree(sd / "runs" / rid); m.write_text("\n".join([lines[0]] + [x for x in lines[1:] if rid not in x]) + "\n")
+    _refused(capsys, ["report", "--profile", "smoke", "--only-report", "--out", str(sd)],
+             "notebook lr_sweep is missing and cannot be re-executed without training (1 of its 4 runs are not on disk)")
+
+
+def test_render_html_refuses_a_half_executed_notebook(diverged_study, tmp_path):
+    import shutil
+    from embvar_study.report import render_html, NotebookFailed
+    nb = tmp_path / "lr_sweep.ipynb"; shutil.copy(diverged_study / "notebooks" / "lr_sweep.ipynb", nb)
+    d = json.loads(nb.read_text()); d["metadata"]["papermill"]["end_time"] = None; nb.write_text(json.dumps(d))
+    with pytest.raises(NotebookFailed, match="notebook lr_sweep is unfinished"):
+        render_html(tmp_path, diverged_study / "notebooks" / "report.ipynb", [nb])
+
+
+def test_n_probes_none_keeps_all_as_the_help_says(tmp_path, capsys):
+    main(["train", "--model", "tiny-distilbert", "--dataset", "bundled", "--n-train", "16",
+          "--n-eval", "8", "--max-length", "16", "--probe-max-length", "16", "--max-steps", "1", "--n-probes", "None", "--no-progress",
+          "--out", str(tmp_path / "r")])
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["n_probes"] is None
+    assert "128 probes" in capsys.readouterr().out                       # the whole built-in set
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_during_worker_start_up_prints_one_line_and_no_traceback(tmp_path, sig):
+    import os, signal, subprocess, sys, time
+    proc = subprocess.Popen([sys.executable, "-c", "from embvar_study.cli import main; main()", "report", "--profile", "smoke",
+                             "--experiments", "lr_sweep", "--jobs", "2", "--out", str(tmp_path / "s"), *SMALL],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=tmp_path)
+    for line in proc.stdout:                                           # the plan is printed just before the workers start
+        if "grid points" in line: break
+    time.sleep(0.3)
+    os.killpg(proc.pid, getattr(signal, sig))                         # as Ctrl-C does: the whole process group
+    _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert lines == [f"embvar report: {'interrupted' if sig == 'SIGINT' else 'terminated (SIGTERM)'}"], err
+    assert proc.returncode == (130 if sig == "SIGINT" else 143)
+
+
+BUILD = """
+import sys, torch
+from embvar_study.train import train_run
+torch.set_num_threads(1)
+out, warm = sys.argv[1], sys.argv[2] == "warm"
+base = dict(model="tiny-distilbert", dataset="bundled", n_train=32, n_eval=16, max_length=32, probe_max_length=32, n_probes=16,
+            track_every=2, batch_size=8, max_steps=4)
+if warm: train_run({**base, "seed": 1, "lr": 5e-4}, out + "_other")   # a warm worker: another run (and its step-0 cache) first
+train_run({**base, "seed": 0, "lr": 5e-5}, out)
+"""
+
+
+def test_two_builds_write_the_same_bytes_but_for_complete_even_in_a_warm_worker(tmp_path):
+    import subprocess, sys
+    from conftest import sha256
+    for name, mode in (("cold", "cold"), ("warm", "warm")):    # two processes, different warm-up history
+        subprocess.run([sys.executable, "-c", BUILD, str(tmp_path / name), mode], check=True, capture_output=True)
+    files = lambda d: {p.relative_to(d).as_posix(): sha256(p) for p in sorted(d.rglob("*")) if p.is_file() and not p.name.startswith(".")}
+    a, b = files(tmp_path / "cold"), files(tmp_path / "warm")
+    assert a.pop("COMPLETE") and b.pop("COMPLETE") and len(a) > 5
+    assert a == b, sorted(k for k in a if a[k] != b.get(k))
