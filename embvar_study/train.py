@@ -223,7 +223,7 @@ def train_run(config: TrainConfig | dict,  # the run's parameters
         if n_trunc:   # said once here; the tracked steps embed the same truncated probes silently
             warnings.warn(f"{n_trunc} of {len(probes)} probes are longer than probe_max_length={cfg.probe_max_length} tokens "
                           f"and are truncated at every checkpoint (recorded in COMPLETE: derived.probes_truncated)", stacklevel=2)
-        derived = {"n_labels": train_df.attrs["n_labels"], "label_names": train_df.attrs["label_names"],
+        derived = {**train_df.attrs.get("derived", {}), "n_labels": train_df.attrs["n_labels"], "label_names": train_df.attrs["label_names"],
                    "n_rows": train_df.attrs["n_rows"], "n_train": len(train_df), "n_eval": len(eval_df),
                    "n_probes": len(probes), "probes_truncated": int(n_trunc), "model_summary": model_summary(model),
                    "device_used": str(device), "torch_threads": torch.get_num_threads()}

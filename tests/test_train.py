@@ -513,4 +513,5 @@ def test_training_steps_count_their_token_slots(tmp_path):
     s = run.marker["derived"]["train_token_slots"]
     assert s["real"] <= s["computed"] <= s["padded_batches"] and s["computed"] < s["padded_batches"], s
     assert set(run.marker["derived"]["linear_kernels"]) == {"train", "inference"}
+    assert run.marker["derived"]["eval_duplicates_removed"] == 0       # the bundled corpus has no text in both subsets
     assert run.marker["divergence_rule"]["first_loss"] > 0
