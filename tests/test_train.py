@@ -301,15 +301,15 @@ def test_bad_numbers_name_the_argument(tmp_path, field, value):
     assert not (tmp_path / "run").exists()
 
 
-def test_rare_class_missing_from_the_subset_still_gets_a_head_unit(tmp_path):
-    # 3 classes, one with 2 rows of 122: the stratified subset of 20 gets none of it, the head must still have 3 outputs
+def test_a_rare_class_gets_a_row_in_each_subset_and_a_head_unit(tmp_path):
+    # 3 classes, one with 2 rows of 122: its proportional quota in a subset of 20 rounds to 0, yet each subset holds it once
     df = pd.DataFrame({"text": [f"review number {i} of the film" for i in range(122)],
                        "label": ["neg"] * 60 + ["pos"] * 60 + ["mixed"] * 2})
     src = tmp_path / "rare.csv"; df.to_csv(src, index=False)
     cfg = {**TINY, "dataset": str(src), "n_train": 20, "n_eval": 10}
     tr, ev, _ = prepare_data(TrainConfig(**cfg))
     assert tr.attrs["label_names"] == ["mixed", "neg", "pos"]   # codes follow the sorted names
-    assert 0 not in set(tr.label) | set(ev.label)               # the premise: the subset misses "mixed"
+    assert (tr.label == 0).sum() == 1 and (ev.label == 0).sum() == 1 and (len(tr), len(ev)) == (20, 10)
     run = load_run(train_run(cfg, tmp_path / "run"))
     assert run.marker["derived"]["n_labels"] == 3 and run.marker["derived"]["model_summary"]["num_labels"] == 3
     assert run.marker["derived"]["label_names"] == ["mixed", "neg", "pos"]   # the codes can be mapped back
@@ -355,7 +355,7 @@ def test_unknown_model_offline_names_alternatives(tmp_path, name):
 
 def test_dataset_without_named_columns_lists_columns_found(tmp_path):
     f = tmp_path / "reviews.csv"
-    pd.DataFrame({"sentence": ["good film", "bad film"] * 40, "y": [1, 0] * 40}).to_csv(f, index=False)
+    pd.DataFrame({"sentence": [f"{w} film number {i}" for i in range(40) for w in ("good", "bad")], "y": [1, 0] * 40}).to_csv(f, index=False)
     with pytest.raises(ValueError) as err:
         train_run({**TINY, "dataset": str(f)}, tmp_path / "run")
     msg = str(err.value)
