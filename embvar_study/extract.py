@@ -183,14 +183,18 @@ class _OneDNNLinearFn(torch.autograd.Function):
 def onednn_available() -> bool:  # True when oneDNN's linear exists here and matches F.linear (forward and gradients)
     "Does the installed torch have oneDNN's fp32 linear, giving F.linear's results to fp32 rounding?"
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")): return False
-    try:
-        g = torch.Generator().manual_seed(0)
-        x, w, b = (torch.randn(*s, generator=g, requires_grad=True) for s in ((2, 5, 16), (8, 16), (8,)))
-        y = _OneDNNLinearFn.apply(x, w, b); y.square().sum().backward(); got = [y.detach(), x.grad, w.grad, b.grad]
-        x.grad = w.grad = b.grad = None
-        y = torch.nn.functional.linear(x, w, b); y.square().sum().backward(); ref = [y.detach(), x.grad, w.grad, b.grad]
-        return all(torch.allclose(a, r, rtol=1e-5, atol=1e-5) for a, r in zip(got, ref))
+    try:   # outside any caller's inference_mode / no_grad: the check needs gradients
+        with torch.inference_mode(False), torch.enable_grad(): return _onednn_matches()
     except (RuntimeError, AttributeError, NotImplementedError): return False
+
+def _onednn_matches() -> bool:
+    "oneDNN's forward and gradients equal F.linear's on a small example (fp32 rounding)."
+    g = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(*s, generator=g, requires_grad=True) for s in ((2, 5, 16), (8, 16), (8,)))
+    y = _OneDNNLinearFn.apply(x, w, b); y.square().sum().backward(); got = [y.detach(), x.grad, w.grad, b.grad]
+    x.grad = w.grad = b.grad = None
+    y = torch.nn.functional.linear(x, w, b); y.square().sum().backward(); ref = [y.detach(), x.grad, w.grad, b.grad]
+    return all(torch.allclose(a, r, rtol=1e-5, atol=1e-5) for a, r in zip(got, ref))
 
 # %% ../nbs/07_extract.ipynb #523591a5
 _F_LINEAR = torch.nn.functional.linear
@@ -216,9 +220,10 @@ def linear_kernel(kernel: str = "default",  # one of LINEAR_KERNELS
 def _time_kernels(train: bool, reps: int = 5) -> dict[str, float]:
     "GFLOP/s of each kernel on a transformer block's shapes (256 tokens, 384 -> 1536 -> 384), medians of `reps` interleaved trials."
     import time
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(256, 384, generator=g, requires_grad=train)
-    lins = [torch.nn.Linear(384, 1536), torch.nn.Linear(1536, 384)]
+    with torch.inference_mode(False):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(256, 384, generator=g, requires_grad=train)
+        lins = [torch.nn.Linear(384, 1536), torch.nn.Linear(1536, 384)]
     flops = 2 * 256 * 384 * 1536 * 2 * (3 if train else 1)
     def once():
         with torch.set_grad_enabled(train):
@@ -227,7 +232,7 @@ def _time_kernels(train: bool, reps: int = 5) -> dict[str, float]:
     rates = {k: [] for k in LINEAR_KERNELS}
     for _ in range(reps):
         for k in LINEAR_KERNELS:
-            with linear_kernel(k):
+            with torch.inference_mode(False), linear_kernel(k):   # a caller's inference_mode would forbid the backward
                 once(); t = time.perf_counter(); once(); once(); rates[k].append(2 * flops / (time.perf_counter() - t) / 1e9)
     return {k: float(np.median(v)) for k, v in rates.items()}
 
