@@ -892,7 +892,7 @@ def _cka_streaming(x, y, debiased, block):
 
 
 # %% ../nbs/02_metrics.ipynb #14f8f124
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 INVARIANCES = ("orthogonal", "isotropic_scale", "translation", "invertible_linear", "permutation")
 
