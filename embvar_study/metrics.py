@@ -918,7 +918,7 @@ MEASURES = {m.name: m for m in [
     _m("debiased_cka", lambda x, y: linear_cka(x, y, debiased=True), "similarity", (-1, 1), 1.0, False, _ROT),
     _m("cca", cca, "similarity", (0, 1), 1.0, False, _ALL),
     _m("svcca", svcca, "similarity", (0, 1), 1.0, False, _ROT),
-    _m("pwcca", pwcca, "similarity", (0, 1), 1.0, False, _ROT),
+    _m("pwcca", pwcca, "similarity", (0, 1), 1.0, False, {"isotropic_scale", "translation", "permutation"}),
     _m("procrustes_angular", procrustes_distance, "distance", (0, math.pi / 2), 0.0, True, _ROT),
     _m("procrustes_euclidean", lambda x, y: procrustes_distance(x, y, kind="euclidean"), "distance", (0, math.inf), 0.0,
        True, _ROT - {"isotropic_scale"}),
