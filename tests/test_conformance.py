@@ -53,3 +53,8 @@ def test_mutual_knn_published_formula():
     a, b = nn(X), nn(Y)
     want = np.mean([len(set(a[i]) & set(b[i])) / k for i in range(len(X))])
     assert abs(M.mutual_knn(X, Y, k=k) - want) < TOL
+
+def test_svcca_vs_repsim_yanai():
+    repsim = pytest.importorskip("repsim")                 # both keep 99% of each set's variance before CCA
+    assert abs(float((M._canon(X, Y, 0.99) ** 2).mean()) - repsim.svcca([X, Y])[0, 1]) < TOL
+    assert M.svcca(X, Y) == pytest.approx(float(M._canon(X, Y, 0.99).mean()), abs=1e-12)
