@@ -10,7 +10,8 @@ from typing import Callable
 
 # %% auto #0
 __all__ = ['TRAIN_GROUPS', 'parse_value', 'parse_sets', 'absolute_path', 'fix_negatives', 'flag_message', 'field_docs',
-           'train_parser', 'train_main', 'report_parser', 'StudyFailed', 'report_main', 'runs_report', 'main']
+           'train_parser', 'train_main', 'report_parser', 'StudyFailed', 'report_main', 'runs_report', 'compare_parser',
+           'compare_main', 'main']
 
 # %% ../nbs/22_cli.ipynb #765022ee
 def parse_value(text: str) -> object:
@@ -269,6 +270,34 @@ def runs_report(run_dirs: list[str], group_by: str, study_dir: Path, *, template
     print(f"report: {dest}")
     return dest
 
+# %% ../nbs/22_cli.ipynb #190531cf
+def compare_parser() -> argparse.ArgumentParser:
+    "The parser of `embvar compare`: two models, the probes, the output folder."
+    p = _Parser(prog="embvar compare", description="Compare two models layer by layer (CKA, SVCCA, PWCCA, Procrustes, "
+                "mutual k-NN, CKNNA, RSA, ...) and write DIR/compare.html.")
+    p.add_argument("a", help="first model: offline alias, model folder or Hub id")
+    p.add_argument("b", help="second model: offline alias, model folder or Hub id")
+    p.add_argument("--probes", required=True, help="text file with one probe per line")
+    p.add_argument("--out", required=True, help="output folder (compare.html, compare.csv)")
+    p.add_argument("--measures", default=None, help="comma-separated names from metrics.MEASURES (default: the standard set)")
+    p.add_argument("--n-resamples", type=int, default=200, help="probe-bootstrap resamples (default 200)")
+    return p
+
+def compare_main(argv: list[str]) -> None:
+    "`embvar compare A B --probes P --out DIR`."
+    a = compare_parser().parse_args(argv)
+    from pathlib import Path
+    path = Path(a.probes)
+    if not path.is_file(): raise FileNotFoundError(f"--probes: expected a text file, got {a.probes!r} (not found)")
+    probes = [t for t in path.read_text().splitlines() if t.strip()]
+    if len(probes) < 6: raise ValueError(f"--probes: expected at least 6 non-empty lines, got {len(probes)}")
+    from embvar_study.compare import compare, write_compare_html
+    ms = None if a.measures is None else [m.strip() for m in a.measures.split(",") if m.strip()]
+    t = compare(a.a, a.b, probes, measures=ms, n_resamples=a.n_resamples)
+    out = write_compare_html(t, a.out, title=f"{a.a} vs {a.b}")
+    print(f"embvar compare: wrote {out}")
+
+
 # %% ../nbs/22_cli.ipynb #37fc4f4b
 _T_MAIN = time.perf_counter()   # when `embvar` started its work (reset by main); phases are timed from it
 
@@ -289,14 +318,15 @@ def _errors() -> tuple:
 def main(argv: list[str] | None = None) -> None:
     "`embvar {train,report} ...`; `embvar --version`."
     argv = sys.argv[1:] if argv is None else list(argv)
-    cmds = {"train": (train_main, train_parser), "report": (report_main, report_parser)}
+    cmds = {"train": (train_main, train_parser), "report": (report_main, report_parser),
+            "compare": (compare_main, compare_parser)}
     if argv[:1] in (["--version"], ["-V"]): print(f"embvar-study {_version()}"); return
     if argv[:1] in (["-h"], ["--help"]):
-        print("usage: embvar {train,report} [options]   (embvar train --help, embvar report --help, embvar --version)"); return
+        print("usage: embvar {train,report,compare} [options]   (embvar train --help, embvar report --help, embvar compare --help, embvar --version)"); return
     if not argv: print("embvar: error: expected a command: train or report (see embvar --help)", file=sys.stderr); sys.exit(2)
     if argv[0] not in cmds:
         from embvar_study.sweep import suggest
-        print(f"embvar: error: unknown command {argv[0]!r}{suggest(argv[0], cmds)}; valid: train, report", file=sys.stderr); sys.exit(2)
+        print(f"embvar: error: unknown command {argv[0]!r}{suggest(argv[0], cmds)}; valid: train, report, compare", file=sys.stderr); sys.exit(2)
     run, parser = cmds[argv[0]]
     global _T_MAIN; _T_MAIN = time.perf_counter()
     try: run(argv[1:])

@@ -13,7 +13,7 @@ from .checks import as_float_array
 
 
 # %% auto #0
-__all__ = ['DEFAULT_MEASURES', 'CompareResult', 'compare']
+__all__ = ['DEFAULT_MEASURES', 'CompareResult', 'compare', 'write_compare_html']
 
 # %% ../nbs/23_compare.ipynb #2a46c5c8
 DEFAULT_MEASURES = ("linear_cka", "debiased_cka", "cca", "svcca", "pwcca", "procrustes_angular", "mutual_knn",
@@ -107,4 +107,40 @@ def compare(a: object,  # (layers, N, da) array, (model, tokenizer), or a model 
                 lo, hi = (np.quantile(boot, [alpha, 1 - alpha]) if len(boot) else (np.nan, np.nan))
                 rows.append(dict(layer_a=i, layer_b=j, measure=m, value=v, ci_low=float(lo), ci_high=float(hi)))
     return CompareResult(pd.DataFrame(rows))
+
+
+# %% ../nbs/23_compare.ipynb #c5caa635
+def _diagonal_fig(t):
+    "The diagonal (layer i of a vs layer i of b) of every measure, as lines with their intervals."
+    import matplotlib.pyplot as plt
+    d = pd.DataFrame(t[t["layer_a"] == t["layer_b"]])
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for m, g in d.groupby("measure", sort=False):
+        ax.plot(g["layer_a"], g["value"], marker="o", label=m)
+        ax.fill_between(g["layer_a"], g["ci_low"], g["ci_high"], alpha=0.15)
+    ax.set_xlabel("layer (same index in a and b)"); ax.set_ylabel("value"); ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+def write_compare_html(t: CompareResult,  # the table of `compare`
+                       out: str,  # output folder (created)
+                       *,
+                       title: str = "compare",  # the page title
+                      ) -> str:  # path of the written compare.html
+    "DIR/compare.html (heatmaps, the diagonal as lines, the table) and DIR/compare.csv, written atomically."
+    import base64, html
+    from pathlib import Path
+    from embvar_study.report import figure_png, table_html
+    from embvar_study.runs import atomic_write_text
+    import matplotlib.pyplot as plt
+    parts = [f"<h1>{html.escape(title)}</h1>"]
+    for fig, cap in [(t.plot(), "layer x layer, per measure"), (_diagonal_fig(t), "the diagonal, with probe-bootstrap intervals")]:
+        png, w, h = figure_png(fig); plt.close(fig)
+        parts.append(f'<figure><img width="{w}" height="{h}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+                     f"<figcaption>{html.escape(cap)}</figcaption></figure>")
+    parts.append(table_html(pd.DataFrame(t), caption="every layer pair and measure"))
+    d = Path(out); d.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(d / "compare.csv", pd.DataFrame(t).to_csv(index=False))
+    page = f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head><body>{''.join(parts)}</body></html>"
+    return str(atomic_write_text(d / "compare.html", page))
 
