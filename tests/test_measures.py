@@ -42,3 +42,15 @@ def test_triangle_inequality(name):
     Z = Y[:, :4] + rng.normal(size=(N, 4))
     assert f(X, Z) <= f(X, Y) + f(Y, Z) + 1e-12
     assert abs(float(f(X, Y)) - float(f(Y, X))) < 1e-8
+
+def test_streaming_cka_equals_full_numpy_and_torch():
+    torch = pytest.importorskip("torch")
+    from embvar_study.metrics import linear_cka
+    A, B = rng.normal(size=(2, 257, 7)), rng.normal(size=(2, 257, 5)) + 0.1
+    B[..., :3] += A[..., :3]
+    for deb in (False, True):
+        full = linear_cka(A, B, debiased=deb)
+        assert np.abs(linear_cka(A, B, debiased=deb, block=50) - full).max() < 1e-12
+        t = linear_cka(torch.tensor(A, dtype=torch.float32), torch.tensor(B, dtype=torch.float32), debiased=deb, block=64)
+        assert torch.is_tensor(t) and np.abs(t.numpy() - full).max() < 1e-6
+    with pytest.raises(ValueError, match="block: expected an int >= 1"): linear_cka(A, B, block=0)
