@@ -270,7 +270,7 @@ def runs_report(run_dirs: list[str], group_by: str, study_dir: Path, *, template
     print(f"report: {dest}")
     return dest
 
-# %% ../nbs/22_cli.ipynb #190531cf
+# %% ../nbs/22_cli.ipynb #37d2bfea
 def compare_parser() -> argparse.ArgumentParser:
     "The parser of `embvar compare`: two models, the probes, the output folder."
     p = _Parser(prog="embvar compare", description="Compare two models layer by layer (CKA, SVCCA, PWCCA, Procrustes, "

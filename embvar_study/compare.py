@@ -58,7 +58,8 @@ class CompareResult(pd.DataFrame):
     @property
     def _constructor(self): return CompareResult
 
-    def plot(self, measures: Sequence[str] | None = None):  # measures to draw; default: all in the table
+    def plot(self, measures: Sequence[str] | None = None,  # measures to draw; default: all in the table
+            ) -> object:  # matplotlib Figure
         "One layer x layer heatmap per measure (matplotlib figure)."
         import matplotlib.pyplot as plt
         ms = list(measures or dict.fromkeys(self["measure"]))
@@ -109,7 +110,7 @@ def compare(a: object,  # (layers, N, da) array, (model, tokenizer), or a model 
     return CompareResult(pd.DataFrame(rows))
 
 
-# %% ../nbs/23_compare.ipynb #c5caa635
+# %% ../nbs/23_compare.ipynb #f6059f1c
 def _diagonal_fig(t):
     "The diagonal (layer i of a vs layer i of b) of every measure, as lines with their intervals."
     import matplotlib.pyplot as plt
