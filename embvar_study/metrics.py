@@ -19,7 +19,8 @@ __all__ = ['INVARIANCES', 'MEASURES', 'cosine_similarity_rows', 'cosine_drift', 
            'participation_ratio', 'explained_variance_ratio', 'effective_rank', 'top_eigen_ratio', 'anisotropy',
            'spectrum_summary', 'expected_squared_distance', 'cross_run_dispersion', 'cosine_distance_variance',
            'knn_indices', 'knn_overlap', 'rsa', 'linear_cka', 'class_variance', 'conditional_variance', 'cca', 'svcca',
-           'pwcca', 'procrustes_distance', 'mutual_knn', 'cknna', 'Measure', 'linear_r2']
+           'pwcca', 'procrustes_distance', 'mutual_knn', 'cknna', 'Measure', 'linear_r2',
+           'participation_ratio_corrected']
 
 # %% ../nbs/02_metrics.ipynb #0372afda
 def _rows(x, name, xp, dims="(..., N, d)", min_rows=1, what="rows (N)"):
@@ -952,4 +953,39 @@ def linear_r2(X: ArrayLike,  # (..., N, dx) predictors
              ) -> Array:  # (...) share of Y's total variance explained, in [0, 1]
     "R^2 of the least-squares linear regression (with intercept) of Y on X, pooled over Y's dimensions (ReSi)."
     return _per_pair(_r2_pair, X, Y, 2, "linear_r2")
+
+
+# %% ../nbs/02_metrics.ipynb #cdef7760
+def _pr_terms(x):
+    "The seven quartic sums of Chun et al. (2026) over all and over distinct column pairs, from x (..., P, Q)."
+    xp = _ops(x)
+    r = xp.einsum("...pq,...pq->...p", x, x); S = x.sum(axis=-2); C = x.swapaxes(-1, -2) @ x
+    sr, ss = r.sum(-1), (S * S).sum(-1)
+    xs = xp.einsum("...pq,...q->...p", x, S)
+    t = dict(t6=sr ** 2, t1=(C * C).sum((-2, -1)), t2=(r * r).sum(-1), t3=(r * xs).sum(-1), t5=(xs * xs).sum(-1),
+             t7=sr * ss, t9=ss ** 2)
+    q, c3, c4 = (x ** 2).sum(-2), (x ** 3).sum(-2), (x ** 4).sum(-2)
+    same = dict(t6=(q * q).sum(-1), t1=(q * q).sum(-1), t2=c4.sum(-1), t3=(S * c3).sum(-1), t5=(S * S * q).sum(-1),
+                t7=(q * S * S).sum(-1), t9=(S ** 4).sum(-1))
+    return t, {k: t[k] - same[k] for k in t}
+
+def participation_ratio_corrected(X: ArrayLike,  # (..., N, d) raw embeddings (not centred), N >= 4, d >= 2
+                                  *,
+                                  correct: str = "both",  # "both" (rows and columns), "rows", or "none" (plain PR)
+                                 ) -> Array:  # (...) bias-corrected participation ratio of the centred covariance
+    "Participation ratio corrected for finite probes (rows) and dimensions (columns), Chun et al., ICLR 2026."
+    if correct not in ("both", "rows", "none"): raise ValueError(f"correct: expected 'both', 'rows' or 'none', got {correct!r}")
+    xp = _backend([X], ["X"])
+    x = _rows(X, "X", xp, min_rows=4)
+    check_at_least(x.shape[-1], 2, "X", "dimensions (d)")
+    _check_not_constant(x, "X", "participation_ratio_corrected")
+    x, _ = _rescaled(xp.f64(x))
+    P, Q = x.shape[-2:]
+    t, td = _pr_terms(x)
+    if correct == "none": return (t["t6"] - 2 / P * t["t7"] + t["t9"] / P ** 2) / (t["t1"] - 2 / P * t["t5"] + t["t9"] / P ** 2)
+    u = td if correct == "both" else t
+    f1, f2, f3 = P / (P - 2), 2.0 / (P - 2), 1.0 / ((P - 1) * (P - 2))
+    A = u["t6"] - 2 / (P - 1) * u["t7"] + (4 * u["t3"] - P * u["t2"]) / (P - 2) + f3 * (u["t9"] - 4 * u["t5"] + 2 * u["t1"] - u["t6"])
+    B = u["t1"] - f1 * u["t2"] + f2 * (2 * u["t3"] - u["t5"]) + f3 * (u["t6"] - 2 * u["t7"] + u["t9"])
+    return A / B
 

@@ -58,3 +58,10 @@ def test_svcca_vs_repsim_yanai():
     repsim = pytest.importorskip("repsim")                 # both keep 99% of each set's variance before CCA
     assert abs(float((M._canon(X, Y, 0.99) ** 2).mean()) - repsim.svcca([X, Y])[0, 1]) < TOL
     assert M.svcca(X, Y) == pytest.approx(float(M._canon(X, Y, 0.99).mean()), abs=1e-12)
+
+@pytest.mark.parametrize("correct,key", [("both", "both"), ("rows", "row"), ("none", "naive")])
+def test_corrected_participation_ratio_vs_dimensionality(correct, key):
+    dimensionality = pytest.importorskip("dimensionality")
+    Z = X @ rng.normal(size=(6, 6)) + 3
+    want = dimensionality.participation_ratio(Z, return_all=True)[key]
+    assert abs(M.participation_ratio_corrected(Z, correct=correct) - want) < TOL * max(1, abs(want))
