@@ -11,7 +11,7 @@ from typing import Callable
 # %% auto #0
 __all__ = ['TRAIN_GROUPS', 'parse_value', 'parse_sets', 'absolute_path', 'fix_negatives', 'flag_message', 'field_docs',
            'train_parser', 'train_main', 'report_parser', 'StudyFailed', 'report_main', 'runs_report', 'verify_parser',
-           'verify_main', 'main']
+           'verify_main', 'compare_parser', 'compare_main', 'main']
 
 # %% ../nbs/22_cli.ipynb #765022ee
 def parse_value(text: str) -> object:
@@ -333,6 +333,34 @@ def verify_main(argv: list[str]) -> list[tuple[str, str]]:  # [(damaged file, wh
     print(f"embvar verify: all {len(runs)} run(s) verify (every file re-hashed against COMPLETE)")
     return bad
 
+# %% ../nbs/22_cli.ipynb #37d2bfea
+def compare_parser() -> argparse.ArgumentParser:
+    "The parser of `embvar compare`: two models, the probes, the output folder."
+    p = _Parser(prog="embvar compare", description="Compare two models layer by layer (CKA, SVCCA, PWCCA, Procrustes, "
+                "mutual k-NN, CKNNA, RSA, ...) and write DIR/compare.html.")
+    p.add_argument("a", help="first model: offline alias, model folder or Hub id")
+    p.add_argument("b", help="second model: offline alias, model folder or Hub id")
+    p.add_argument("--probes", required=True, help="text file with one probe per line")
+    p.add_argument("--out", required=True, help="output folder (compare.html, compare.csv)")
+    p.add_argument("--measures", default=None, help="comma-separated names from metrics.MEASURES (default: the standard set)")
+    p.add_argument("--n-resamples", type=int, default=200, help="probe-bootstrap resamples (default 200)")
+    return p
+
+def compare_main(argv: list[str]) -> None:
+    "`embvar compare A B --probes P --out DIR`."
+    a = compare_parser().parse_args(argv)
+    from pathlib import Path
+    path = Path(a.probes)
+    if not path.is_file(): raise FileNotFoundError(f"--probes: expected a text file, got {a.probes!r} (not found)")
+    probes = [t for t in path.read_text().splitlines() if t.strip()]
+    if len(probes) < 6: raise ValueError(f"--probes: expected at least 6 non-empty lines, got {len(probes)}")
+    from embvar_study.compare import compare, write_compare_html
+    ms = None if a.measures is None else [m.strip() for m in a.measures.split(",") if m.strip()]
+    t = compare(a.a, a.b, probes, measures=ms, n_resamples=a.n_resamples)
+    out = write_compare_html(t, a.out, title=f"{a.a} vs {a.b}")
+    print(f"embvar compare: wrote {out}")
+
+
 # %% ../nbs/22_cli.ipynb #37fc4f4b
 _T_MAIN = time.perf_counter()   # when `embvar` started its work (reset by main); phases are timed from it
 
@@ -353,17 +381,28 @@ def _errors() -> tuple:
     return (ValueError, FileNotFoundError, ImportError, OSError, HubUnavailableError, RayUnavailableError, ClusterError,
             FolderLockedError, CorruptRunError, NotComputed, NotebookFailed, StudyFailed)
 
+_USAGE = """usage: embvar COMMAND [options]
+
+commands:
+  train     fine-tune one model with embedding tracking; writes one run folder
+  report    run a study's experiments (a profile, --set overrides) or read run folders (--runs), and render report.html
+  verify    re-hash every file of a run or study folder; exit 1 naming each damaged file
+  compare   compare two models (or run folders, or arrays) layer by layer with the field's similarity measures
+
+embvar COMMAND --help lists a command's options; embvar --version prints the version."""
+
 def main(argv: list[str] | None = None) -> None:
-    "`embvar {train,report} ...`; `embvar --version`."
+    "`embvar {train,report,verify,compare} ...`; `embvar --version`."
     argv = sys.argv[1:] if argv is None else list(argv)
-    cmds = {"train": (train_main, train_parser), "report": (report_main, report_parser), "verify": (verify_main, verify_parser)}
+    cmds = {"train": (train_main, train_parser), "report": (report_main, report_parser), "verify": (verify_main, verify_parser),
+            "compare": (compare_main, compare_parser)}
     if argv[:1] in (["--version"], ["-V"]): print(f"embvar-study {_version()}"); return
     if argv[:1] in (["-h"], ["--help"]):
-        print("usage: embvar {train,report,verify} [options]   (embvar train --help, embvar report --help, embvar verify --help, embvar --version)"); return
-    if not argv: print("embvar: error: expected a command: train, report or verify (see embvar --help)", file=sys.stderr); sys.exit(2)
+        print(_USAGE); return
+    if not argv: print("embvar: error: expected a command: train, report, verify or compare (see embvar --help)", file=sys.stderr); sys.exit(2)
     if argv[0] not in cmds:
         from embvar_study.sweep import suggest
-        print(f"embvar: error: unknown command {argv[0]!r}{suggest(argv[0], cmds)}; valid: train, report, verify", file=sys.stderr); sys.exit(2)
+        print(f"embvar: error: unknown command {argv[0]!r}{suggest(argv[0], cmds)}; valid: train, report, verify, compare", file=sys.stderr); sys.exit(2)
     run, parser = cmds[argv[0]]
     global _T_MAIN; _T_MAIN = time.perf_counter()
     import signal

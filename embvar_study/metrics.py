@@ -13,12 +13,14 @@ from ._batching import (_Scratch, _argsort, _backend, _broadcast_lead, _chunked,
                                     _promoted, _put_last, _rescaled, _running, _take_last, _top_k)
 
 # %% auto #0
-__all__ = ['cosine_similarity_rows', 'cosine_drift', 'drift_curve', 'step_drift', 'path_length', 'early_late_summary',
-           'per_dimension_variance', 'norm_stats', 'norm_variance', 'pairwise_distances', 'pairwise_distance_summary',
-           'covariance_spectrum', 'total_variance', 'covariance_frobenius', 'participation_ratio',
-           'explained_variance_ratio', 'effective_rank', 'top_eigen_ratio', 'anisotropy', 'spectrum_summary',
-           'expected_squared_distance', 'cross_run_dispersion', 'cosine_distance_variance', 'knn_indices',
-           'knn_overlap', 'rsa', 'linear_cka', 'class_variance', 'conditional_variance']
+__all__ = ['INVARIANCES', 'MEASURES', 'cosine_similarity_rows', 'cosine_drift', 'drift_curve', 'step_drift', 'path_length',
+           'early_late_summary', 'per_dimension_variance', 'norm_stats', 'norm_variance', 'pairwise_distances',
+           'pairwise_distance_summary', 'covariance_spectrum', 'total_variance', 'covariance_frobenius',
+           'participation_ratio', 'explained_variance_ratio', 'effective_rank', 'top_eigen_ratio', 'anisotropy',
+           'spectrum_summary', 'expected_squared_distance', 'cross_run_dispersion', 'cosine_distance_variance',
+           'knn_indices', 'knn_overlap', 'rsa', 'linear_cka', 'class_variance', 'conditional_variance', 'cca', 'svcca',
+           'pwcca', 'procrustes_distance', 'mutual_knn', 'cknna', 'Measure', 'linear_r2',
+           'participation_ratio_corrected']
 
 # %% ../nbs/02_metrics.ipynb #0372afda
 def _rows(x, name, xp, dims="(..., N, d)", min_rows=1, what="rows (N)"):
@@ -515,15 +517,25 @@ def _rsa_operand(a, lead, metric):
     return a, 2, lambda c: _rank_vec(c, metric)
 
 # %% ../nbs/02_metrics.ipynb #05ceccb1
+_RDMS, _COMPARES = ("euclidean", "correlation", "cosine"), ("spearman", "kendall", "pearson")
+
 def rsa(X: ArrayLike,  # (..., N, dx) embeddings, N >= 3
         Y: ArrayLike,  # (..., N, dy) the same probes from another run or layer; leading dims broadcast
         *,
         metric: str = "cosine",  # distance used for both sets: "cosine" or "euclidean"
-       ) -> Array:  # (...) Spearman correlation in [-1, 1]
-    "Spearman correlation between the pairwise-distance matrices (upper triangles) of `X` and `Y`."
+        rdm: str | None = None,  # RDM: "euclidean" (squared / d), "correlation" or "cosine"; None: `metric`
+        compare: str = "spearman",  # RDM comparator: "spearman", "kendall" (tau_a) or "pearson"
+       ) -> Array:  # (...) correlation in [-1, 1]
+    "Correlation (Spearman by default) between the pairwise-distance matrices (upper triangles) of `X` and `Y`."
+    if compare not in _COMPARES: raise ValueError(f"compare: expected one of {_COMPARES}, got {compare!r}")
+    if rdm is not None and rdm not in _RDMS: raise ValueError(f"rdm: expected one of {_RDMS}, got {rdm!r}")
+    if rdm is not None or compare != "spearman":
+        rdm = rdm or metric
+        return _per_pair(lambda a, b: _rsa_pair(a, b, rdm, compare), X, Y, 3, "rsa")
     xp = _backend([X, Y], ["X", "Y"])
     x, y = _set_for_metric(X, metric, "X", xp, min_rows=3), _set_for_metric(Y, metric, "Y", xp, min_rows=3)
     _check_pair_rows(x, y, "X", "Y", same_d=False)
+    _check_not_constant(x, "X", "rsa"); _check_not_constant(y, "Y", "rsa")
     lead, _ = _broadcast_lead([x, y], ["X", "Y"], [2, 2])
     (a, ca, fa), (b, cb, fb) = _rsa_operand(x, lead, metric), _rsa_operand(y, lead, metric)
     lead, (a, b) = _broadcast_lead([a, b], ["X", "Y"], [ca, cb])
@@ -582,6 +594,7 @@ def linear_cka(X: ArrayLike,  # (..., N, dx) embeddings
                Y: ArrayLike,  # (..., N, dy) the same probes from another run or layer; leading dims broadcast
                *,
                debiased: bool = False,  # use the unbiased HSIC estimator (needs N >= 4)
+               block: int | None = None,  # stream over blocks of this many rows (memory O(d^2 + block * d))
               ) -> Array:  # (...) CKA, in [0, 1] (debiased: may be slightly negative, or nan)
     "Linear centered kernel alignment between two representations of the same probes."
     xp, need = _backend([X, Y], ["X", "Y"]), 4 if debiased else 2
@@ -589,6 +602,10 @@ def linear_cka(X: ArrayLike,  # (..., N, dx) embeddings
     _check_pair_rows(x, y, "X", "Y", same_d=False)
     lead, (xb, yb) = _broadcast_lead([x, y], ["X", "Y"], [2, 2])
     _check_not_constant(x, "X", "linear_cka"); _check_not_constant(y, "Y", "linear_cka")
+    if block is not None:
+        if not (isinstance(block, int) and not isinstance(block, bool) and block >= 1):
+            raise ValueError(f"block: expected an int >= 1, got {block!r}")
+        return _cka_streaming(xb, yb, debiased, block)
     N, sc = x.shape[-2], _Scratch(xp)
     cost = lambda d1, d2: 2 * N * (d1 + d2) + min(d1 * d2 + d1 * d1 + d2 * d2, 3 * N * N)
     # An input with the whole batch gets its self term in the same pass; a broadcast one (e.g. one reference
@@ -671,3 +688,304 @@ def conditional_variance(X: ArrayLike,  # (..., N, d) embeddings
     classes, codes, counts = _encode_labels(groups, x.shape[-2], "groups", x.shape)
     _check_members(classes, counts, "groups")
     return {g: total_variance(x[..., xp.asarray(np.flatnonzero(codes == j)), :]) for j, g in enumerate(classes)}
+
+# %% ../nbs/02_metrics.ipynb #891aca0f
+def _flat_pairs(X, Y, min_rows, what):
+    "Validated float64 numpy-or-torch sets x (B, N, dx), y (B, N, dy) broadcast over leading dims, and that lead."
+    xp = _backend([X, Y], ["X", "Y"])
+    x, y = _rows(X, "X", xp, min_rows=min_rows), _rows(Y, "Y", xp, min_rows=min_rows)
+    _check_pair_rows(x, y, "X", "Y", same_d=False)
+    lead, (x, y) = _broadcast_lead([x, y], ["X", "Y"], [2, 2])
+    _check_not_constant(x, "X", what); _check_not_constant(y, "Y", what)
+    N = x.shape[-2]
+    return xp, lead, xp.f64(x).reshape((-1, N, x.shape[-1])), xp.f64(y).reshape((-1, N, y.shape[-1]))
+
+def _basis(c, keep=None):
+    "Orthonormal basis (N, r) of the column space of centred c (N, d); with `keep`, the top singular directions holding that share of variance, scaled."
+    xp = _ops(c)
+    U, s, _ = xp.linalg.svd(c, full_matrices=False)
+    r = int((s > s[0] * max(c.shape) * np.finfo(np.float64).eps).sum())
+    if keep is not None:
+        v = s[:r] ** 2
+        r = int(min(r, int((xp.cumsum(v, 0) / v.sum() < keep).sum()) + 1))
+        return U[:, :r], U[:, :r] * s[:r]
+    return U[:, :r], None
+
+def _canon(x, y, keep=None):
+    "Canonical correlations (descending) of sets x (N, dx), y (N, dy); SVCCA-reduced first when `keep`."
+    xp = _ops(x)
+    cx, cy = x - x.mean(axis=0, keepdims=True), y - y.mean(axis=0, keepdims=True)
+    qx, rx = _basis(cx, keep); qy, ry = _basis(cy, keep)
+    if keep is not None: qx, _ = _basis(rx); qy, _ = _basis(ry)
+    return xp.clip(xp.linalg.svdvals(qx.swapaxes(-1, -2) @ qy), 0.0, 1.0)
+
+def _per_pair(f, X, Y, min_rows, what):
+    xp, lead, x, y = _flat_pairs(X, Y, min_rows, what)
+    out = xp.stack([xp.asarray(f(a, b)) for a, b in zip(x, y)]).reshape(lead)
+    return out[()] if not lead else out
+
+def cca(X: ArrayLike,  # (..., N, dx) embeddings
+        Y: ArrayLike,  # (..., N, dy) the same probes; leading dims broadcast
+       ) -> Array:  # (...) mean canonical correlation in [0, 1]
+    "Mean canonical correlation between the column spaces of the centred sets (needs N > dx + dy to be informative)."
+    return _per_pair(lambda a, b: _canon(a, b).mean(), X, Y, 2, "cca")
+
+def svcca(X: ArrayLike,  # (..., N, dx) embeddings
+          Y: ArrayLike,  # (..., N, dy) the same probes; leading dims broadcast
+          *,
+          keep: float = 0.99,  # share of variance kept by the SVD cut of each set, in (0, 1]
+         ) -> Array:  # (...) mean canonical correlation of the reduced sets, in [0, 1]
+    "SVCCA (Raghu et al. 2017): keep the top singular directions holding `keep` of each set's variance, then mean CCA."
+    if not (isinstance(keep, (int, float)) and 0 < keep <= 1): raise ValueError(f"keep: expected a share in (0, 1], got {keep!r}")
+    return _per_pair(lambda a, b: _canon(a, b, keep).mean(), X, Y, 2, "svcca")
+
+def _pwcca_pair(x, y):
+    xp = _ops(x)
+    cx, cy = x - x.mean(axis=0, keepdims=True), y - y.mean(axis=0, keepdims=True)
+    (qx, _), (qy, _) = _basis(cx), _basis(cy)
+    U, rho, _ = xp.linalg.svd(qx.swapaxes(-1, -2) @ qy, full_matrices=False)
+    h = qx @ U                                  # (N, m) canonical variates of X, unit norm
+    w = abs(h.swapaxes(-1, -2) @ cx).sum(axis=-1)
+    return (w * xp.clip(rho, 0.0, 1.0)).sum() / w.sum()
+
+def pwcca(X: ArrayLike,  # (..., N, dx) embeddings whose canonical variates weight the correlations
+          Y: ArrayLike,  # (..., N, dy) the same probes; leading dims broadcast
+         ) -> Array:  # (...) projection-weighted mean canonical correlation in [0, 1]
+    "PWCCA (Morcos et al. 2018): canonical correlations weighted by how much of X each canonical variate accounts for."
+    return _per_pair(_pwcca_pair, X, Y, 2, "pwcca")
+
+
+
+# %% ../nbs/02_metrics.ipynb #a240fd11
+def _whiten(c, alpha):
+    "netrep's partial whitening of centred c (N, d): eigenvalue weights alpha + (1 - alpha) lam^-1/2, total variance kept."
+    if alpha >= 1: return c
+    xp = _ops(c)
+    lam, V = xp.linalg.eigh(c.swapaxes(-1, -2) @ c)
+    lam = xp.clip(lam, 1e-7, None)
+    d = alpha + (1 - alpha) * lam ** -0.5
+    new = (alpha ** 2 * lam + 2 * alpha * (1 - alpha) * lam ** 0.5 + (1 - alpha) ** 2).sum()
+    d = d * xp.sqrt(lam.sum() / new)
+    return c @ ((V * d[None, :]) @ V.swapaxes(-1, -2))
+
+def _shape_pair(x, y, alpha, kind):
+    xp = _ops(x)
+    a = _whiten(x - x.mean(axis=0, keepdims=True), alpha); b = _whiten(y - y.mean(axis=0, keepdims=True), alpha)
+    nuc = xp.linalg.svdvals(a.swapaxes(-1, -2) @ b).sum()
+    na, nb = (a * a).sum(), (b * b).sum()
+    if kind == "angular": return xp.arccos(xp.clip(nuc / xp.sqrt(na * nb), -1.0, 1.0))
+    return xp.sqrt(xp.clip(na + nb - 2 * nuc, 0.0, None) / x.shape[0])
+
+def procrustes_distance(X: ArrayLike,  # (..., N, dx) embeddings
+                        Y: ArrayLike,  # (..., N, dy) the same probes; leading dims broadcast
+                        *,
+                        alpha: float = 1.0,  # netrep's regularisation: 1 Procrustes (rotations), 0 CCA (any invertible linear map)
+                        kind: str = "angular",  # "angular" (radians, in [0, pi/2]) or "euclidean" (RMS distance per probe)
+                       ) -> Array:  # (...) shape distance, 0 for equal shapes; a metric (triangle inequality)
+    "Generalised shape distance (Williams et al. 2021, netrep's LinearMetric) after centring and partial whitening."
+    if kind not in ("angular", "euclidean"): raise ValueError(f"kind: expected 'angular' or 'euclidean', got {kind!r}")
+    if not (isinstance(alpha, (int, float)) and 0 <= alpha <= 1): raise ValueError(f"alpha: expected a number in [0, 1], got {alpha!r}")
+    return _per_pair(lambda a, b: _shape_pair(a, b, float(alpha), kind), X, Y, 2, "procrustes_distance")
+
+
+
+# %% ../nbs/02_metrics.ipynb #06646f1a
+def mutual_knn(X: ArrayLike,  # (..., N, dx) embeddings, non-zero rows
+               Y: ArrayLike,  # (..., N, dy) the same probes; leading dims broadcast
+               *,
+               k: int = 10,  # neighbours per probe, 1 <= k <= N-1
+              ) -> Array:  # (...) mean |N_X(i) & N_Y(i)| / k in [0, 1]
+    "Mutual k-NN alignment (Huh et al. 2024): the mean share of each probe's k cosine-nearest neighbours found in both sets."
+    j = knn_overlap(X, Y, k=k, per_point=True)
+    return (2 * k * j / (1 + j) / k).mean(axis=-1)      # Jaccard c / (2k - c) turned back into c / k
+
+def _hsic_u(K, L):
+    "Unbiased HSIC of (B, N, N) kernels (Song et al. 2012)."
+    xp, N = _ops(K), K.shape[-1]
+    i = xp.arange(N)
+    K = K.clone() if is_tensor(K) else K.copy(); L = L.clone() if is_tensor(L) else L.copy()
+    K[..., i, i] = 0.0; L[..., i, i] = 0.0
+    t = (K * L.swapaxes(-1, -2)).sum(axis=(-2, -1))
+    t = t + K.sum(axis=(-2, -1)) * L.sum(axis=(-2, -1)) / ((N - 1) * (N - 2))
+    t = t - 2 * (K.sum(axis=-2) * L.sum(axis=-1)).sum(axis=-1) / (N - 2)
+    return t / (N * (N - 3))
+
+def _cknna_pair(x, y, k):
+    xp, N = _ops(x), x.shape[0]
+    u, v = x / xp.sqrt((x * x).sum(-1))[:, None], y / xp.sqrt((y * y).sum(-1))[:, None]
+    K, L = u @ u.swapaxes(-1, -2), v @ v.swapaxes(-1, -2)
+    def mask(G):
+        S = G.clone() if is_tensor(G) else G.copy()
+        i = xp.arange(N); S[..., i, i] = -np.inf
+        m = xp.zeros((N, N)); idx = _top_k(S, k)
+        return _put_last(m, idx, xp.ones(tuple(idx.shape)))
+    mK, mL = mask(K), mask(L)
+    s = lambda A, B, mA, mB: _hsic_u((mA * mB) * A, (mA * mB) * B)
+    return s(K, L, mK, mL) / xp.sqrt(s(K, K, mK, mK) * s(L, L, mL, mL))
+
+def cknna(X: ArrayLike,  # (..., N, dx) embeddings, non-zero rows, N >= 4
+          Y: ArrayLike,  # (..., N, dy) the same probes; leading dims broadcast
+          *,
+          k: int = 10,  # neighbours per probe, 1 <= k <= N-1
+         ) -> Array:  # (...) CKA restricted to mutual k-NN pairs (1 for identical sets)
+    "CKNNA (Huh et al. 2024): unbiased CKA of the cosine kernels kept only on pairs that are k-NN in both sets."
+    xp, lead, x, y = _flat_pairs(X, Y, 4, "cknna")
+    _check_k(k, x.shape[-2]); _row_norms(x, "X"); _row_norms(y, "Y")
+    out = xp.stack([xp.asarray(_cknna_pair(a, b, k)) for a, b in zip(x, y)]).reshape(lead)
+    return out[()] if not lead else out
+
+
+
+# %% ../nbs/02_metrics.ipynb #cab6b105
+def _rdm_vec(x, rdm):
+    "(M,) upper-triangle RDM of rows x (N, d): squared euclidean / d (rsatoolbox), 1 - pearson, or 1 - cosine."
+    xp = _ops(x)
+    if rdm == "correlation": x = x - x.mean(axis=-1, keepdims=True)
+    D = _pairwise(x, "euclidean" if rdm == "euclidean" else "cosine", squared=True)
+    if rdm == "euclidean": D = D / x.shape[-1]
+    iu, ju = xp.triu_indices(x.shape[-2])
+    return D[..., iu, ju]
+
+def _tau_a(a, b):
+    "Kendall's tau_a of two vectors (M,), in blocks of rows (memory block * M)."
+    xp, M = _ops(a), a.shape[-1]
+    step, s = max(1, _CHUNK // M), 0.0
+    for i in range(0, M, step):
+        s += float((xp.sign(a[i:i + step, None] - a[None, :]) * xp.sign(b[i:i + step, None] - b[None, :])).sum())
+    return s / (M * (M - 1))
+
+def _corr(a, b):
+    xp = _ops(a)
+    a, b = a - a.mean(), b - b.mean()
+    return (a * b).sum() / xp.sqrt((a * a).sum() * (b * b).sum())
+
+_CHUNK = 2 ** 22
+
+def _rsa_pair(x, y, rdm, compare):
+    a, b = _rdm_vec(x, rdm), _rdm_vec(y, rdm)
+    if compare == "kendall": return _tau_a(a, b)
+    if compare == "spearman": a, b = _tied_ranks(a), _tied_ranks(b)
+    return _corr(a, b)
+
+
+# %% ../nbs/02_metrics.ipynb #2f36ef57
+def _cka_streaming(x, y, debiased, block):
+    "(...) linear CKA from row blocks of x (..., N, dx), y (..., N, dy): two passes, memory O(d^2 + block * d)."
+    xp, N = _ops(x), x.shape[-2]
+    mx = sum(xp.f64(x[..., i:i + block, :]).sum(axis=-2) for i in range(0, N, block)) / N
+    my = sum(xp.f64(y[..., i:i + block, :]).sum(axis=-2) for i in range(0, N, block)) / N
+    sxy = sxx = syy = 0.0
+    r = dict(x=0.0, y=0.0, xy=0.0, xx=0.0, yy=0.0)
+    for i in range(0, N, block):
+        a = xp.f64(x[..., i:i + block, :]) - mx[..., None, :]
+        b = xp.f64(y[..., i:i + block, :]) - my[..., None, :]
+        sxy = sxy + a.swapaxes(-1, -2) @ b; sxx = sxx + a.swapaxes(-1, -2) @ a; syy = syy + b.swapaxes(-1, -2) @ b
+        if debiased:
+            ra, rb = (a * a).sum(axis=-1), (b * b).sum(axis=-1)
+            r["x"] = r["x"] + ra.sum(-1); r["y"] = r["y"] + rb.sum(-1); r["xy"] = r["xy"] + (ra * rb).sum(-1)
+            r["xx"] = r["xx"] + (ra * ra).sum(-1); r["yy"] = r["yy"] + (rb * rb).sum(-1)
+    f = lambda S: (S * S).sum(axis=(-2, -1))
+    vxy, vxx, vyy = f(sxy), f(sxx), f(syy)
+    if debiased:
+        d = lambda v, rr, p, q: v - N / (N - 2) * rr + p * q / ((N - 1) * (N - 2))
+        vxy, vxx, vyy = d(vxy, r["xy"], r["x"], r["y"]), d(vxx, r["xx"], r["x"], r["x"]), d(vyy, r["yy"], r["y"], r["y"])
+    return _cka_ratio(vxy, vxx, vyy)
+
+
+# %% ../nbs/02_metrics.ipynb #14f8f124
+from dataclasses import dataclass
+
+INVARIANCES = ("orthogonal", "isotropic_scale", "translation", "invertible_linear", "permutation")
+
+@dataclass(frozen=True)
+class Measure:
+    "One comparison measure m(X, Y) of two sets of the same probes, declared once."
+    name: str               # table name, e.g. "linear_cka"
+    fn: object              # callable(X (N, dx), Y (N, dy)) -> float
+    direction: str          # "similarity" (higher is closer) or "distance" (lower is closer)
+    range: tuple            # (low, high) of the values
+    identity: float         # m(X, X)
+    is_metric: bool         # obeys the triangle inequality (and symmetry)
+    invariances: frozenset  # transforms T with m(T1 X, T2 Y) == m(X, Y) for independent T1, T2 of that kind
+    needs_rows: int = 4     # smallest N
+
+def _m(name, fn, direction, rng, identity, metric, inv, needs=4):
+    return Measure(name, fn, direction, rng, identity, metric, frozenset(inv))
+
+_ALL = set(INVARIANCES)
+_ROT = {"orthogonal", "isotropic_scale", "translation", "permutation"}
+MEASURES = {m.name: m for m in [
+    _m("linear_cka", lambda x, y: linear_cka(x, y), "similarity", (0, 1), 1.0, False, _ROT),
+    _m("debiased_cka", lambda x, y: linear_cka(x, y, debiased=True), "similarity", (-1, 1), 1.0, False, _ROT),
+    _m("cca", cca, "similarity", (0, 1), 1.0, False, _ALL),
+    _m("svcca", svcca, "similarity", (0, 1), 1.0, False, _ROT),
+    _m("pwcca", pwcca, "similarity", (0, 1), 1.0, False, {"isotropic_scale", "translation", "permutation"}),
+    _m("procrustes_angular", procrustes_distance, "distance", (0, math.pi / 2), 0.0, True, _ROT),
+    _m("procrustes_euclidean", lambda x, y: procrustes_distance(x, y, kind="euclidean"), "distance", (0, math.inf), 0.0,
+       True, _ROT - {"isotropic_scale"}),
+    _m("shape_angular_alpha0", lambda x, y: procrustes_distance(x, y, alpha=0.0), "distance", (0, math.pi / 2), 0.0,
+       True, _ALL),
+    _m("mutual_knn", lambda x, y: mutual_knn(x, y, k=5), "similarity", (0, 1), 1.0, False,
+       {"orthogonal", "isotropic_scale", "permutation"}),
+    _m("jaccard_knn", lambda x, y: knn_overlap(x, y, k=5), "similarity", (0, 1), 1.0, False,
+       {"orthogonal", "isotropic_scale", "permutation"}),
+    _m("cknna", lambda x, y: cknna(x, y, k=5), "similarity", (-1, 1), 1.0, False,
+       {"orthogonal", "isotropic_scale", "permutation"}),
+    _m("rsa_cosine_spearman", lambda x, y: rsa(x, y), "similarity", (-1, 1), 1.0, False,
+       {"orthogonal", "isotropic_scale", "permutation"}),
+    _m("rsa_euclidean_spearman", lambda x, y: rsa(x, y, rdm="euclidean"), "similarity", (-1, 1), 1.0, False, _ROT),
+    _m("rsa_correlation_spearman", lambda x, y: rsa(x, y, rdm="correlation"), "similarity", (-1, 1), 1.0, False,
+       {"isotropic_scale", "permutation"}),
+    _m("rsa_correlation_kendall", lambda x, y: rsa(x, y, rdm="correlation", compare="kendall"), "similarity", (-1, 1),
+       1.0, False, {"isotropic_scale", "permutation"}),
+    _m("linreg_r2_xy", lambda x, y: linear_r2(x, y), "similarity", (0, 1), 1.0, False, _ROT),
+    _m("linreg_r2_yx", lambda x, y: linear_r2(y, x), "similarity", (0, 1), 1.0, False, _ROT),
+]}
+
+def _r2_pair(x, y):
+    cx, cy = x - x.mean(axis=0, keepdims=True), y - y.mean(axis=0, keepdims=True)
+    q, _ = _basis(cx)
+    p = q.swapaxes(-1, -2) @ cy
+    return (p * p).sum() / (cy * cy).sum()
+
+def linear_r2(X: ArrayLike,  # (..., N, dx) predictors
+              Y: ArrayLike,  # (..., N, dy) targets, the same probes; leading dims broadcast
+             ) -> Array:  # (...) share of Y's total variance explained, in [0, 1]
+    "R^2 of the least-squares linear regression (with intercept) of Y on X, pooled over Y's dimensions (ReSi)."
+    return _per_pair(_r2_pair, X, Y, 2, "linear_r2")
+
+
+# %% ../nbs/02_metrics.ipynb #1772b9e7
+def _pr_terms(x):
+    "The seven quartic sums of Chun et al. (2026) over all and over distinct column pairs, from x (..., P, Q)."
+    xp = _ops(x)
+    r = xp.einsum("...pq,...pq->...p", x, x); S = x.sum(axis=-2); C = x.swapaxes(-1, -2) @ x
+    sr, ss = r.sum(-1), (S * S).sum(-1)
+    xs = xp.einsum("...pq,...q->...p", x, S)
+    t = dict(t6=sr ** 2, t1=(C * C).sum((-2, -1)), t2=(r * r).sum(-1), t3=(r * xs).sum(-1), t5=(xs * xs).sum(-1),
+             t7=sr * ss, t9=ss ** 2)
+    q, c3, c4 = (x ** 2).sum(-2), (x ** 3).sum(-2), (x ** 4).sum(-2)
+    same = dict(t6=(q * q).sum(-1), t1=(q * q).sum(-1), t2=c4.sum(-1), t3=(S * c3).sum(-1), t5=(S * S * q).sum(-1),
+                t7=(q * S * S).sum(-1), t9=(S ** 4).sum(-1))
+    return t, {k: t[k] - same[k] for k in t}
+
+def participation_ratio_corrected(X: ArrayLike,  # (..., N, d) raw embeddings (not centred), N >= 4, d >= 2
+                                  *,
+                                  correct: str = "both",  # "both" (rows and columns), "rows", or "none" (plain PR)
+                                 ) -> Array:  # (...) bias-corrected participation ratio of the centred covariance
+    "Participation ratio corrected for finite probes (rows) and dimensions (columns), Chun et al., ICLR 2026."
+    if correct not in ("both", "rows", "none"): raise ValueError(f"correct: expected 'both', 'rows' or 'none', got {correct!r}")
+    xp = _backend([X], ["X"])
+    x = _rows(X, "X", xp, min_rows=4)
+    check_at_least(x.shape[-1], 2, "X", "dimensions (d)")
+    _check_not_constant(x, "X", "participation_ratio_corrected")
+    x, _ = _rescaled(xp.f64(x))
+    P, Q = x.shape[-2:]
+    t, td = _pr_terms(x)
+    if correct == "none": return (t["t6"] - 2 / P * t["t7"] + t["t9"] / P ** 2) / (t["t1"] - 2 / P * t["t5"] + t["t9"] / P ** 2)
+    u = td if correct == "both" else t
+    f1, f2, f3 = P / (P - 2), 2.0 / (P - 2), 1.0 / ((P - 1) * (P - 2))
+    A = u["t6"] - 2 / (P - 1) * u["t7"] + (4 * u["t3"] - P * u["t2"]) / (P - 2) + f3 * (u["t9"] - 4 * u["t5"] + 2 * u["t1"] - u["t6"])
+    B = u["t1"] - f1 * u["t2"] + f2 * (2 * u["t3"] - u["t5"]) + f3 * (u["t6"] - 2 * u["t7"] + u["t9"])
+    return A / B
+

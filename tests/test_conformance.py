@@ -1,0 +1,67 @@
+"Conformance of metrics' comparison measures with the field's own implementations (same random data)."
+import numpy as np
+import pytest
+import torch
+from scipy.linalg import orthogonal_procrustes
+from embvar_study import metrics as M
+
+rng = np.random.default_rng(0)
+X = rng.normal(size=(80, 6))
+Y = X @ rng.normal(size=(6, 4)) + rng.normal(size=(80, 4))
+TOL = 1e-6
+
+def test_cca_vs_repsim_yanai():
+    repsim = pytest.importorskip("repsim")
+    rho = M._canon(X, Y)                                   # repsim's Yanai summary is the mean squared correlation
+    assert abs(float((rho ** 2).mean()) - repsim.cca([X, Y])[0, 1]) < TOL
+    assert M.cca(X, Y) == pytest.approx(float(rho.mean()), abs=1e-12)
+
+def test_pwcca_vs_repsim_symmetrised():
+    repsim = pytest.importorskip("repsim")                 # repsim averages PWCCA(X, Y) and PWCCA(Y, X)
+    assert abs((M.pwcca(X, Y) + M.pwcca(Y, X)) / 2 - repsim.pwcca([X, Y])[0, 1]) < TOL
+
+def test_debiased_cka_vs_pytorch_cka():
+    cka = pytest.importorskip("cka")
+    ref = float(cka.cka_from_features(torch.tensor(X), torch.tensor(Y))[0, 0])
+    assert abs(M.linear_cka(X, Y, debiased=True) - ref) < TOL
+
+@pytest.mark.parametrize("rdm", ["euclidean", "correlation"])
+@pytest.mark.parametrize("compare,ref", [("spearman", "spearman"), ("kendall", "tau-a"), ("pearson", "corr")])
+def test_rsa_vs_rsatoolbox(rdm, compare, ref):
+    rsatoolbox = pytest.importorskip("rsatoolbox")
+    a, b = X[:30], Y[:30]
+    ra = rsatoolbox.rdm.calc_rdm(rsatoolbox.data.Dataset(a), method=rdm)
+    rb = rsatoolbox.rdm.calc_rdm(rsatoolbox.data.Dataset(b), method=rdm)
+    want = float(rsatoolbox.rdm.compare(ra, rb, method=ref)[0, 0])
+    assert abs(M.rsa(a, b, rdm=rdm, compare=compare) - want) < TOL
+
+def test_procrustes_angular_published_formula():
+    "netrep (not installable here): arccos(<X Q, Y> / (|X| |Y|)) with Q the orthogonal Procrustes rotation, centred sets."
+    a, b = X[:, :4] - X[:, :4].mean(0), Y - Y.mean(0)
+    Q, _ = orthogonal_procrustes(a, b)
+    want = np.arccos((a @ Q * b).sum() / (np.linalg.norm(a) * np.linalg.norm(b)))
+    assert abs(M.procrustes_distance(X[:, :4], Y) - want) < TOL
+    want_e = np.sqrt(((a @ Q - b) ** 2).sum() / len(a))
+    assert abs(M.procrustes_distance(X[:, :4], Y, kind="euclidean") - want_e) < TOL
+
+def test_mutual_knn_published_formula():
+    "Huh et al. 2024: normalised features, top-k of the inner products without self, mean |A & B| / k."
+    k = 5
+    def nn(F):
+        F = F / np.linalg.norm(F, axis=1, keepdims=True); S = F @ F.T; np.fill_diagonal(S, -1e8)
+        return np.argsort(-S, axis=1)[:, :k]
+    a, b = nn(X), nn(Y)
+    want = np.mean([len(set(a[i]) & set(b[i])) / k for i in range(len(X))])
+    assert abs(M.mutual_knn(X, Y, k=k) - want) < TOL
+
+def test_svcca_vs_repsim_yanai():
+    repsim = pytest.importorskip("repsim")                 # both keep 99% of each set's variance before CCA
+    assert abs(float((M._canon(X, Y, 0.99) ** 2).mean()) - repsim.svcca([X, Y])[0, 1]) < TOL
+    assert M.svcca(X, Y) == pytest.approx(float(M._canon(X, Y, 0.99).mean()), abs=1e-12)
+
+@pytest.mark.parametrize("correct,key", [("both", "both"), ("rows", "row"), ("none", "naive")])
+def test_corrected_participation_ratio_vs_dimensionality(correct, key):
+    dimensionality = pytest.importorskip("dimensionality")
+    Z = X @ rng.normal(size=(6, 6)) + 3
+    want = dimensionality.participation_ratio(Z, return_all=True)[key]
+    assert abs(M.participation_ratio_corrected(Z, correct=correct) - want) < TOL * max(1, abs(want))
