@@ -14,7 +14,7 @@ from .study import RunSet, NotComputed, config_value, format_lr
 from .metrics import (cosine_drift, drift_curve, step_drift, spectrum_summary, covariance_spectrum, class_variance,
                                   cross_run_dispersion)
 from .align import generalized_procrustes, pairwise_run_table
-from .stats import cluster_bootstrap_ci, effect_size_table, bootstrap_ci, mean_difference_ci
+from .stats import cluster_bootstrap_ci, effect_size_table, bootstrap_ci, mean_difference_ci, seed_interval
 
 # %% auto #0
 __all__ = ['REFERENCE', 'runs_table', 'probe_drift', 'drift_curves', 'drift_summary', 'setup_table', 'reference_table',
@@ -83,22 +83,24 @@ def _stack_drift(rs: RunSet, steps: np.ndarray, layer: int, pooling: str) -> np.
 
 def drift_summary(rs: RunSet, by: str | list = "lr", layer: int = -1, pooling: str = "mean", *,
                   n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0) -> pd.DataFrame:  # one row per group and step
-    "Per group and common tracked step: seeds, mean drift, spread over seeds, probe quantiles, cluster-bootstrap CI."
-    # the CI is [0, 0] at step 0, where drift is 0 by definition, and NaN for a group of one seed (no interval from one cluster)
+    "Per group and common tracked step: seeds, mean drift, spread over seeds, probe quantiles, t interval over seeds."
+    # the CI is [0, 0] at step 0 (drift is 0 by definition) and NaN for one seed; n_resamples/seed are kept for callers, unused
     out, cols = [], [by] if isinstance(by, str) else list(by)
     for g, grp in rs.groups(by).items():
         steps = grp.common_steps()
         pd_ = _stack_drift(grp, steps, layer, pooling)  # (S, T, N)
         seed_means, q = pd_.mean(-1), np.quantile(pd_, [0.1, 0.5, 0.9], axis=(0, 2))
+        ci = seed_interval(seed_means, confidence=confidence)   # (T,) t interval over the per-seed means, S-1 df
+        lo, hi = np.atleast_1d(ci["low"]), np.atleast_1d(ci["high"])
         for j, s in enumerate(steps):
-            ci = (cluster_bootstrap_ci(pd_[:, j], n_resamples=n_resamples, confidence=confidence, seed=seed)
-                  if len(grp) >= 2 and s > 0 else None)
             out.append({**dict(zip(cols, g if isinstance(g, tuple) else (g,))), "step": int(s), "n_seeds": len(grp),
                         "drift": pd_[:, j].mean(), "sd_seeds": seed_means[:, j].std(ddof=1) if len(grp) > 1 else np.nan,
                         "min_seed": seed_means[:, j].min(), "max_seed": seed_means[:, j].max(),
                         "probe_q10": q[0, j], "probe_median": q[1, j], "probe_q90": q[2, j],
-                        **({"ci_low": ci.low, "ci_high": ci.high} if ci else {"ci_low": 0.0 if s == 0 else np.nan, "ci_high": 0.0 if s == 0 else np.nan})})
-    return pd.DataFrame(out)
+                        "ci_low": 0.0 if s == 0 else lo[j], "ci_high": 0.0 if s == 0 else hi[j], "ci_method": ci["note"]})
+    t = pd.DataFrame(out)
+    t.attrs["ci_method"] = "; ".join(dict.fromkeys(t["ci_method"])) if len(t) else ""
+    return t
 
 # %% ../nbs/16_analysis.ipynb #5c07b2f2
 REFERENCE = {"model": "distilbert-base-uncased", "data": "IMDb (Hub)", "probes": "held-out reviews", "steps": "not stated",
@@ -313,10 +315,10 @@ def schedule_effects(rs: RunSet, layer: int = -1, pooling: str = "mean", *, n_re
     cur = drift_curves(rs, layer, pooling); out = []
     for (lr, sch), g in rs.groups(["lr", "schedule"]).items():
         pdr = _stack_drift(g, g.common_steps()[-1:], layer, pooling)[:, 0]   # (S, N)
-        ci = cluster_bootstrap_ci(pdr, n_resamples=n_resamples, seed=seed) if len(g) >= 2 else None
+        ci = seed_interval(pdr.mean(-1))                                      # t over the per-seed means
         last = cur[cur["run_id"].isin(g.table["run_id"])].groupby("run_id").tail(1)
         out.append({"lr": lr, "schedule": sch, "n_seeds": len(g), "final_step": int(last["step"].iloc[0]), "drift": pdr.mean(),
-                    "ci_low": ci.low if ci else np.nan, "ci_high": ci.high if ci else np.nan,
+                    "ci_low": ci["low"], "ci_high": ci["high"], "ci_method": ci["note"],
                     "cum_lr": last["cum_lr"].mean(), "loss_drop": last["loss_drop"].mean()})
     t = pd.DataFrame(out)
     lin = t[t["schedule"] == "linear"].set_index("lr")["drift"]

@@ -133,7 +133,7 @@ def report_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="embvar report", description="Run a study (or read run folders) and render one HTML report.")
     g = p.add_argument_group("study")
     g.add_argument("--profile", default=None, help="paper, quick, reviews or smoke (see README); default quick")
-    g.add_argument("--out", dest="study_dir", default=None, help="study folder (default reports/PROFILE, relative to this folder)")
+    g.add_argument("--out", dest="study_dir", default=None, help="study folder (default reports/PROFILE, relative to this folder); runs are stored inside it, so a new --out retrains runs that exist in another study folder")
     g.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a profile key (lrs, seeds, schedules, ...) or a run field (dataset, n_train, ...); repeatable; values are JSON")
     g.add_argument("--experiments", nargs="+", default=None, metavar="NAME", help="run only these experiments (default: the profile's)")

@@ -19,8 +19,9 @@ from ._batching import _rescaled
 SeedLike = Union[None, int, np.random.SeedSequence, np.random.Generator]   # anything np.random.default_rng accepts
 
 # %% auto #0
-__all__ = ['SeedLike', 'CI', 'bootstrap_ci', 'cluster_bootstrap_ci', 'JackknifeResult', 'jackknife', 'PermutationResult',
-           'permutation_test', 'cohens_d', 'hedges_g', 'mean_difference_ci', 'effect_size_table', 'quantile_summary']
+__all__ = ['SeedLike', 'INTERVAL_METHOD', 'CI', 'bootstrap_ci', 'cluster_bootstrap_ci', 'interval_method', 'seed_interval',
+           'JackknifeResult', 'jackknife', 'PermutationResult', 'permutation_test', 'cohens_d', 'hedges_g',
+           'mean_difference_ci', 'effect_size_table', 'quantile_summary']
 
 # %% ../nbs/04_stats.ipynb #af0e6ff8
 _CHUNK_ELEMENTS = 2**21
@@ -295,6 +296,33 @@ def cluster_bootstrap_ci(values: ArrayLike,            # (n_clusters, n_items), 
         loo = _apply_statistic(statistic, x[_leave_one_out_index(C)].reshape(1, C, (C - 1) * I), -1, (1, C))
     low, high, se = _intervals(boot[None], estimate, method, confidence, loo)
     return CI(float(estimate[0]), float(low[0]), float(high[0]), confidence, method, n_resamples, float(se[0]))
+
+# %% ../nbs/04_stats.ipynb #1a538c28
+def interval_method(n_seeds: int,              # seeds (clusters) behind the interval
+                    confidence: float = 0.95,  # nominal coverage
+                   ) -> str:                   # one line to print under a table
+    "How an interval over seeds was made, in words (or why there is none)."
+    if n_seeds < 2: return f"no interval: {n_seeds} seed (an interval over seeds needs at least 2)"
+    return f"{100 * _check_confidence(confidence):g}% t interval over {n_seeds} seeds ({n_seeds - 1} df)"
+
+INTERVAL_METHOD = "t interval over the per-seed means (seeds - 1 degrees of freedom); none with 1 seed"
+
+def seed_interval(values: ArrayLike,          # (S, ...) one value per seed (e.g. its mean over probes) along axis 0
+                  *,
+                  confidence: float = 0.95,   # nominal coverage, in (0, 1)
+                 ) -> dict:                   # estimate, low, high, se, df (arrays of the trailing shape), note (str)
+    "Student t interval of the mean over seeds, vectorized over trailing statistics; NaN bounds with 1 seed."
+    x = as_float_array(values, "values", min_ndim=1, dims="(S, ...) with the seeds along axis 0")
+    confidence, S = _check_confidence(confidence), x.shape[0]
+    est = x.mean(axis=0)
+    if S < 2:
+        nan = np.full(est.shape, np.nan)
+        return {"estimate": _scalar(est), "low": _scalar(nan), "high": _scalar(nan), "se": _scalar(nan), "df": 0,
+                "note": interval_method(S, confidence)}
+    se = x.std(axis=0, ddof=1) / math.sqrt(S)
+    h = _sps.t.ppf(0.5 + confidence / 2, S - 1) * se
+    return {"estimate": _scalar(est), "low": _scalar(est - h), "high": _scalar(est + h), "se": _scalar(se), "df": S - 1,
+            "note": interval_method(S, confidence)}
 
 # %% ../nbs/04_stats.ipynb #c7ebfebb
 @dataclass(frozen=True)

@@ -259,6 +259,8 @@ class RunSet:
         "A run set of loaded runs (design columns from their configs)."
         return cls(pd.DataFrame([_design_row(r, experiment, factor) for r in runs], columns=DESIGN_COLUMNS), {r.config_hash: r for r in runs})
 
+    @property
+    def design(self) -> pd.DataFrame: "The design table (alias of `.table`): one row per run."; return self.table
     def __len__(self) -> int: return len(self.table)
     def __iter__(self): return iter(self.runs)
     def __repr__(self) -> str: return f"RunSet({len(self)} runs: {', '.join(self.labels()[:4])}{' ...' if len(self) > 4 else ''})"
