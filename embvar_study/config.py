@@ -119,6 +119,7 @@ class TrainConfig:
     perturb_at: str = "first_last"  # checkpoints where perturbations are embedded: first_last or all
     device: str = "auto"  # auto (cuda if available), cpu, cuda, cuda:1 ...
     precision: str = "auto"  # auto (bf16 autocast on cuda, fp32 on cpu), fp32, bf16
+    alarm: float | dict | None = None  # an alarm rule `tracking.alarm_rule` reads (a drift threshold or a rule dict): the run stops when it fires; in the identity only when set
 
     def __post_init__(self):
         if isinstance(self.poolings, str): self.poolings = [self.poolings]
@@ -126,6 +127,11 @@ class TrainConfig:
         for name, (ok, what) in CONFIG_RULES.items():
             v = getattr(self, name)
             if not ok(v): raise ValueError(f"{name}: expected {what}, got {v!r}")
+        if self.alarm is not None:   # checked now (a bad rule fails before any work), kept as its canonical dict
+            from .tracking import alarm_rule
+            if not isinstance(self.alarm, (int, float, dict)) or isinstance(self.alarm, bool):
+                raise ValueError(f"alarm: expected None, a threshold or a rule dict, got {self.alarm!r}")
+            self.alarm = alarm_rule(self.alarm).to_dict()
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -156,7 +162,9 @@ class TrainConfig:
 
     def identity(self) -> dict:
         "What makes the run this run: every field but `device`, with data, model and probes by content (not path), and the tracker."
-        return {**self.to_dict(), **_without_paths(self.resolved()), "tracker": self.tracker()}
+        d = {**self.to_dict(), **_without_paths(self.resolved()), "tracker": self.tracker()}
+        if self.alarm is None: d.pop("alarm")   # runs without an alarm keep the ids they had before the field existed
+        return d
 
     def run_id(self) -> str:
         "The config hash: equal identities share a run folder."

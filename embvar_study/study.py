@@ -333,7 +333,7 @@ class Study:
         return f"Study({str(self.study_dir)!r}, profile={self.profile!r}, experiments={self.experiments}, runs={len(self._runs)})"
 
 # %% ../nbs/14_study.ipynb #d5eecb4d
-_DONE = ["completed", "diverged", "skipped"]   # manifest statuses whose run folder is complete
+_DONE = ["completed", "diverged", "skipped", "stopped_by_alarm"]   # manifest statuses whose run folder is complete
 
 def check_study(study_dir: str | Path) -> list[tuple[str, str]]:  # [(run path, one-line error)] of damaged runs
     "Every run named by a manifest that does not load and verify (nothing is loaded beyond the checks)."
