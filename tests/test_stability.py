@@ -45,3 +45,16 @@ def test_fit_apply_alarm_round_trip(tiny_config, tmp_path):
     assert stopped.steps[-1] == hit["step"] and stopped.marker["steps_done"] == hit["step"]
     with pytest.raises(ValueError, match="at:"): fit_alarm(rs, at=0, failed=[False, True])
     with pytest.raises(ValueError, match="no run failed"): fit_alarm(rs, at=4, failed=[False, False])
+
+
+def test_stability_profile(tmp_path):
+    from embvar_study.sweep import get_profile, experiment_grid, _spec, PROFILES, _CLASSIC
+    data = tmp_path / "r.csv"; data.write_text("text,label\ngood,1\nbad,0\n")
+    with pytest.raises(ValueError, match="^dataset: the stability profile needs"): get_profile("stability")
+    p = get_profile("stability", {"dataset": str(data), "lrs": [5e-5, 1e-3], "seeds": [0, 1]})
+    grid = experiment_grid(p, "stability")
+    assert sorted((g["lr"], g["seed"]) for g in grid) == [(5e-5, 0), (5e-5, 1), (1e-3, 0), (1e-3, 1)]
+    full = get_profile("stability", {"dataset": str(data)})
+    assert len(experiment_grid(full, "stability")) == 36 and full["base"]["track_every"] == 2
+    assert _spec(p, {}, ["stability"], None)["resolved"]["failure"]["delta"] == 0.05
+    assert all("stability" not in PROFILES[k]["experiments"] for k in ("paper", "quick", "smoke")) and "stability" not in _CLASSIC
