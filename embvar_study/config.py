@@ -131,6 +131,7 @@ class TrainConfig:
     lora_alpha: float | None = None  # LoRA scaling (the update is scaled by alpha / r); None: 2 x lora_r
     lora_dropout: float | None = None  # dropout on the LoRA input; None: 0
     lora_targets: list | None = None  # modules to adapt (e.g. query value); None: PEFT's default for the architecture
+    alarm: float | dict | None = None  # an alarm rule `tracking.alarm_rule` reads (a drift threshold or a rule dict): the run stops when it fires; in the identity only when set
 
     def __post_init__(self):
         if isinstance(self.poolings, str): self.poolings = [self.poolings]
@@ -144,6 +145,11 @@ class TrainConfig:
         for name, (needs, why) in CONFIG_REQUIRES.items():
             if getattr(self, name) is not None and getattr(self, needs) is None:
                 raise ValueError(f"{name}: {why}, got {getattr(self, name)!r}")
+        if self.alarm is not None:   # checked now (a bad rule fails before any work), kept as its canonical dict
+            from .tracking import alarm_rule
+            if not isinstance(self.alarm, (int, float, dict)) or isinstance(self.alarm, bool):
+                raise ValueError(f"alarm: expected None, a threshold or a rule dict, got {self.alarm!r}")
+            self.alarm = alarm_rule(self.alarm).to_dict()
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -184,7 +190,9 @@ class TrainConfig:
 
     def identity(self) -> dict:
         "What makes the run this run: every field but `device`, with data, model and probes by content (not path), and the tracker."
-        return {**self.to_dict(), **_without_paths(self.resolved()), "tracker": self.tracker()}
+        d = {**self.to_dict(), **_without_paths(self.resolved()), "tracker": self.tracker()}
+        if self.alarm is None: d.pop("alarm")   # runs without an alarm keep the ids they had before the field existed
+        return d
 
     def run_id(self) -> str:
         "The config hash: equal identities share a run folder."

@@ -21,7 +21,7 @@ from .study import RunSet, NotComputed
 # %% auto #0
 __all__ = ['replicate_distances', 'seed_distances', 'DriftThreshold', 'drift_threshold', 'first_crossing', 'failure_step',
            'final_outcome', 'OutcomeAUC', 'auc_ci', 'early_warning_table', 'drift_predicts_outcome',
-           'outcome_auc_table']
+           'outcome_auc_table', 'fit_alarm', 'apply_alarm']
 
 # %% ../nbs/18_early_warning.ipynb #0e4b9f4a
 _SAME_FOR_REPLICATES = ("lr", "schedule", "init_seed", "data_seed", "dropout_seed")
@@ -323,3 +323,65 @@ def outcome_auc_table(table: pd.DataFrame,        # early_warning_table(...)
     if not steps: raise NotComputed("the runs share no tracked step after the first")
     res = [drift_predicts_outcome(table, step=k, n_resamples=n_resamples, seed=seed, confidence=confidence) for k in steps]
     return pd.DataFrame([{"step": r.step, "auc": r.auc, "low": r.low, "high": r.high, "n_failed": r.n_failed, "n_ok": r.n_ok} for r in res])
+
+# %% ../nbs/18_early_warning.ipynb #2399c15f
+from typing import TYPE_CHECKING
+if TYPE_CHECKING: from .tracking import AlarmRule   # tracking loads transformers: imported when used
+
+def _signal_curve(run, signal: str, layer: int, pooling: str) -> tuple[np.ndarray, np.ndarray]:  # (T',) steps, (T',) values
+    "The live alarm signal of a finished run at its tracked steps (what `EmbeddingTracker` computes while it runs)."
+    from .tracking import ALARM_SIGNALS
+    if signal not in ALARM_SIGNALS: raise ValueError(f"signal: expected one of {ALARM_SIGNALS}, got {signal!r}")
+    steps, d = np.asarray(run.steps, np.int64), np.asarray(drift_curve(run.embeddings(layer, pooling)), np.float64)
+    if signal == "drift": return steps, d
+    return steps[1:], np.diff(d) / np.diff(steps)
+
+def _max_in(steps: np.ndarray, values: np.ndarray, start: int, end: int | None) -> float:  # max over start <= step <= end; -inf if none
+    keep = (steps >= start) & (steps <= (np.iinfo(np.int64).max if end is None else end))
+    return float(values[keep].max()) if keep.any() else -math.inf
+
+def fit_alarm(runs: RunSet,                  # finished runs with both outcomes, e.g. study.runs("stability")
+              *,
+              signal: str = "drift",         # "drift" or "drift_velocity" (tracking.ALARM_SIGNALS)
+              at: int,                       # last step the alarm is checked at (the rule's `end`)
+              recall: float = 0.9,           # share of the failed runs the alarm must stop by `at`
+              layer: int = -1, pooling: str = "mean",  # the watched layer and pooling
+              failed: ArrayLike | None = None,  # (n_runs,) bool outcome per run; None: `final_outcome(history, **rule_kw)`
+              **rule_kw: float,              # chance, delta, loss_delta, window, rule: the failure rule of `final_outcome`
+             ) -> "AlarmRule":
+    "A threshold rule on the live drift signal that stops `recall` of the failed runs by step `at`, calibrated on `runs`."
+    from .tracking import AlarmRule
+    if isinstance(at, bool) or not isinstance(at, (int, np.integer)) or at < 1: raise ValueError(f"at: expected an int >= 1, got {at!r}")
+    if isinstance(recall, bool) or not isinstance(recall, (int, float)) or not 0 < recall <= 1: raise ValueError(f"recall: expected a number in (0, 1], got {recall!r}")
+    rs = _check_runs(runs, 2, "fit_alarm")
+    y = np.array([final_outcome(r.history, **rule_kw) for r in rs.runs]) if failed is None else np.asarray(failed)
+    if y.shape != (len(rs),) or not np.isin(y, [0, 1, True, False]).all():
+        raise ValueError(f"failed: expected one 0/1 (or bool) outcome per run, shape ({len(rs)},), got {y!r:.80}")
+    y = y.astype(bool)
+    if not y.any(): raise ValueError("fit_alarm: no run failed, so there is nothing to calibrate a recall on")
+    score = np.array([_max_in(*_signal_curve(r, signal, layer, pooling), 1, int(at)) for r in rs.runs])
+    if not np.isfinite(score).all(): raise ValueError(f"at: no tracked step in [1, {at}] for some run (drift_velocity needs two tracked steps)")
+    f = np.sort(score[y])[::-1]; k = int(math.ceil(recall * len(f) - 1e-9))
+    below = score[score < f[k - 1]]
+    threshold = float((f[k - 1] + below.max()) / 2) if below.size else float(np.nextafter(f[k - 1], -np.inf))
+    fires = score > threshold
+    cal = {"method": "fit_alarm", "recall_target": float(recall), "recall": float(fires[y].mean()), "n_runs": int(len(y)),
+           "n_failed": int(y.sum()), "successful_stopped": int((fires & ~y).sum()),
+           "false_alarm_rate": float(fires[~y].mean()) if (~y).any() else None, "at": int(at),
+           "failure_rule": {k: v for k, v in rule_kw.items()} if failed is None else "given", "run_ids": list(map(str, rs.table["run_id"])),
+           "note": f"stops {int(fires[y].sum())}/{int(y.sum())} failed runs by step {int(at)} on {len(y)} calibration runs"}
+    return AlarmRule(threshold=threshold, signal=signal, layer=int(layer), pooling=pooling, start=1, end=int(at), calibration=cal)
+
+def apply_alarm(rule: AlarmRule | dict | float | str,  # anything `tracking.alarm_rule` reads (an AlarmRule, a dict, a JSON file)
+                run: object,                 # a finished run: a `Run` or a run folder path
+               ) -> dict:                    # {"fired": bool, "step": int | None, "value": float | None}
+    "Whether and at which tracked step `rule` fires on a finished run (the first active step whose signal is above the threshold)."
+    from .tracking import alarm_rule
+    from .runs import load_run
+    rule = alarm_rule(rule)
+    if not hasattr(run, "embeddings"): run = load_run(run)
+    steps, v = _signal_curve(run, rule.signal, rule.layer, rule.pooling)
+    hit = np.flatnonzero([rule.fires(x, s) for s, x in zip(steps.tolist(), v.tolist())])
+    if not hit.size: return {"fired": False, "step": None, "value": None}
+    return {"fired": True, "step": int(steps[hit[0]]), "value": float(v[hit[0]])}
+

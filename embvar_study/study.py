@@ -380,7 +380,7 @@ class Study:
         return f"Study({str(self.study_dir)!r}, profile={self.profile!r}, experiments={self.experiments}, runs={len(self._runs)})"
 
 # %% ../nbs/14_study.ipynb #d5eecb4d
-_DONE = ["completed", "diverged", "skipped"]   # manifest statuses whose run folder is complete
+_DONE = ["completed", "diverged", "skipped", "stopped_by_alarm"]   # manifest statuses whose run folder is complete
 
 def check_study(study_dir: str | Path,  # the study folder
                 full: bool = False,      # re-hash every file (`embvar report --only-report --verify`), not the cache

@@ -15,12 +15,17 @@ from .runs import verify_run, atomic_write_text, CorruptRunError, IncompleteRunE
 from .study import study_lock, write_study_spec, read_study_spec, write_manifest, format_lr, STUDY_FILE
 
 # %% auto #0
-__all__ = ['EXPERIMENT_NAMES', 'PROFILES', 'PROFILE_KEYS', 'EXECUTORS', 'suggest', 'check_profile_name', 'get_profile',
-           'expand_grid', 'experiment_grid', 'plan_study', 'check_plan_data', 'execute_plan', 'check_experiments',
-           'ray_options', 'run_study', 'run_experiment', 'run_sweep']
+__all__ = ['EXPERIMENT_NAMES', 'STABILITY_FAILURE', 'PROFILES', 'PROFILE_KEYS', 'EXECUTORS', 'suggest', 'check_profile_name',
+           'get_profile', 'expand_grid', 'experiment_grid', 'plan_study', 'check_plan_data', 'execute_plan',
+           'check_experiments', 'ray_options', 'run_study', 'run_experiment', 'run_sweep']
 
 # %% ../nbs/15_sweep.ipynb #f10dbc4a
-EXPERIMENT_NAMES = ("lr_sweep", "seed_sweep", "perturbation", "crossed", "lr_extended", "schedule", "lora")
+_CLASSIC = ("lr_sweep", "seed_sweep", "perturbation", "crossed", "lr_extended", "schedule", "lora")
+EXPERIMENT_NAMES = _CLASSIC + ("stability",)
+# stability: when a run counts as failed, fixed BEFORE the runs and recorded in study.json (resolved.failure)
+STABILITY_FAILURE = {"rule": "accuracy", "chance": "majority-class share of the held-out rows", "delta": 0.05,
+                     "text": "a run fails if it diverged (training loss non-finite or above 10 x the first step's) or its final "
+                             "held-out accuracy is not above the majority-class share + 0.05"}
 _LORA = {"lora_ranks": [8, 64], "lora_lr": 5e-4}   # LoRA at the rate it is used at (see the lora experiment)
 _PERTURB = dict(perturb_kinds=["token_dropout", "typo", "mc_dropout"])
 
@@ -32,7 +37,7 @@ PROFILES: dict[str, dict] = {
         "perturb": dict(_PERTURB, perturb_k=16), "crossed_seeds": [0, 1, 2],
         "extended_lrs": [1e-5, 3e-5, 5e-5, 1e-4, 2e-4, 5e-4], "extended_seeds": [0, 1, 2],
         "schedules": ["linear", "constant", "cosine"], "schedule_seeds": [0, 1, 2], **_LORA,
-        "experiments": list(EXPERIMENT_NAMES)},
+        "experiments": list(_CLASSIC)},
     "quick": {
         "base": dict(model="minilm-offline", dataset="bundled", n_train=192, n_eval=64, epochs=2, batch_size=16,
                      max_length=64, probe_max_length=64, track_every=3, eval_every=6, warmup_ratio=0.06),
@@ -40,7 +45,7 @@ PROFILES: dict[str, dict] = {
         "perturb": dict(_PERTURB, perturb_k=6), "crossed_seeds": [0, 1, 2],
         "extended_lrs": [1e-5, 3e-5, 5e-5, 1e-4, 2e-4, 5e-4], "extended_seeds": [0, 1],
         "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], **_LORA,
-        "experiments": list(EXPERIMENT_NAMES)},
+        "experiments": list(_CLASSIC)},
     "reviews": {
         "base": dict(model="minilm-offline", dataset=None, probes="heldout", n_probes=48, n_train=160, n_eval=48, epochs=2,
                      batch_size=16, max_length=256, probe_max_length=256, track_every=4, eval_every=10, warmup_ratio=0.06),
@@ -56,7 +61,16 @@ PROFILES: dict[str, dict] = {
         "perturb": dict(_PERTURB, perturb_k=4), "crossed_seeds": [0, 1],
         "extended_lrs": [5e-5, 5e-4, 5e-3], "extended_seeds": [0, 1],
         "schedules": ["linear", "constant"], "schedule_seeds": [0, 1], **_LORA,
-        "experiments": list(EXPERIMENT_NAMES)},
+        "experiments": list(_CLASSIC)},
+    # stability: 6 lrs x 6 seeds = 36 runs of 48 optimizer steps (n_train=192, batch 16, 4 epochs, max_length 64) = 1728
+    # steps; at ~1 s per step of 16 short examples at one thread (quick profile), 2 workers on 2 cores: ~864 s of training
+    # + probe embedding every 2 steps (48 probes, 25 checkpoints per run) and eval every 8: estimated 15-25 minutes (not measured)
+    "stability": {
+        "base": dict(model="minilm-offline", dataset=None, probes="heldout", n_probes=48, n_train=192, n_eval=64, epochs=4,
+                     batch_size=16, max_length=64, probe_max_length=64, track_every=2, eval_every=8, warmup_ratio=0.06),
+        "lrs": [5e-5, 1e-4, 2e-4, 3e-4, 5e-4, 1e-3], "seeds": [0, 1, 2, 3, 4, 5], "ref_lr": 5e-5, "head_seeds": [0], "data_seeds": [0],
+        "perturb": dict(_PERTURB, perturb_k=4), "crossed_seeds": [0], "extended_lrs": [5e-5], "extended_seeds": [0],
+        "schedules": ["linear"], "schedule_seeds": [0], **_LORA, "experiments": ["stability"], "failure": STABILITY_FAILURE},
 }
 PROFILE_KEYS = ("lrs", "seeds", "ref_lr", "head_seeds", "data_seeds", "perturb", "crossed_seeds", "extended_lrs",
                 "extended_seeds", "schedules", "schedule_seeds", "lora_ranks", "lora_lr", "experiments")
@@ -140,6 +154,7 @@ def experiment_grid(profile: dict,  # from get_profile
         "lr_extended": lambda: [{"factor": "lr", **g} for g in expand_grid(p["base"], {"lr": p["extended_lrs"], "seed": p["extended_seeds"]})],
         "schedule": lambda: [{"factor": "schedule", **g} for g in
                              expand_grid(p["base"], {"lr": p["lrs"], "schedule": p["schedules"], "seed": p["schedule_seeds"]})],
+        "stability": lambda: [{"factor": "lr", **g} for g in expand_grid(p["base"], {"lr": p["lrs"], "seed": p["seeds"]})],
         "lora": lambda: ([{"factor": "full", **g} for g in expand_grid(p["base"], {"lr": [p["ref_lr"]], "seed": p["seeds"]})]
                          + [{"factor": f"lora_r{r}", **g} for r in p["lora_ranks"]
                             for g in expand_grid(p["base"], {"lr": [p["lora_lr"]], "lora_r": [r], "seed": p["seeds"]})]),
@@ -266,7 +281,7 @@ def _spec(prof: dict, overrides: dict, experiments: list, old: dict | None) -> d
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     done = list(dict.fromkeys([*(old or {}).get("experiments", []), *experiments]))
     return {"profile": prof["name"], "overrides": overrides, "experiments": [e for e in EXPERIMENT_NAMES if e in done],
-            "resolved": {k: prof[k] for k in ("base", *PROFILE_KEYS)}, "embvar_study": package_version("embvar_study"),
+            "resolved": {k: prof[k] for k in ("base", *PROFILE_KEYS, "failure") if k in prof}, "embvar_study": package_version("embvar_study"),
             **git_info(), "created": (old or {}).get("created", now), "updated": now}
 
 def check_experiments(names: list[str]) -> list[str]:

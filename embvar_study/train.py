@@ -229,7 +229,7 @@ def train_run(config: TrainConfig | dict,  # the run's parameters
                    "device_used": str(device), "torch_threads": torch.get_num_threads()}
         tracker = EmbeddingTracker(model, tok, probes, run_dir, every=cfg.track_every, poolings=cfg.poolings,
                                    config={**cfg.to_dict(), "resolved": cfg.resolved()}, identity=cfg.identity(), max_length=cfg.probe_max_length, batch_size=cfg.embed_batch_size,
-                                   dtype=cfg.embed_dtype, autocast=_use_bf16(device, cfg.precision), lock=lock)
+                                   dtype=cfg.embed_dtype, autocast=_use_bf16(device, cfg.precision), lock=lock, alarm=cfg.alarm)
         with warnings.catch_warnings():   # truncated probes were reported once, above: not at every checkpoint
             warnings.filterwarnings("ignore", message=".*truncated to max_length")
             try: _train_loop(cfg, model, tok, train_df, eval_df, tracker, device, progress, derived)
@@ -313,6 +313,7 @@ def _train_loop(cfg, model, tok, train_df, eval_df, tracker, device, progress, d
                 try: row.update(check(step, last))
                 except _Diverged as e: status, reason, row["status"] = "diverged", str(e), "diverged"
             tracker.log(step, flush=due, **row)
+            if status == "completed" and tracker.alarm_fired: status = "stopped_by_alarm"   # the rule and why: COMPLETE's alarm
             if bar is not None: bar.update(1); bar.set_postfix(loss=f"{row['train_loss']:.3f}")
             t0 = time.perf_counter()
             if last or status != "completed": break
