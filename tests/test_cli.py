@@ -233,5 +233,12 @@ def test_argparse_errors_and_a_missing_command_are_one_line(tmp_path):
     line = one_line_error(embvar("train", "--dataset", "bundled"))
     assert "the following arguments are required: --out" in line
     r = embvar()
-    assert r.returncode == 2 and r.stderr.strip() == "embvar: error: expected a command: train, report or verify (see embvar --help)"
+    assert r.returncode == 2 and r.stderr.strip() == "embvar: error: expected a command: train, report, verify or compare (see embvar --help)"
     assert "(default: None)" not in embvar("report", "--help").stdout
+
+
+def test_help_describes_every_command():
+    out = embvar("--help").stdout
+    for cmd in ("train", "report", "verify", "compare"):
+        line = next((l for l in out.splitlines() if l.strip().startswith(cmd + " ")), "")
+        assert len(line.split()) > 4, (cmd, out)          # the command and what it does, not a bare name
