@@ -22,7 +22,7 @@ __all__ = ['COLUMN_NAMES', 'COLLAPSE_GAP', 'format_value', 'format_sci', 'format
            'section_reference', 'section_schedule', 'collapse_verdict', 'collapse_answer', 'section_effects',
            'section_layers', 'section_seed_variance', 'section_pairs', 'section_noise_floor', 'section_geometry',
            'section_perturbation', 'reference_lr', 'section_mitigation', 'section_components', 'collapse_identical',
-           'section_early_warning', 'section_agreement', 'section_pooling', 'section_provenance',
+           'section_early_warning', 'section_agreement', 'section_pooling', 'section_provenance', 'alarm_note',
            'section_runs_overview', 'section_runs_seeds', 'section_runs_noise_floor', 'compare_intervals',
            'key_findings', 'findings', 'limitations', 'section_experiment', 'lora_answer', 'section_lora', 'json_list',
            'project_root', 'resolve_study_dir', 'template_dir', 'check_templates', 'NotebookFailed',
@@ -637,6 +637,19 @@ def _decoded(v: object) -> object:
         except ValueError: return v
     return v
 
+# %% ../nbs/21_report.ipynb #793fee81
+def alarm_note(study: Study) -> str | None:  # Markdown, or None when no run was stopped by its alarm
+    "Which runs a drift alarm stopped, with the step and the reason from each run's COMPLETE (shown first in Findings and the runs overview)."
+    try: rs = study.all_runs()
+    except NotComputed: return None
+    hit = [(label, r) for r, label in zip(rs.runs, rs.labels()) if r.status == "stopped_by_alarm"]
+    if not hit: return None
+    def one(label, r):
+        a = r.alarm or {}
+        return f"{label} at step {a.get('step', '?')}" + (f" ({a['reason']})" if a.get("reason") else "")
+    return (f"**{len(hit)} run{'s' if len(hit) != 1 else ''} stopped by a drift alarm** (their curves end at the stop): "
+            + "; ".join(one(label, r) for label, r in hit) + ".")
+
 # %% ../nbs/21_report.ipynb #3cae7faa
 def section_runs_overview(study: Study, **o) -> list:
     "What the report from run folders covers: groups, runs per group, and the sections left out (with the reason)."
@@ -647,7 +660,7 @@ def section_runs_overview(study: Study, **o) -> list:
                 "variance components (a fully crossed head-seed x data-seed design), drift as an early warning (an extended "
                 "learning-rate sweep with failing runs), the mitigation and perturbation sections (seed-only groups; runs "
                 "that saved perturbed embeddings), and the metric-agreement section (a seed sweep).")
-    return [f"**{len(rs)} runs** from {len(study.spec.get('sources', []))} folder(s), grouped by `{by}`: "
+    return [*filter(None, [alarm_note(study)]), f"**{len(rs)} runs** from {len(study.spec.get('sources', []))} folder(s), grouped by `{by}`: "
             + ", ".join(f"{k} ({v} run{'s' if v != 1 else ''})" for k, v in sizes.items()) + ".", left_out]
 
 def section_runs_seeds(study: Study, **o) -> list:
@@ -766,12 +779,13 @@ def findings(study: Study, **o) -> str:  # Markdown
     top = [f for f in picked if not f["key"].startswith("drift_lr")][:4] or picked[:4]
     drift = [f for f in picked if f["key"].startswith("drift_lr")]
     if drift and len(top) < 5: top.append({"text": " ".join(f["text"] for f in drift)})
+    if (stopped := alarm_note(study)): top.insert(0, {"text": stopped})
     dv = study.diverged()
     if len(dv):   # said first: these runs are left out of everything that follows
         top.insert(0, {"text": f"**{len(dv)} run{'s' if len(dv) != 1 else ''} diverged** and {'are' if len(dv) != 1 else 'is'} left out of every table "
                        "and figure but the early-warning analysis (which needs its failing runs): " + "; ".join(
                            f"{r.run} of {r.experiment} at step {r.step}" + (f" ({r.because})" if r.because else "") for r in dv.itertuples()) + "."})
-    return "\n".join(f"- {f['text']}" for f in top[:6 if len(dv) else 5])
+    return "\n".join(f"- {f['text']}" for f in top[:5 + bool(len(dv)) + bool(stopped)])
 
 # %% ../nbs/21_report.ipynb #a1f7f138
 def _range_words(values: list, unit: str = "") -> str:

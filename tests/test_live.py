@@ -187,6 +187,12 @@ def test_the_alarm_stops_a_diverging_run_and_not_a_stable_one(tmp_path):
     assert stable.status == "completed" and stable.alarm == {"fired": False, "rule": alarm_rule(rule).to_dict()}
     assert t.state.global_step == 12 and stable.steps.tolist() == [0, 2, 4, 6, 8, 10, 12]
     assert drift_curve(stable.embeddings(-1, "mean")).max() < 0.05
+    # a report of the two folders says which run its alarm stopped, at which step and why
+    from embvar_study.study import study_from_runs
+    from embvar_study.report import alarm_note, section_runs_overview
+    note = alarm_note(study_from_runs([tmp_path / "diverging", tmp_path / "stable"], group_by="trainer.learning_rate"))
+    assert note.startswith("**1 run stopped by a drift alarm**") and "at step 2" in note and "5 x noise floor 0.01" in note
+    assert section_runs_overview(study_from_runs([tmp_path / "diverging", tmp_path / "stable"], group_by="trainer.learning_rate"))[0] == note
 
 
 def test_an_alarm_without_stop_only_warns(tmp_path):
