@@ -242,3 +242,16 @@ def test_help_describes_every_command():
     for cmd in ("train", "report", "verify", "compare"):
         line = next((l for l in out.splitlines() if l.strip().startswith(cmd + " ")), "")
         assert len(line.split()) > 4, (cmd, out)          # the command and what it does, not a bare name
+
+
+def test_train_alarm_stops_a_diverging_run(tmp_path):
+    "`embvar train --alarm 0.05` at a diverging rate ends the run at the tracked step where drift passes 0.05."
+    from embvar_study.runs import load_run
+    r = embvar("train", "--model", "tiny-distilbert", "--dataset", "bundled", "--n-train", "32", "--n-eval", "16", "--max-length", "32",
+               "--probe-max-length", "32", "--n-probes", "16", "--track-every", "1", "--lr", "3", "--alarm", "0.05",
+               "--out", str(tmp_path / "run"), "--no-progress")
+    assert r.returncode == 0 and "stopped_by_alarm" in r.stdout, r.stderr[-500:]
+    run = load_run(tmp_path / "run")
+    assert run.alarm["fired"] and run.alarm["value"] > 0.05 and run.steps[-1] == run.alarm["step"]
+    bad = one_line_error(embvar("train", "--dataset", "bundled", "--alarm", '{"signal": "x"}', "--out", str(tmp_path / "b")), "train")
+    assert "alarm" in bad
