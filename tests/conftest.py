@@ -69,3 +69,9 @@ def kill_when_ready(proc, ready, what: str, timeout: float = 180, poll: float = 
         if proc.poll() is None: proc.kill(); proc.wait()
         proc.stderr.close()
     assert proc.returncode == -signal.SIGKILL
+
+# a tiny labelled corpus and probe set for Trainer and tracker tests (tests/test_tracking.py, tests/test_live.py)
+TEXTS = ["a good film", "a bad film", "great acting", "dull plot", "loved it", "hated it", "fine work", "poor script"] * 2
+LABELS = [1, 0, 1, 0, 1, 0, 1, 0] * 2
+PROBES = ["the movie was wonderful", "the movie was terrible", "an average evening", "the plot made no sense",
+          "the cast did well", "i would not watch it again"]

@@ -16,13 +16,11 @@ from embvar_study.models import load_model_and_tokenizer
 from embvar_study.runs import load_run
 from embvar_study.tracking import EmbeddingTracker, EmbvarCallback, alarm_rule
 
+from conftest import TEXTS, LABELS, PROBES   # a tiny labelled corpus and probe set for Trainer runs
+
 transformers = pytest.importorskip("transformers")
 datasets = pytest.importorskip("datasets")
 
-TEXTS = ["a good film", "a bad film", "great acting", "dull plot", "loved it", "hated it", "fine work", "poor script"] * 2
-LABELS = [1, 0, 1, 0, 1, 0, 1, 0] * 2
-PROBES = ["the movie was wonderful", "the movie was terrible", "an average evening", "the plot made no sense",
-          "the cast did well", "i would not watch it again"]
 ROOT = Path(__file__).resolve().parents[1]
 
 
