@@ -108,7 +108,7 @@ def test_the_trainer_state_and_the_run_history_agree(trained):
 
 TRACKIO_SCRIPT = r"""
 import json, sys
-sys.path.insert(0, sys.argv[2])
+sys.path[:0] = [sys.argv[2], sys.argv[2] + "/tests"]   # the checkout and tests/ (test_live imports conftest)
 from tests.test_live import make_trainer, PROBES
 from embvar_study.tracking import EmbvarCallback
 from pathlib import Path
