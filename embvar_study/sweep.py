@@ -36,23 +36,26 @@ PROFILES: dict[str, dict] = {
         "lrs": [5e-5, 5e-4], "seeds": [0, 1, 2, 3, 4], "ref_lr": 5e-5, "head_seeds": [0, 1, 2, 3, 4], "data_seeds": [0, 1, 2, 3, 4],
         "perturb": dict(_PERTURB, perturb_k=16), "crossed_seeds": [0, 1, 2],
         "extended_lrs": [1e-5, 3e-5, 5e-5, 1e-4, 2e-4, 5e-4], "extended_seeds": [0, 1, 2],
-        "schedules": ["linear", "constant", "cosine"], "schedule_seeds": [0, 1, 2], **_LORA,
+        "schedules": ["linear", "constant", "cosine"], "schedule_seeds": [0, 1, 2], **_LORA, "lora_seeds": [0, 1, 2],
         "experiments": list(_CLASSIC)},
+    # quick: sized to run in <= 6 minutes on a 2-core CPU (2 workers, one thread each): 24 optimizer steps of 8 short
+    # examples, 64 probes tracked every 4 steps, held-out accuracy every 12; 5 seeds where the headline lives (lr_sweep),
+    # 3 for the other arms, 2 for the dose-response points that are not the headline's
     "quick": {
-        "base": dict(model="minilm-offline", dataset="bundled", n_train=192, n_eval=64, epochs=2, batch_size=16,
-                     max_length=64, probe_max_length=64, track_every=3, eval_every=6, warmup_ratio=0.06),
-        "lrs": [5e-5, 5e-4], "seeds": [0, 1, 2], "ref_lr": 5e-5, "head_seeds": [0, 1, 2], "data_seeds": [0, 1, 2],
+        "base": dict(model="minilm-offline", dataset="bundled", n_train=96, n_eval=64, epochs=2, batch_size=8,
+                     max_length=64, probe_max_length=64, n_probes=64, track_every=4, eval_every=12, warmup_ratio=0.06),
+        "lrs": [5e-5, 5e-4], "seeds": [0, 1, 2, 3, 4], "ref_lr": 5e-5, "head_seeds": [0, 1, 2], "data_seeds": [0, 1, 2],
         "perturb": dict(_PERTURB, perturb_k=6), "crossed_seeds": [0, 1, 2],
-        "extended_lrs": [1e-5, 3e-5, 5e-5, 1e-4, 2e-4, 5e-4], "extended_seeds": [0, 1],
-        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], **_LORA,
+        "extended_lrs": [1e-5, 5e-5, 2e-4, 5e-4], "extended_seeds": [0, 1],
+        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], **_LORA, "lora_seeds": [0, 1, 2],
         "experiments": list(_CLASSIC)},
     "reviews": {
         "base": dict(model="minilm-offline", dataset=None, probes="heldout", n_probes=48, n_train=160, n_eval=48, epochs=2,
                      batch_size=16, max_length=256, probe_max_length=256, track_every=4, eval_every=10, warmup_ratio=0.06),
-        "lrs": [5e-5, 5e-4], "seeds": [0, 1, 2], "ref_lr": 5e-5, "head_seeds": [0, 1, 2], "data_seeds": [0, 1, 2],
+        "lrs": [5e-5, 5e-4], "seeds": [0, 1, 2, 3, 4], "ref_lr": 5e-5, "head_seeds": [0, 1, 2], "data_seeds": [0, 1, 2],
         "perturb": dict(_PERTURB, perturb_k=4), "crossed_seeds": [0, 1],
         "extended_lrs": [1e-5, 5e-5, 2e-4, 5e-4], "extended_seeds": [0, 1],
-        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], **_LORA,
+        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], **_LORA, "lora_seeds": [0, 1, 2],
         "experiments": ["lr_sweep", "schedule"]},
     "smoke": {
         "base": dict(model="tiny-distilbert", dataset="bundled", n_train=64, n_eval=32, epochs=1, batch_size=16,
@@ -60,7 +63,7 @@ PROFILES: dict[str, dict] = {
         "lrs": [5e-5, 5e-4], "seeds": [0, 1], "ref_lr": 5e-5, "head_seeds": [0, 1], "data_seeds": [0, 1],
         "perturb": dict(_PERTURB, perturb_k=4), "crossed_seeds": [0, 1],
         "extended_lrs": [5e-5, 5e-4, 5e-3], "extended_seeds": [0, 1],
-        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1], **_LORA,
+        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1], **_LORA, "lora_seeds": [0, 1],
         "experiments": list(_CLASSIC)},
     # stability: 6 lrs x 6 seeds = 36 runs of 48 optimizer steps (n_train=192, batch 16, 4 epochs, max_length 64) = 1728
     # steps; at ~1 s per step of 16 short examples at one thread (quick profile), 2 workers on 2 cores: ~864 s of training
@@ -70,10 +73,10 @@ PROFILES: dict[str, dict] = {
                      batch_size=16, max_length=64, probe_max_length=64, track_every=2, eval_every=8, warmup_ratio=0.06),
         "lrs": [5e-5, 1e-4, 2e-4, 3e-4, 5e-4, 1e-3], "seeds": [0, 1, 2, 3, 4, 5], "ref_lr": 5e-5, "head_seeds": [0], "data_seeds": [0],
         "perturb": dict(_PERTURB, perturb_k=4), "crossed_seeds": [0], "extended_lrs": [5e-5], "extended_seeds": [0],
-        "schedules": ["linear"], "schedule_seeds": [0], **_LORA, "experiments": ["stability"], "failure": STABILITY_FAILURE},
+        "schedules": ["linear"], "schedule_seeds": [0], **_LORA, "lora_seeds": [0], "experiments": ["stability"], "failure": STABILITY_FAILURE},
 }
 PROFILE_KEYS = ("lrs", "seeds", "ref_lr", "head_seeds", "data_seeds", "perturb", "crossed_seeds", "extended_lrs",
-                "extended_seeds", "schedules", "schedule_seeds", "lora_ranks", "lora_lr", "experiments")
+                "extended_seeds", "schedules", "schedule_seeds", "lora_ranks", "lora_lr", "lora_seeds", "experiments")
 
 # %% ../nbs/15_sweep.ipynb #7bbbbe03
 def suggest(name: str, valid: "Iterable[str]") -> str:
@@ -93,7 +96,7 @@ def _check_grid_keys(prof: dict):
     lr_ok = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
     seed_ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0
     kinds = ((("lrs", "extended_lrs"), lr_ok, "positive learning rates"),
-             (("seeds", "head_seeds", "data_seeds", "crossed_seeds", "extended_seeds", "schedule_seeds"), seed_ok, "seeds (integers >= 0)"),
+             (("seeds", "head_seeds", "data_seeds", "crossed_seeds", "extended_seeds", "schedule_seeds", "lora_seeds"), seed_ok, "seeds (integers >= 0)"),
              (("lora_ranks",), lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "LoRA ranks (integers >= 1)"),
              (("schedules",), lambda v: v in ("linear", "constant", "cosine"), "schedules (linear, constant, cosine)"),
              (("experiments",), lambda v: v in EXPERIMENT_NAMES, f"experiment names {list(EXPERIMENT_NAMES)}"))
@@ -155,9 +158,9 @@ def experiment_grid(profile: dict,  # from get_profile
         "schedule": lambda: [{"factor": "schedule", **g} for g in
                              expand_grid(p["base"], {"lr": p["lrs"], "schedule": p["schedules"], "seed": p["schedule_seeds"]})],
         "stability": lambda: [{"factor": "lr", **g} for g in expand_grid(p["base"], {"lr": p["lrs"], "seed": p["seeds"]})],
-        "lora": lambda: ([{"factor": "full", **g} for g in expand_grid(p["base"], {"lr": [p["ref_lr"]], "seed": p["seeds"]})]
+        "lora": lambda: ([{"factor": "full", **g} for g in expand_grid(p["base"], {"lr": [p["ref_lr"]], "seed": p["lora_seeds"]})]
                          + [{"factor": f"lora_r{r}", **g} for r in p["lora_ranks"]
-                            for g in expand_grid(p["base"], {"lr": [p["lora_lr"]], "lora_r": [r], "seed": p["seeds"]})]),
+                            for g in expand_grid(p["base"], {"lr": [p["lora_lr"]], "lora_r": [r], "seed": p["lora_seeds"]})]),
     }
     if experiment not in grids:
         raise ValueError(f"experiment: expected one of {list(EXPERIMENT_NAMES)}, got {experiment!r}{suggest(experiment, grids)}")
