@@ -4,13 +4,13 @@
 
 # %% ../nbs/23_compare.ipynb #853004ab
 from __future__ import annotations
+import re
+from pathlib import Path
 from typing import Sequence
 import numpy as np
 import pandas as pd
 from .metrics import MEASURES
 from .checks import as_float_array
-
-
 
 # %% auto #0
 __all__ = ['DEFAULT_MEASURES', 'CompareResult', 'compare', 'write_compare_html']
@@ -19,8 +19,14 @@ __all__ = ['DEFAULT_MEASURES', 'CompareResult', 'compare', 'write_compare_html']
 DEFAULT_MEASURES = ("linear_cka", "debiased_cka", "cca", "svcca", "pwcca", "procrustes_angular", "mutual_knn",
                     "cknna", "rsa_correlation_spearman", "linreg_r2_xy")
 
+_AT_STEP = re.compile(r"^(?P<path>.+)@step=(?P<step>[0-9]+)$")
+
 def _probe_texts(probes):
-    "(ids, texts) of a probe list: plain strings (their own ids) or dicts/tuples with an id and a text."
+    "(ids, texts) of probes: plain strings (their own ids), {'id', 'text'} dicts, (id, text) pairs, or a DataFrame with `text` (and `id`)."
+    if isinstance(probes, pd.DataFrame):
+        if "text" not in probes: raise ValueError(f"probes: expected a 'text' column, got columns {list(probes.columns)}")
+        texts = probes["text"].astype(str).tolist()
+        return (probes["id"].astype(str).tolist() if "id" in probes else texts), texts
     ids, texts = [], []
     for p in probes:
         if isinstance(p, str): ids.append(p); texts.append(p)
@@ -28,19 +34,53 @@ def _probe_texts(probes):
         else: ids.append(str(p[0])); texts.append(p[1])
     return ids, texts
 
-def _layers_of(x, probes, name):
-    "(L, N, d) float array of one side: an array, a (model, tokenizer) pair, or a model name / folder."
+def _is_run_spec(x) -> bool:
+    "Whether `x` names a run folder: `path@step=S`, or a folder holding a COMPLETE marker."
+    return isinstance(x, (str, Path)) and (bool(_AT_STEP.match(str(x))) or (Path(x) / "COMPLETE").is_file())
+
+def _run_layers(spec, name, pooling):
+    "(L+1, N, d) embeddings a run folder saved at a tracked step (`path@step=S`), and its probes' (ids, texts)."
+    from embvar_study.runs import load_run
+    m = _AT_STEP.match(str(spec))
+    path, step = (m["path"], int(m["step"])) if m else (str(spec), None)
+    run = load_run(path)
+    tracked = run.steps.tolist()
+    if step is None: raise ValueError(f"{name}: {path} is a run folder; name a tracked step as {path}@step=S (tracked steps: {tracked})")
+    if step not in tracked: raise ValueError(f"{name}: step {step} of {path} was not tracked; tracked steps are {tracked}")
+    if pooling not in run.poolings: raise ValueError(f"pooling: expected one of {run.poolings} (saved in {path}), got {pooling!r}")
+    return np.asarray(run.embeddings_all_layers(pooling, steps=[step])[0], dtype=np.float64), _probe_texts(run.probes)
+
+def _side(x, name, pooling):
+    "One side before embedding: ('array', (L, N, d), None), ('run', (L, N, d), (ids, texts)) or ('model', x, None)."
     if isinstance(x, (np.ndarray, list)) or hasattr(x, "detach"):
-        a = as_float_array(x.detach().cpu().numpy() if hasattr(x, "detach") else x, name, ndim=3, dims="(layers, N, d)")
-        return a, None
-    if probes is None: raise ValueError(f"probes: needed to embed {name} = {x!r} (only arrays take probes=None)")
+        return "array", as_float_array(x, name, ndim=3, dims="(layers, N, d)"), None
+    if _is_run_spec(x): return ("run", *_run_layers(x, name, pooling))
+    return "model", x, None
+
+def _embed(x, texts, pooling):
+    "(L+1, N, d) embeddings of `texts` by a (model, tokenizer) pair or a model alias / folder / Hub id."
     from embvar_study.extract import embed_texts
-    ids, texts = _probe_texts(probes)
     if isinstance(x, tuple): model, tok = x
     else:
         from embvar_study.models import load_model_and_tokenizer
         model, tok = load_model_and_tokenizer(str(x))
-    return np.asarray(embed_texts(model, tok, texts, layers="all"), dtype=np.float64), ids
+    return np.asarray(embed_texts(model, tok, texts, pooling=pooling, layers="all"), dtype=np.float64)
+
+def _short(s, n=40): return s if len(s) <= n else s[:n - 3] + "..."
+
+def _match_rows(ids, ref, name, ref_name):
+    "Row order putting `ids` in the order of `ref` (None: already in it); one line when they are not the same probes."
+    if ids == ref: return None
+    if len(set(ids)) != len(ids):
+        dup = next(p for p in ids if ids.count(p) > 1)
+        raise ValueError(f"probes: {name} holds probe id {_short(dup)!r} more than once")
+    pos = {p: i for i, p in enumerate(ids)}
+    missing, extra = [p for p in ref if p not in pos], sorted(set(ids) - set(ref))
+    if missing or extra:
+        raise ValueError(f"probes: {name} and {ref_name} hold different probes ({len(missing)} of {ref_name} not in {name}"
+                         + (f", e.g. {_short(missing[0])!r}" if missing else "") + f"; {len(extra)} of {name} not in {ref_name}"
+                         + (f", e.g. {_short(extra[0])!r}" if extra else "") + ")")
+    return np.array([pos[p] for p in ref])
 
 def _pick(L, layers, name):
     if isinstance(layers, str) and layers == "all": return list(range(L))
@@ -49,7 +89,24 @@ def _pick(L, layers, name):
     if bad: raise ValueError(f"layers: expected indices in [-{L}, {L - 1}] for {name}, got {bad}")
     return [i % L for i in idx]
 
-
+def _aligned(a, b, probes, pooling):
+    "(A, B) (layers, N, d) float64 arrays of both sides with their rows in one probe order (matched by id)."
+    sides = [_side(a, "a", pooling), _side(b, "b", pooling)]
+    if probes is not None: ref, ref_name = _probe_texts(probes), "probes"
+    else:
+        ref, ref_name = next(((s[2], n) for s, n in zip(sides, "ab") if s[0] == "run"), (None, None))
+    out = []
+    for (kind, x, idt), name in zip(sides, "ab"):
+        if kind == "model":
+            if ref is None: raise ValueError(f"probes: needed to embed {name} = {x!r} (only arrays and run folders take probes=None)")
+            x, idt = _embed(x, ref[1], pooling), ref
+        if kind != "array" and ref_name != name:
+            order = _match_rows(idt[0], ref[0], name, ref_name)
+            if order is not None: x = x[:, order]
+        out.append(x)
+    A, B = out
+    if A.shape[1] != B.shape[1]: raise ValueError(f"a and b: expected the same probes, got {A.shape[1]} and {B.shape[1]} rows")
+    return A, B
 
 # %% ../nbs/23_compare.ipynb #e2f3f204
 class CompareResult(pd.DataFrame):
@@ -74,41 +131,80 @@ class CompareResult(pd.DataFrame):
 
 
 
+# %% ../nbs/23_compare.ipynb #b00t0001
+_GRAM_MAX_N = 4096   # the batched bootstrap of the CKA measures holds N x N Gram matrices up to this N
+
+def _boot_masks(N, n_resamples, seed):
+    "(B, N) 0/1 masks of each resample's distinct probes; the indices are drawn at once as a (B, N) array."
+    idx = np.random.default_rng(seed).integers(0, N, size=(n_resamples, N))
+    m = np.zeros((n_resamples, N)); np.put_along_axis(m, idx, 1.0, axis=1)
+    return m
+
+def _gram_side(X, m, flags):
+    "What the masked HSIC needs of one set X (N, d): its Gram matrix K of centred rows, m @ K, and HSIC(X, X) per mask for each debiased flag."
+    c = X - X.mean(axis=0)
+    K = c @ c.T
+    kr = m @ K
+    return K, kr, {d: _masked_hsic(K, K, kr, kr, m, d) for d in flags}
+
+def _masked_hsic(K, L, kr, lr, m, debiased):
+    "(B,) HSIC numerator <HKH, HLH> over each mask's probes (debiased as `metrics._debias` if asked), from K, L (N, N)."
+    n = m.sum(axis=1)
+    ks, ls = (m * kr).sum(axis=1), (m * lr).sum(axis=1)
+    v = (m @ (K * L) * m).sum(axis=1) - 2 / n * (m * kr * lr).sum(axis=1) + ks * ls / n ** 2
+    if not debiased: return v
+    r = np.diag(K)[None] - 2 * kr / n[:, None] + (ks / n ** 2)[:, None]     # squared norms of the rows centred on the mask
+    q = np.diag(L)[None] - 2 * lr / n[:, None] + (ls / n ** 2)[:, None]
+    return v - n / (n - 2) * (m * r * q).sum(axis=1) + (m * r).sum(axis=1) * (m * q).sum(axis=1) / ((n - 1) * (n - 2))
+
+_BATCHED = {"linear_cka": False, "debiased_cka": True}   # measures bootstrapped by Gram-matrix masks: name -> debiased
+
 # %% ../nbs/23_compare.ipynb #f5b83a75
-def compare(a: object,  # (layers, N, da) array, (model, tokenizer), or a model alias / folder / Hub id
+def compare(a: object,  # (layers, N, da) array, (model, tokenizer), a model alias / folder / Hub id, or a run folder at a step "runs/x@step=24"
             b: object,  # the same kinds, for the second model
-            probes: Sequence | None = None,  # probe texts (str, {"id","text"} dicts or (id, text)); None for arrays
+            probes: Sequence | pd.DataFrame | None = None,  # probe texts (str, {"id","text"} dicts, (id, text) or a frame); None: arrays, or a run's own probes
             layers: str | int | Sequence[int] = "all",  # layers of both sides to compare
             measures: Sequence[str] | None = None,  # names from `metrics.MEASURES`; default DEFAULT_MEASURES
             n_resamples: int = 1000,  # probe-bootstrap resamples for the percentile intervals (0: none)
             confidence: float = 0.95,  # interval coverage
             seed: int = 0,  # seed of the bootstrap
+            pooling: str = "mean",  # pooling of the embeddings (a run's saved pooling, or the one used to embed)
            ) -> CompareResult:  # tidy table: layer_a, layer_b, measure, value, ci_low, ci_high
-    "Every measure between every layer of `a` and every layer of `b`, with probe-bootstrap intervals."
+    "Every measure between every layer of `a` and every layer of `b`, with probe-bootstrap intervals (probes matched by id)."
     ms = list(DEFAULT_MEASURES if measures is None else measures)
     unknown = [m for m in ms if m not in MEASURES]
     if unknown: raise ValueError(f"measures: unknown {unknown}; expected names from {sorted(MEASURES)}")
-    if not (isinstance(n_resamples, int) and n_resamples >= 0): raise ValueError(f"n_resamples: expected an int >= 0, got {n_resamples!r}")
-    A, ia = _layers_of(a, probes, "a"); B, ib = _layers_of(b, probes, "b")
-    if A.shape[1] != B.shape[1]:
-        raise ValueError(f"a and b: expected the same probes, got {A.shape[1]} and {B.shape[1]} rows")
-    if ia is not None and ib is not None and ia != ib: raise ValueError("probes: the two sides embedded different probe ids")
+    if isinstance(n_resamples, bool) or not (isinstance(n_resamples, int) and n_resamples >= 0):
+        raise ValueError(f"n_resamples: expected an int >= 0, got {n_resamples!r}")
+    A, B = _aligned(a, b, probes, pooling)
     la, lb = _pick(A.shape[0], layers, "a"), _pick(B.shape[0], layers, "b")
-    N, rng = A.shape[1], np.random.default_rng(seed)
-    idx = rng.integers(0, N, size=(n_resamples, N))
-    idx = [np.unique(r) for r in idx]       # distinct probes of each resample (duplicated rows would be self-neighbours)
+    N = A.shape[1]
+    masks = _boot_masks(N, n_resamples, seed)
+    rows_of = [np.flatnonzero(r) for r in masks]              # the loop path: each resample's distinct probes
+    batched = [m for m in ms if m in _BATCHED] if N <= _GRAM_MAX_N and n_resamples else []
     alpha = (1 - confidence) / 2
+    q = lambda boot: np.quantile(boot, [alpha, 1 - alpha]) if len(boot) else (np.nan, np.nan)
+    flags = {_BATCHED[m] for m in batched}
+    keep_b = len(lb) * (N * N + n_resamples * N) * 8 <= 2 ** 29      # cache b's Gram terms when they fit in 512 MiB
+    gb = {}
     rows = []
     for i in la:
+        K, kr, sx = _gram_side(A[i], masks, flags) if flags else (None, None, None)
         for j in lb:
+            boots = {}
+            if flags:
+                L, lr, sy = gb[j] if j in gb else _gram_side(B[j], masks, flags)
+                if keep_b: gb[j] = (L, lr, sy)
+                for d in flags:
+                    with np.errstate(invalid="ignore", divide="ignore"):
+                        ok = (sx[d] > 0) & (sy[d] > 0)
+                        boots[d] = np.where(ok, _masked_hsic(K, L, kr, lr, masks, d) / np.sqrt(abs(sx[d] * sy[d])), np.nan)
             for m in ms:
                 f = MEASURES[m].fn
-                v = float(f(A[i], B[j]))
-                boot = np.array([float(f(A[i][r], B[j][r])) for r in idx])
-                lo, hi = (np.quantile(boot, [alpha, 1 - alpha]) if len(boot) else (np.nan, np.nan))
-                rows.append(dict(layer_a=i, layer_b=j, measure=m, value=v, ci_low=float(lo), ci_high=float(hi)))
+                boot = boots[_BATCHED[m]] if m in batched else np.array([float(f(A[i][r], B[j][r])) for r in rows_of])
+                lo, hi = q(boot)
+                rows.append(dict(layer_a=i, layer_b=j, measure=m, value=float(f(A[i], B[j])), ci_low=float(lo), ci_high=float(hi)))
     return CompareResult(pd.DataFrame(rows))
-
 
 # %% ../nbs/23_compare.ipynb #f6059f1c
 def _diagonal_fig(t):
