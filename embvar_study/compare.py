@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Sequence
 import numpy as np
 import pandas as pd
-from .metrics import MEASURES
+from .metrics import MEASURES, _RSA_RANK_MAX_N
 from .checks import as_float_array
 
 # %% auto #0
@@ -18,6 +18,21 @@ __all__ = ['DEFAULT_MEASURES', 'CompareResult', 'compare', 'write_compare_html']
 # %% ../nbs/23_compare.ipynb #2a46c5c8
 DEFAULT_MEASURES = ("linear_cka", "debiased_cka", "cca", "svcca", "pwcca", "procrustes_angular", "mutual_knn",
                     "cknna", "rsa_correlation_spearman", "linreg_r2_xy")
+
+# Measures that hold N x N (or N(N-1)/2) arrays: the largest N each is computed at, and the default's stand-in above it.
+_MAX_N = {"cknna": 4096, "rsa_correlation_spearman": _RSA_RANK_MAX_N, "rsa_correlation_kendall": _RSA_RANK_MAX_N,
+          "rsa_euclidean_spearman": _RSA_RANK_MAX_N, "rsa_cosine_spearman": _RSA_RANK_MAX_N}
+_STAND_IN = {"rsa_correlation_spearman": "rsa_correlation_pearson"}
+
+def _measures_for(measures, N):
+    "The measure names for N probes: the default set swaps the O(N^2)-memory ones above their N; an asked-for one is one line."
+    if measures is None:
+        ms = [m if N <= _MAX_N.get(m, N) else _STAND_IN.get(m) for m in DEFAULT_MEASURES]
+        return [m for m in ms if m is not None]
+    big = [m for m in measures if N > _MAX_N.get(m, N)]
+    if big: raise ValueError(f"measures: {big[0]!r} holds N x N arrays, computed up to N = {_MAX_N[big[0]]:,} probes (got N = {N:,})"
+                             + (f"; use {_STAND_IN[big[0]]!r}, which streams" if big[0] in _STAND_IN else ""))
+    return list(measures)
 
 _AT_STEP = re.compile(r"^(?P<path>.+)@step=(?P<step>[0-9]+)$")
 
@@ -116,20 +131,21 @@ class CompareResult(pd.DataFrame):
     def _constructor(self): return CompareResult
 
     def plot(self, measures: Sequence[str] | None = None,  # measures to draw; default: all in the table
+             ncols: int = 4,  # heatmaps per row
             ) -> object:  # matplotlib Figure
-        "One layer x layer heatmap per measure (matplotlib figure)."
+        "One layer x layer heatmap per measure (matplotlib figure), `ncols` to a row."
         import matplotlib.pyplot as plt
         ms = list(measures or dict.fromkeys(self["measure"]))
-        fig, axes = plt.subplots(1, len(ms), figsize=(3.2 * len(ms), 3), squeeze=False)
-        for ax, m in zip(axes[0], ms):
+        cols = min(ncols, len(ms)); nrows = -(-len(ms) // cols)
+        fig, axes = plt.subplots(nrows, cols, figsize=(3.2 * cols, 2.9 * nrows), squeeze=False)
+        for ax in axes.flat[len(ms):]: ax.set_visible(False)
+        for ax, m in zip(axes.flat, ms):
             t = pd.DataFrame(self[self["measure"] == m]).pivot(index="layer_a", columns="layer_b", values="value")
-            im = ax.imshow(t.to_numpy(), origin="lower", cmap="viridis" if MEASURES[m].direction == "similarity" else "magma_r")
+            im = ax.imshow(t.to_numpy(), origin="lower", aspect="auto", cmap="viridis" if MEASURES[m].direction == "similarity" else "magma_r")
             ax.set_title(m, fontsize=9); ax.set_xlabel("layer of b"); ax.set_ylabel("layer of a")
             fig.colorbar(im, ax=ax, shrink=0.8)
         fig.tight_layout()
         return fig
-
-
 
 # %% ../nbs/23_compare.ipynb #b00t0001
 _GRAM_MAX_N = 4096   # the batched bootstrap of the CKA measures holds N x N Gram matrices up to this N
@@ -164,21 +180,21 @@ def compare(a: object,  # (layers, N, da) array, (model, tokenizer), a model ali
             b: object,  # the same kinds, for the second model
             probes: Sequence | pd.DataFrame | None = None,  # probe texts (str, {"id","text"} dicts, (id, text) or a frame); None: arrays, or a run's own probes
             layers: str | int | Sequence[int] = "all",  # layers of both sides to compare
-            measures: Sequence[str] | None = None,  # names from `metrics.MEASURES`; default DEFAULT_MEASURES
+            measures: Sequence[str] | None = None,  # names from `metrics.MEASURES`; default DEFAULT_MEASURES (above N = 4096 without cknna, above 10,000 RSA by Pearson)
             n_resamples: int = 1000,  # probe-bootstrap resamples for the percentile intervals (0: none)
             confidence: float = 0.95,  # interval coverage
             seed: int = 0,  # seed of the bootstrap
             pooling: str = "mean",  # pooling of the embeddings (a run's saved pooling, or the one used to embed)
            ) -> CompareResult:  # tidy table: layer_a, layer_b, measure, value, ci_low, ci_high
     "Every measure between every layer of `a` and every layer of `b`, with probe-bootstrap intervals (probes matched by id)."
-    ms = list(DEFAULT_MEASURES if measures is None else measures)
-    unknown = [m for m in ms if m not in MEASURES]
+    unknown = [m for m in (measures or []) if m not in MEASURES]
     if unknown: raise ValueError(f"measures: unknown {unknown}; expected names from {sorted(MEASURES)}")
     if isinstance(n_resamples, bool) or not (isinstance(n_resamples, int) and n_resamples >= 0):
         raise ValueError(f"n_resamples: expected an int >= 0, got {n_resamples!r}")
     A, B = _aligned(a, b, probes, pooling)
     la, lb = _pick(A.shape[0], layers, "a"), _pick(B.shape[0], layers, "b")
     N = A.shape[1]
+    ms = _measures_for(measures, N)
     masks = _boot_masks(N, n_resamples, seed)
     rows_of = [np.flatnonzero(r) for r in masks]              # the loop path: each resample's distinct probes
     batched = [m for m in ms if m in _BATCHED] if N <= _GRAM_MAX_N and n_resamples else []
@@ -215,6 +231,8 @@ def _diagonal_fig(t):
     for m, g in d.groupby("measure", sort=False):
         ax.plot(g["layer_a"], g["value"], marker="o", label=m)
         ax.fill_between(g["layer_a"], g["ci_low"], g["ci_high"], alpha=0.15)
+    from matplotlib.ticker import MaxNLocator
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("layer (same index in a and b)"); ax.set_ylabel("value"); ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     return fig
@@ -227,17 +245,17 @@ def write_compare_html(t: CompareResult,  # the table of `compare`
     "DIR/compare.html (heatmaps, the diagonal as lines, the table) and DIR/compare.csv, written atomically."
     import base64, html
     from pathlib import Path
-    from embvar_study.report import figure_png, table_html
+    from embvar_study.report import figure_png, table_html, _CSS
     from embvar_study.runs import atomic_write_text
     import matplotlib.pyplot as plt
     parts = [f"<h1>{html.escape(title)}</h1>"]
     for fig, cap in [(t.plot(), "layer x layer, per measure"), (_diagonal_fig(t), "the diagonal, with probe-bootstrap intervals")]:
         png, w, h = figure_png(fig); plt.close(fig)
-        parts.append(f'<figure><img width="{w}" height="{h}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+        parts.append(f'<figure><img width="{w}" height="{h}" alt="{html.escape(cap)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
                      f"<figcaption>{html.escape(cap)}</figcaption></figure>")
-    parts.append(table_html(pd.DataFrame(t), caption="every layer pair and measure"))
+    parts.append(f'<div class="table-wrap">{table_html(pd.DataFrame(t), caption="every layer pair and measure")}</div>')
     d = Path(out); d.mkdir(parents=True, exist_ok=True)
     atomic_write_text(d / "compare.csv", pd.DataFrame(t).to_csv(index=False))
-    page = f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head><body>{''.join(parts)}</body></html>"
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><meta name='viewport' content='width=device-width'>"
+            f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body><main>{''.join(parts)}</main></body></html>")
     return str(atomic_write_text(d / "compare.html", page))
-

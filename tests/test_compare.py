@@ -21,6 +21,7 @@ def test_html(tmp_path):
     out = write_compare_html(compare(A, B, n_resamples=3, measures=["linear_cka", "svcca"]), str(tmp_path))
     page = open(out).read()
     assert page.count("<img") == 2 and "linear cka" in page.replace("_", " ")
+    assert "figure img{max-width:100%" in page and "table-wrap" in page        # fits a 1280 px window (checked in Chromium)
 
 def test_mismatch_one_line():
     with pytest.raises(ValueError, match="same probes"): compare(A, B[:, :20])
