@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Sequence
 import numpy as np
 import pandas as pd
-from .metrics import MEASURES, _RSA_RANK_MAX_N
+from .metrics import MEASURES, _RSA_RANK_MAX_N, _common_count
+from ._batching import _top_k
 from .checks import as_float_array
 
 # %% auto #0
@@ -175,6 +176,25 @@ def _masked_hsic(K, L, kr, lr, m, debiased):
 
 _BATCHED = {"linear_cka": False, "debiased_cka": True}   # measures bootstrapped by Gram-matrix masks: name -> debiased
 
+_KNN, _KNN_K = {"mutual_knn": "mutual", "jaccard_knn": "jaccard"}, 5   # k-NN measures bootstrapped by masks (k as in MEASURES)
+
+def _masked_knn(X, m, k):
+    "(B, N, k) each probe's k cosine-nearest neighbours among each mask's probes (self excluded), B in blocks of about 16M scores."
+    u = X / np.linalg.norm(X, axis=1, keepdims=True)
+    S = u @ u.T
+    np.fill_diagonal(S, -np.inf)
+    B, N = m.shape
+    if int(m.sum(axis=1).min()) - 1 < k:
+        raise ValueError(f"n_resamples: a resample kept {int(m.sum(axis=1).min())} distinct probes, too few for k = {k} neighbours; use more probes")
+    step = max(1, 2 ** 24 // (N * N))
+    return np.concatenate([_top_k(np.where(m[s:s + step, None, :] > 0, S[None], -np.inf), k) for s in range(0, B, step)])
+
+def _masked_knn_scores(ia, ib, m, k):
+    "{'mutual': (B,), 'jaccard': (B,)} means over each mask's probes of |N_X & N_Y| / k and the Jaccard overlap."
+    c = _common_count(ia, ib, m.shape[1]).astype(np.float64)
+    n = m.sum(axis=1)
+    return {"mutual": (m * c / k).sum(axis=1) / n, "jaccard": (m * c / (2 * k - c)).sum(axis=1) / n}
+
 # %% ../nbs/23_compare.ipynb #f5b83a75
 def compare(a: object,  # (layers, N, da) array, (model, tokenizer), a model alias / folder / Hub id, or a run folder at a step "runs/x@step=24"
             b: object,  # the same kinds, for the second model
@@ -197,15 +217,17 @@ def compare(a: object,  # (layers, N, da) array, (model, tokenizer), a model ali
     ms = _measures_for(measures, N)
     masks = _boot_masks(N, n_resamples, seed)
     rows_of = [np.flatnonzero(r) for r in masks]              # the loop path: each resample's distinct probes
-    batched = [m for m in ms if m in _BATCHED] if N <= _GRAM_MAX_N and n_resamples else []
+    batched = [m for m in ms if m in _BATCHED or m in _KNN] if N <= _GRAM_MAX_N and n_resamples else []
+    knn = any(m in _KNN for m in batched)
     alpha = (1 - confidence) / 2
     q = lambda boot: np.quantile(boot, [alpha, 1 - alpha]) if len(boot) else (np.nan, np.nan)
-    flags = {_BATCHED[m] for m in batched}
+    flags = {_BATCHED[m] for m in batched if m in _BATCHED}
     keep_b = len(lb) * (N * N + n_resamples * N) * 8 <= 2 ** 29      # cache b's Gram terms when they fit in 512 MiB
-    gb = {}
+    gb, gk = {}, {}
     rows = []
     for i in la:
         K, kr, sx = _gram_side(A[i], masks, flags) if flags else (None, None, None)
+        ia = _masked_knn(A[i], masks, _KNN_K) if knn else None
         for j in lb:
             boots = {}
             if flags:
@@ -215,9 +237,13 @@ def compare(a: object,  # (layers, N, da) array, (model, tokenizer), a model ali
                     with np.errstate(invalid="ignore", divide="ignore"):
                         ok = (sx[d] > 0) & (sy[d] > 0)
                         boots[d] = np.where(ok, _masked_hsic(K, L, kr, lr, masks, d) / np.sqrt(abs(sx[d] * sy[d])), np.nan)
+            if knn:
+                ib = gk[j] if j in gk else _masked_knn(B[j], masks, _KNN_K)
+                if keep_b: gk[j] = ib
+                boots.update(_masked_knn_scores(ia, ib, masks, _KNN_K))
             for m in ms:
                 f = MEASURES[m].fn
-                boot = boots[_BATCHED[m]] if m in batched else np.array([float(f(A[i][r], B[j][r])) for r in rows_of])
+                boot = boots[_BATCHED[m] if m in _BATCHED else _KNN[m]] if m in batched else np.array([float(f(A[i][r], B[j][r])) for r in rows_of])
                 lo, hi = q(boot)
                 rows.append(dict(layer_a=i, layer_b=j, measure=m, value=float(f(A[i], B[j])), ci_low=float(lo), ci_high=float(hi)))
     return CompareResult(pd.DataFrame(rows))
