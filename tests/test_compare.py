@@ -117,3 +117,14 @@ def test_cli_run_folders(tiny_run, tmp_path):
           "linear_cka,svcca", "--n-resamples", "3"])
     t = pd.read_csv(tmp_path / "o" / "compare.csv")
     assert set(t.measure) == {"linear_cka", "svcca"} and (tmp_path / "o" / "compare.html").is_file()
+
+
+def test_batched_bootstrap_equals_per_resample_intervals():
+    "The batched (Gram-mask, masked k-NN) bootstrap gives the percentile intervals of the measures on each resample's distinct probes."
+    from embvar_study.metrics import MEASURES
+    idx = np.random.default_rng(3).integers(0, 30, size=(40, 30))           # compare's draw for seed=3, n_resamples=40
+    ms = ["linear_cka", "debiased_cka", "mutual_knn", "jaccard_knn"]
+    t = compare(A, B, None, measures=ms, n_resamples=40, seed=3, layers=[0]).set_index("measure")
+    for m in ms:
+        boot = [float(MEASURES[m].fn(A[0][np.unique(r)], B[0][np.unique(r)])) for r in idx]
+        np.testing.assert_allclose(t.loc[m, ["ci_low", "ci_high"]].to_numpy(float), np.quantile(boot, [0.025, 0.975]), rtol=1e-10)
