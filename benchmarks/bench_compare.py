@@ -1,39 +1,73 @@
-"""Peak memory and time of streaming linear CKA (`metrics.linear_cka(X, Y, block=B)`) against the full computation.
+"""Peak memory and time of streaming CKA and RSA against the full computations, and of `compare` on large arrays.
 
-Run on a quiet machine: python benchmarks/bench_compare.py --n 50000 --d 768 --block 2000
+Each case runs in its own subprocess; it reports its time, tracemalloc's peak (numpy allocations after the inputs were
+made) and the subprocess's peak resident memory (getrusage maxrss: inputs, interpreter and libraries included).
+
+    python benchmarks/bench_compare.py                       # every case at the sizes of compare-readme.md
+    python benchmarks/bench_compare.py --case cka_stream --n 3000 --d 64
 """
 import argparse
+import json
+import resource
+import subprocess
+import sys
 import time
 import tracemalloc
 import numpy as np
-from embvar_study import metrics
+
+CASES = ("cka_stream", "cka_full", "dcka_stream", "dcka_full", "rsa_stream", "rsa_full", "compare")
 
 
-def _measure(f):
+def _inputs(n, d, layers=None):
+    rng = np.random.default_rng(0)
+    shape = (n, d) if layers is None else (layers, n, d)
+    X = rng.standard_normal(size=shape, dtype=np.float32)
+    W = rng.standard_normal(size=(d, d), dtype=np.float32) / np.float32(d ** 0.5)
+    Y = X @ W + rng.standard_normal(size=shape, dtype=np.float32)
+    return X, Y
+
+
+def _run_case(case, n, d, block, layers):
+    "One case in this process: {case, value, seconds, tracemalloc_peak_mib, maxrss_mib}."
+    from embvar_study import metrics, compare
+    X, Y = _inputs(n, d, layers if case == "compare" else None)
+    f = {"cka_stream": lambda: metrics.linear_cka(X, Y, block=block),
+         "cka_full": lambda: metrics.linear_cka(X, Y),
+         "dcka_stream": lambda: metrics.linear_cka(X, Y, debiased=True, block=block),
+         "dcka_full": lambda: metrics.linear_cka(X, Y, debiased=True),
+         "rsa_stream": lambda: metrics.rsa(X, Y, rdm="correlation", compare="pearson", block=block),
+         "rsa_full": lambda: metrics._corr(metrics._rdm_vec(X.astype(np.float64), "correlation"), metrics._rdm_vec(Y.astype(np.float64), "correlation")),
+         "compare": lambda: compare.compare(X, Y, layers=[layers - 1], measures=["linear_cka", "debiased_cka", "procrustes_angular", "cca"],
+                                            n_resamples=0)}[case]
     tracemalloc.start(); t = time.perf_counter()
     v = f()
     dt = time.perf_counter() - t
     peak = tracemalloc.get_traced_memory()[1]; tracemalloc.stop()
-    return float(v), dt, peak / 2**20
+    value = v.to_dict("records") if case == "compare" else float(v)
+    return dict(case=case, n=n, d=d, block=block, layers=layers if case == "compare" else None, value=value, seconds=round(dt, 2),
+                tracemalloc_peak_mib=round(peak / 2 ** 20, 1),
+                maxrss_mib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--n", type=int, default=50000, help="probes N (default 50000)")
+    p.add_argument("--case", choices=CASES, default=None, help="one case in this process (default: every case, each in a subprocess)")
+    p.add_argument("--n", type=int, default=None, help="probes N (default 50000; RSA 5000)")
     p.add_argument("--d", type=int, default=768, help="width d of both sets (default 768)")
-    p.add_argument("--block", type=int, default=2000, help="rows per streaming block (default 2000)")
-    p.add_argument("--debiased", action="store_true", help="debiased CKA")
-    p.add_argument("--skip-full", action="store_true", help="only the streaming version")
+    p.add_argument("--block", type=int, default=None, help="rows per streaming block (default: CKA 2000, RSA 500)")
+    p.add_argument("--layers", type=int, default=2, help="layers of each array in the compare case (default 2; the last pair is compared)")
     a = p.parse_args(argv)
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(a.n, a.d)).astype(np.float32)
-    Y = (X @ rng.normal(size=(a.d, a.d)).astype(np.float32) / a.d ** 0.5 + rng.normal(size=(a.n, a.d)).astype(np.float32))
-    print(f"N={a.n} d={a.d} block={a.block} debiased={a.debiased} (inputs float32, {2 * X.nbytes / 2**20:.0f} MiB, not counted)")
-    v, t, m = _measure(lambda: metrics.linear_cka(X, Y, debiased=a.debiased, block=a.block))
-    print(f"streaming: cka={v:.10f} time={t:.2f}s peak={m:.1f} MiB")
-    if not a.skip_full:
-        w, t2, m2 = _measure(lambda: metrics.linear_cka(X, Y, debiased=a.debiased))
-        print(f"full:      cka={w:.10f} time={t2:.2f}s peak={m2:.1f} MiB   |diff|={abs(v - w):.2e}")
+    if a.case is not None:
+        rsa = a.case.startswith("rsa")
+        n = a.n or (5000 if rsa else 50000)
+        print(json.dumps(_run_case(a.case, n, a.d, a.block or (500 if rsa else 2000), a.layers)))
+        return
+    for case in CASES:
+        cmd = [sys.executable, __file__, "--case", case, "--d", str(a.d), "--layers", str(a.layers)]
+        if a.n: cmd += ["--n", str(a.n)]
+        if a.block: cmd += ["--block", str(a.block)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        print(r.stdout.strip() if r.returncode == 0 else json.dumps(dict(case=case, error=r.stderr.strip().splitlines()[-1:])), flush=True)
 
 
 if __name__ == "__main__":

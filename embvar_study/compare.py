@@ -4,13 +4,14 @@
 
 # %% ../nbs/23_compare.ipynb #853004ab
 from __future__ import annotations
+import re
+from pathlib import Path
 from typing import Sequence
 import numpy as np
 import pandas as pd
-from .metrics import MEASURES
+from .metrics import MEASURES, _RSA_RANK_MAX_N, _common_count
+from ._batching import _top_k
 from .checks import as_float_array
-
-
 
 # %% auto #0
 __all__ = ['DEFAULT_MEASURES', 'CompareResult', 'compare', 'write_compare_html']
@@ -19,8 +20,29 @@ __all__ = ['DEFAULT_MEASURES', 'CompareResult', 'compare', 'write_compare_html']
 DEFAULT_MEASURES = ("linear_cka", "debiased_cka", "cca", "svcca", "pwcca", "procrustes_angular", "mutual_knn",
                     "cknna", "rsa_correlation_spearman", "linreg_r2_xy")
 
+# Measures that hold N x N (or N(N-1)/2) arrays: the largest N each is computed at, and the default's stand-in above it.
+_MAX_N = {"cknna": 4096, "rsa_correlation_spearman": _RSA_RANK_MAX_N, "rsa_correlation_kendall": _RSA_RANK_MAX_N,
+          "rsa_euclidean_spearman": _RSA_RANK_MAX_N, "rsa_cosine_spearman": _RSA_RANK_MAX_N}
+_STAND_IN = {"rsa_correlation_spearman": "rsa_correlation_pearson"}
+
+def _measures_for(measures, N):
+    "The measure names for N probes: the default set swaps the O(N^2)-memory ones above their N; an asked-for one is one line."
+    if measures is None:
+        ms = [m if N <= _MAX_N.get(m, N) else _STAND_IN.get(m) for m in DEFAULT_MEASURES]
+        return [m for m in ms if m is not None]
+    big = [m for m in measures if N > _MAX_N.get(m, N)]
+    if big: raise ValueError(f"measures: {big[0]!r} holds N x N arrays, computed up to N = {_MAX_N[big[0]]:,} probes (got N = {N:,})"
+                             + (f"; use {_STAND_IN[big[0]]!r}, which streams" if big[0] in _STAND_IN else ""))
+    return list(measures)
+
+_AT_STEP = re.compile(r"^(?P<path>.+)@step=(?P<step>[0-9]+)$")
+
 def _probe_texts(probes):
-    "(ids, texts) of a probe list: plain strings (their own ids) or dicts/tuples with an id and a text."
+    "(ids, texts) of probes: plain strings (their own ids), {'id', 'text'} dicts, (id, text) pairs, or a DataFrame with `text` (and `id`)."
+    if isinstance(probes, pd.DataFrame):
+        if "text" not in probes: raise ValueError(f"probes: expected a 'text' column, got columns {list(probes.columns)}")
+        texts = probes["text"].astype(str).tolist()
+        return (probes["id"].astype(str).tolist() if "id" in probes else texts), texts
     ids, texts = [], []
     for p in probes:
         if isinstance(p, str): ids.append(p); texts.append(p)
@@ -28,19 +50,53 @@ def _probe_texts(probes):
         else: ids.append(str(p[0])); texts.append(p[1])
     return ids, texts
 
-def _layers_of(x, probes, name):
-    "(L, N, d) float array of one side: an array, a (model, tokenizer) pair, or a model name / folder."
+def _is_run_spec(x) -> bool:
+    "Whether `x` names a run folder: `path@step=S`, or a folder holding a COMPLETE marker."
+    return isinstance(x, (str, Path)) and (bool(_AT_STEP.match(str(x))) or (Path(x) / "COMPLETE").is_file())
+
+def _run_layers(spec, name, pooling):
+    "(L+1, N, d) embeddings a run folder saved at a tracked step (`path@step=S`), and its probes' (ids, texts)."
+    from embvar_study.runs import load_run
+    m = _AT_STEP.match(str(spec))
+    path, step = (m["path"], int(m["step"])) if m else (str(spec), None)
+    run = load_run(path)
+    tracked = run.steps.tolist()
+    if step is None: raise ValueError(f"{name}: {path} is a run folder; name a tracked step as {path}@step=S (tracked steps: {tracked})")
+    if step not in tracked: raise ValueError(f"{name}: step {step} of {path} was not tracked; tracked steps are {tracked}")
+    if pooling not in run.poolings: raise ValueError(f"pooling: expected one of {run.poolings} (saved in {path}), got {pooling!r}")
+    return np.asarray(run.embeddings_all_layers(pooling, steps=[step])[0], dtype=np.float64), _probe_texts(run.probes)
+
+def _side(x, name, pooling):
+    "One side before embedding: ('array', (L, N, d), None), ('run', (L, N, d), (ids, texts)) or ('model', x, None)."
     if isinstance(x, (np.ndarray, list)) or hasattr(x, "detach"):
-        a = as_float_array(x.detach().cpu().numpy() if hasattr(x, "detach") else x, name, ndim=3, dims="(layers, N, d)")
-        return a, None
-    if probes is None: raise ValueError(f"probes: needed to embed {name} = {x!r} (only arrays take probes=None)")
+        return "array", as_float_array(x, name, ndim=3, dims="(layers, N, d)"), None
+    if _is_run_spec(x): return ("run", *_run_layers(x, name, pooling))
+    return "model", x, None
+
+def _embed(x, texts, pooling):
+    "(L+1, N, d) embeddings of `texts` by a (model, tokenizer) pair or a model alias / folder / Hub id."
     from embvar_study.extract import embed_texts
-    ids, texts = _probe_texts(probes)
     if isinstance(x, tuple): model, tok = x
     else:
         from embvar_study.models import load_model_and_tokenizer
         model, tok = load_model_and_tokenizer(str(x))
-    return np.asarray(embed_texts(model, tok, texts, layers="all"), dtype=np.float64), ids
+    return np.asarray(embed_texts(model, tok, texts, pooling=pooling, layers="all"), dtype=np.float64)
+
+def _short(s, n=40): return s if len(s) <= n else s[:n - 3] + "..."
+
+def _match_rows(ids, ref, name, ref_name):
+    "Row order putting `ids` in the order of `ref` (None: already in it); one line when they are not the same probes."
+    if ids == ref: return None
+    if len(set(ids)) != len(ids):
+        dup = next(p for p in ids if ids.count(p) > 1)
+        raise ValueError(f"probes: {name} holds probe id {_short(dup)!r} more than once")
+    pos = {p: i for i, p in enumerate(ids)}
+    missing, extra = [p for p in ref if p not in pos], sorted(set(ids) - set(ref))
+    if missing or extra:
+        raise ValueError(f"probes: {name} and {ref_name} hold different probes ({len(missing)} of {ref_name} not in {name}"
+                         + (f", e.g. {_short(missing[0])!r}" if missing else "") + f"; {len(extra)} of {name} not in {ref_name}"
+                         + (f", e.g. {_short(extra[0])!r}" if extra else "") + ")")
+    return np.array([pos[p] for p in ref])
 
 def _pick(L, layers, name):
     if isinstance(layers, str) and layers == "all": return list(range(L))
@@ -49,7 +105,24 @@ def _pick(L, layers, name):
     if bad: raise ValueError(f"layers: expected indices in [-{L}, {L - 1}] for {name}, got {bad}")
     return [i % L for i in idx]
 
-
+def _aligned(a, b, probes, pooling):
+    "(A, B) (layers, N, d) float64 arrays of both sides with their rows in one probe order (matched by id)."
+    sides = [_side(a, "a", pooling), _side(b, "b", pooling)]
+    if probes is not None: ref, ref_name = _probe_texts(probes), "probes"
+    else:
+        ref, ref_name = next(((s[2], n) for s, n in zip(sides, "ab") if s[0] == "run"), (None, None))
+    out = []
+    for (kind, x, idt), name in zip(sides, "ab"):
+        if kind == "model":
+            if ref is None: raise ValueError(f"probes: needed to embed {name} = {x!r} (only arrays and run folders take probes=None)")
+            x, idt = _embed(x, ref[1], pooling), ref
+        if kind != "array" and ref_name != name:
+            order = _match_rows(idt[0], ref[0], name, ref_name)
+            if order is not None: x = x[:, order]
+        out.append(x)
+    A, B = out
+    if A.shape[1] != B.shape[1]: raise ValueError(f"a and b: expected the same probes, got {A.shape[1]} and {B.shape[1]} rows")
+    return A, B
 
 # %% ../nbs/23_compare.ipynb #e2f3f204
 class CompareResult(pd.DataFrame):
@@ -59,56 +132,121 @@ class CompareResult(pd.DataFrame):
     def _constructor(self): return CompareResult
 
     def plot(self, measures: Sequence[str] | None = None,  # measures to draw; default: all in the table
+             ncols: int = 4,  # heatmaps per row
             ) -> object:  # matplotlib Figure
-        "One layer x layer heatmap per measure (matplotlib figure)."
+        "One layer x layer heatmap per measure (matplotlib figure), `ncols` to a row."
         import matplotlib.pyplot as plt
         ms = list(measures or dict.fromkeys(self["measure"]))
-        fig, axes = plt.subplots(1, len(ms), figsize=(3.2 * len(ms), 3), squeeze=False)
-        for ax, m in zip(axes[0], ms):
+        cols = min(ncols, len(ms)); nrows = -(-len(ms) // cols)
+        fig, axes = plt.subplots(nrows, cols, figsize=(3.2 * cols, 2.9 * nrows), squeeze=False)
+        for ax in axes.flat[len(ms):]: ax.set_visible(False)
+        for ax, m in zip(axes.flat, ms):
             t = pd.DataFrame(self[self["measure"] == m]).pivot(index="layer_a", columns="layer_b", values="value")
-            im = ax.imshow(t.to_numpy(), origin="lower", cmap="viridis" if MEASURES[m].direction == "similarity" else "magma_r")
+            im = ax.imshow(t.to_numpy(), origin="lower", aspect="auto", cmap="viridis" if MEASURES[m].direction == "similarity" else "magma_r")
             ax.set_title(m, fontsize=9); ax.set_xlabel("layer of b"); ax.set_ylabel("layer of a")
             fig.colorbar(im, ax=ax, shrink=0.8)
         fig.tight_layout()
         return fig
 
+# %% ../nbs/23_compare.ipynb #b00t0001
+_GRAM_MAX_N = 4096   # the batched bootstrap of the CKA measures holds N x N Gram matrices up to this N
 
+def _boot_masks(N, n_resamples, seed):
+    "(B, N) 0/1 masks of each resample's distinct probes; the indices are drawn at once as a (B, N) array."
+    idx = np.random.default_rng(seed).integers(0, N, size=(n_resamples, N))
+    m = np.zeros((n_resamples, N)); np.put_along_axis(m, idx, 1.0, axis=1)
+    return m
+
+def _gram_side(X, m, flags):
+    "What the masked HSIC needs of one set X (N, d): its Gram matrix K of centred rows, m @ K, and HSIC(X, X) per mask for each debiased flag."
+    c = X - X.mean(axis=0)
+    K = c @ c.T
+    kr = m @ K
+    return K, kr, {d: _masked_hsic(K, K, kr, kr, m, d) for d in flags}
+
+def _masked_hsic(K, L, kr, lr, m, debiased):
+    "(B,) HSIC numerator <HKH, HLH> over each mask's probes (debiased as `metrics._debias` if asked), from K, L (N, N)."
+    n = m.sum(axis=1)
+    ks, ls = (m * kr).sum(axis=1), (m * lr).sum(axis=1)
+    v = (m @ (K * L) * m).sum(axis=1) - 2 / n * (m * kr * lr).sum(axis=1) + ks * ls / n ** 2
+    if not debiased: return v
+    r = np.diag(K)[None] - 2 * kr / n[:, None] + (ks / n ** 2)[:, None]     # squared norms of the rows centred on the mask
+    q = np.diag(L)[None] - 2 * lr / n[:, None] + (ls / n ** 2)[:, None]
+    return v - n / (n - 2) * (m * r * q).sum(axis=1) + (m * r).sum(axis=1) * (m * q).sum(axis=1) / ((n - 1) * (n - 2))
+
+_BATCHED = {"linear_cka": False, "debiased_cka": True}   # measures bootstrapped by Gram-matrix masks: name -> debiased
+
+_KNN, _KNN_K = {"mutual_knn": "mutual", "jaccard_knn": "jaccard"}, 5   # k-NN measures bootstrapped by masks (k as in MEASURES)
+
+def _masked_knn(X, m, k):
+    "(B, N, k) each probe's k cosine-nearest neighbours among each mask's probes (self excluded), B in blocks of about 16M scores."
+    u = X / np.linalg.norm(X, axis=1, keepdims=True)
+    S = u @ u.T
+    np.fill_diagonal(S, -np.inf)
+    B, N = m.shape
+    if int(m.sum(axis=1).min()) - 1 < k:
+        raise ValueError(f"n_resamples: a resample kept {int(m.sum(axis=1).min())} distinct probes, too few for k = {k} neighbours; use more probes")
+    step = max(1, 2 ** 24 // (N * N))
+    return np.concatenate([_top_k(np.where(m[s:s + step, None, :] > 0, S[None], -np.inf), k) for s in range(0, B, step)])
+
+def _masked_knn_scores(ia, ib, m, k):
+    "{'mutual': (B,), 'jaccard': (B,)} means over each mask's probes of |N_X & N_Y| / k and the Jaccard overlap."
+    c = _common_count(ia, ib, m.shape[1]).astype(np.float64)
+    n = m.sum(axis=1)
+    return {"mutual": (m * c / k).sum(axis=1) / n, "jaccard": (m * c / (2 * k - c)).sum(axis=1) / n}
 
 # %% ../nbs/23_compare.ipynb #f5b83a75
-def compare(a: object,  # (layers, N, da) array, (model, tokenizer), or a model alias / folder / Hub id
+def compare(a: object,  # (layers, N, da) array, (model, tokenizer), a model alias / folder / Hub id, or a run folder at a step "runs/x@step=24"
             b: object,  # the same kinds, for the second model
-            probes: Sequence | None = None,  # probe texts (str, {"id","text"} dicts or (id, text)); None for arrays
+            probes: Sequence | pd.DataFrame | None = None,  # probe texts (str, {"id","text"} dicts, (id, text) or a frame); None: arrays, or a run's own probes
             layers: str | int | Sequence[int] = "all",  # layers of both sides to compare
-            measures: Sequence[str] | None = None,  # names from `metrics.MEASURES`; default DEFAULT_MEASURES
+            measures: Sequence[str] | None = None,  # names from `metrics.MEASURES`; default DEFAULT_MEASURES (above N = 4096 without cknna, above 10,000 RSA by Pearson)
             n_resamples: int = 1000,  # probe-bootstrap resamples for the percentile intervals (0: none)
             confidence: float = 0.95,  # interval coverage
             seed: int = 0,  # seed of the bootstrap
+            pooling: str = "mean",  # pooling of the embeddings (a run's saved pooling, or the one used to embed)
            ) -> CompareResult:  # tidy table: layer_a, layer_b, measure, value, ci_low, ci_high
-    "Every measure between every layer of `a` and every layer of `b`, with probe-bootstrap intervals."
-    ms = list(DEFAULT_MEASURES if measures is None else measures)
-    unknown = [m for m in ms if m not in MEASURES]
+    "Every measure between every layer of `a` and every layer of `b`, with probe-bootstrap intervals (probes matched by id)."
+    unknown = [m for m in (measures or []) if m not in MEASURES]
     if unknown: raise ValueError(f"measures: unknown {unknown}; expected names from {sorted(MEASURES)}")
-    if not (isinstance(n_resamples, int) and n_resamples >= 0): raise ValueError(f"n_resamples: expected an int >= 0, got {n_resamples!r}")
-    A, ia = _layers_of(a, probes, "a"); B, ib = _layers_of(b, probes, "b")
-    if A.shape[1] != B.shape[1]:
-        raise ValueError(f"a and b: expected the same probes, got {A.shape[1]} and {B.shape[1]} rows")
-    if ia is not None and ib is not None and ia != ib: raise ValueError("probes: the two sides embedded different probe ids")
+    if isinstance(n_resamples, bool) or not (isinstance(n_resamples, int) and n_resamples >= 0):
+        raise ValueError(f"n_resamples: expected an int >= 0, got {n_resamples!r}")
+    A, B = _aligned(a, b, probes, pooling)
     la, lb = _pick(A.shape[0], layers, "a"), _pick(B.shape[0], layers, "b")
-    N, rng = A.shape[1], np.random.default_rng(seed)
-    idx = rng.integers(0, N, size=(n_resamples, N))
-    idx = [np.unique(r) for r in idx]       # distinct probes of each resample (duplicated rows would be self-neighbours)
+    N = A.shape[1]
+    ms = _measures_for(measures, N)
+    masks = _boot_masks(N, n_resamples, seed)
+    rows_of = [np.flatnonzero(r) for r in masks]              # the loop path: each resample's distinct probes
+    batched = [m for m in ms if m in _BATCHED or m in _KNN] if N <= _GRAM_MAX_N and n_resamples else []
+    knn = any(m in _KNN for m in batched)
     alpha = (1 - confidence) / 2
+    q = lambda boot: np.quantile(boot, [alpha, 1 - alpha]) if len(boot) else (np.nan, np.nan)
+    flags = {_BATCHED[m] for m in batched if m in _BATCHED}
+    keep_b = len(lb) * (N * N + n_resamples * N) * 8 <= 2 ** 29      # cache b's Gram terms when they fit in 512 MiB
+    gb, gk = {}, {}
     rows = []
     for i in la:
+        K, kr, sx = _gram_side(A[i], masks, flags) if flags else (None, None, None)
+        ia = _masked_knn(A[i], masks, _KNN_K) if knn else None
         for j in lb:
+            boots = {}
+            if flags:
+                L, lr, sy = gb[j] if j in gb else _gram_side(B[j], masks, flags)
+                if keep_b: gb[j] = (L, lr, sy)
+                for d in flags:
+                    with np.errstate(invalid="ignore", divide="ignore"):
+                        ok = (sx[d] > 0) & (sy[d] > 0)
+                        boots[d] = np.where(ok, _masked_hsic(K, L, kr, lr, masks, d) / np.sqrt(abs(sx[d] * sy[d])), np.nan)
+            if knn:
+                ib = gk[j] if j in gk else _masked_knn(B[j], masks, _KNN_K)
+                if keep_b: gk[j] = ib
+                boots.update(_masked_knn_scores(ia, ib, masks, _KNN_K))
             for m in ms:
                 f = MEASURES[m].fn
-                v = float(f(A[i], B[j]))
-                boot = np.array([float(f(A[i][r], B[j][r])) for r in idx])
-                lo, hi = (np.quantile(boot, [alpha, 1 - alpha]) if len(boot) else (np.nan, np.nan))
-                rows.append(dict(layer_a=i, layer_b=j, measure=m, value=v, ci_low=float(lo), ci_high=float(hi)))
+                boot = boots[_BATCHED[m] if m in _BATCHED else _KNN[m]] if m in batched else np.array([float(f(A[i][r], B[j][r])) for r in rows_of])
+                lo, hi = q(boot)
+                rows.append(dict(layer_a=i, layer_b=j, measure=m, value=float(f(A[i], B[j])), ci_low=float(lo), ci_high=float(hi)))
     return CompareResult(pd.DataFrame(rows))
-
 
 # %% ../nbs/23_compare.ipynb #f6059f1c
 def _diagonal_fig(t):
@@ -119,6 +257,8 @@ def _diagonal_fig(t):
     for m, g in d.groupby("measure", sort=False):
         ax.plot(g["layer_a"], g["value"], marker="o", label=m)
         ax.fill_between(g["layer_a"], g["ci_low"], g["ci_high"], alpha=0.15)
+    from matplotlib.ticker import MaxNLocator
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("layer (same index in a and b)"); ax.set_ylabel("value"); ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     return fig
@@ -131,17 +271,17 @@ def write_compare_html(t: CompareResult,  # the table of `compare`
     "DIR/compare.html (heatmaps, the diagonal as lines, the table) and DIR/compare.csv, written atomically."
     import base64, html
     from pathlib import Path
-    from embvar_study.report import figure_png, table_html
+    from embvar_study.report import figure_png, table_html, _CSS
     from embvar_study.runs import atomic_write_text
     import matplotlib.pyplot as plt
     parts = [f"<h1>{html.escape(title)}</h1>"]
     for fig, cap in [(t.plot(), "layer x layer, per measure"), (_diagonal_fig(t), "the diagonal, with probe-bootstrap intervals")]:
         png, w, h = figure_png(fig); plt.close(fig)
-        parts.append(f'<figure><img width="{w}" height="{h}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+        parts.append(f'<figure><img width="{w}" height="{h}" alt="{html.escape(cap)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
                      f"<figcaption>{html.escape(cap)}</figcaption></figure>")
-    parts.append(table_html(pd.DataFrame(t), caption="every layer pair and measure"))
+    parts.append(f'<div class="table-wrap">{table_html(pd.DataFrame(t), caption="every layer pair and measure")}</div>')
     d = Path(out); d.mkdir(parents=True, exist_ok=True)
     atomic_write_text(d / "compare.csv", pd.DataFrame(t).to_csv(index=False))
-    page = f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head><body>{''.join(parts)}</body></html>"
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><meta name='viewport' content='width=device-width'>"
+            f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body><main>{''.join(parts)}</main></body></html>")
     return str(atomic_write_text(d / "compare.html", page))
-

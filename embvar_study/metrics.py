@@ -517,6 +517,14 @@ def _rsa_operand(a, lead, metric):
     return a, 2, lambda c: _rank_vec(c, metric)
 
 # %% ../nbs/02_metrics.ipynb #05ceccb1
+_RSA_STREAM_N = 2048       # above this N, the Pearson comparator of RDMs is streamed in row blocks
+_RSA_RANK_MAX_N = 10_000   # the rank comparators (spearman, kendall) hold all N(N-1)/2 pairs: refused above this N
+
+def _check_rank_n(N, compare):
+    if N > _RSA_RANK_MAX_N:
+        raise ValueError(f"rsa: compare={compare!r} ranks all N(N-1)/2 = {N * (N - 1) // 2:,} RDM entries at once, refused above "
+                         f"N = {_RSA_RANK_MAX_N:,} probes (got N = {N:,}); use compare='pearson' (streamed in row blocks) or fewer probes")
+
 _RDMS, _COMPARES = ("euclidean", "correlation", "cosine"), ("spearman", "kendall", "pearson")
 
 def rsa(X: ArrayLike,  # (..., N, dx) embeddings, N >= 3
@@ -525,16 +533,21 @@ def rsa(X: ArrayLike,  # (..., N, dx) embeddings, N >= 3
         metric: str = "cosine",  # distance used for both sets: "cosine" or "euclidean"
         rdm: str | None = None,  # RDM: "euclidean" (squared / d), "correlation" or "cosine"; None: `metric`
         compare: str = "spearman",  # RDM comparator: "spearman", "kendall" (tau_a) or "pearson"
+        block: int | None = None,  # pearson only: stream over blocks of this many RDM rows (memory O(block N)); None: above N = 2048
        ) -> Array:  # (...) correlation in [-1, 1]
     "Correlation (Spearman by default) between the pairwise-distance matrices (upper triangles) of `X` and `Y`."
     if compare not in _COMPARES: raise ValueError(f"compare: expected one of {_COMPARES}, got {compare!r}")
     if rdm is not None and rdm not in _RDMS: raise ValueError(f"rdm: expected one of {_RDMS}, got {rdm!r}")
+    if block is not None:
+        if isinstance(block, bool) or not (isinstance(block, int) and block >= 1): raise ValueError(f"block: expected an int >= 1, got {block!r}")
+        if compare != "pearson": raise ValueError(f"block: streaming is for compare='pearson'; {compare!r} ranks all N(N-1)/2 pairs at once")
     if rdm is not None or compare != "spearman":
         rdm = rdm or metric
-        return _per_pair(lambda a, b: _rsa_pair(a, b, rdm, compare), X, Y, 3, "rsa")
+        return _per_pair(lambda a, b: _rsa_pair(a, b, rdm, compare, block), X, Y, 3, "rsa")
     xp = _backend([X, Y], ["X", "Y"])
     x, y = _set_for_metric(X, metric, "X", xp, min_rows=3), _set_for_metric(Y, metric, "Y", xp, min_rows=3)
     _check_pair_rows(x, y, "X", "Y", same_d=False)
+    _check_rank_n(x.shape[-2], compare)
     _check_not_constant(x, "X", "rsa"); _check_not_constant(y, "Y", "rsa")
     lead, _ = _broadcast_lead([x, y], ["X", "Y"], [2, 2])
     (a, ca, fa), (b, cb, fb) = _rsa_operand(x, lead, metric), _rsa_operand(y, lead, metric)
@@ -847,12 +860,14 @@ def _rdm_vec(x, rdm):
     return D[..., iu, ju]
 
 def _tau_a(a, b):
-    "Kendall's tau_a of two vectors (M,), in blocks of rows (memory block * M)."
-    xp, M = _ops(a), a.shape[-1]
-    step, s = max(1, _CHUNK // M), 0.0
-    for i in range(0, M, step):
-        s += float((xp.sign(a[i:i + step, None] - a[None, :]) * xp.sign(b[i:i + step, None] - b[None, :])).sum())
-    return s / (M * (M - 1))
+    "Kendall's tau_a of two vectors (M,) in O(M log M): scipy's tau_b (exact concordance counts) rescaled by the tie counts."
+    from scipy.stats import kendalltau
+    a, b = (np.asarray(v.cpu() if is_tensor(v) else v, dtype=np.float64) for v in (a, b))
+    M = a.shape[-1]
+    n0 = M * (M - 1) / 2
+    ties = lambda v: float(sum(t * (t - 1) / 2 for t in np.unique(v, return_counts=True)[1]))
+    with np.errstate(invalid="ignore"):
+        return float(kendalltau(a, b).statistic) * math.sqrt((n0 - ties(a)) * (n0 - ties(b))) / n0
 
 def _corr(a, b):
     xp = _ops(a)
@@ -860,13 +875,53 @@ def _corr(a, b):
     return (a * b).sum() / xp.sqrt((a * a).sum() * (b * b).sum())
 
 _CHUNK = 2 ** 22
-
-def _rsa_pair(x, y, rdm, compare):
+def _rsa_pair(x, y, rdm, compare, block=None):
+    N = x.shape[-2]
+    if compare == "pearson" and (block is not None or N > _RSA_STREAM_N):
+        return _rsa_pearson_streaming(x, y, rdm, block or max(1, _CHUNK // N))
+    if compare != "pearson": _check_rank_n(N, compare)
     a, b = _rdm_vec(x, rdm), _rdm_vec(y, rdm)
     if compare == "kendall": return _tau_a(a, b)
     if compare == "spearman": a, b = _tied_ranks(a), _tied_ranks(b)
     return _corr(a, b)
 
+# %% ../nbs/02_metrics.ipynb #rsastrm2
+def _rdm_prep(x, rdm):
+    "Rows of x (N, d) prepared so that each RDM row is one product: (unit rows, None) for cosine/correlation, (centred rows, squared norms) for euclidean."
+    xp = _ops(x)
+    if rdm == "euclidean":
+        c = x - x.mean(axis=-2, keepdims=True)
+        return c, xp.einsum("nd,nd->n", c, c)
+    if rdm == "correlation": x = x - x.mean(axis=-1, keepdims=True)
+    return x / xp.sqrt(xp.einsum("nd,nd->n", x, x))[:, None], None
+
+def _rdm_rows(u, sq, i, j, d):
+    "(j - i, N) rows i:j of the RDM from prepared rows (see `_rdm_prep`); d the original width (euclidean / d)."
+    xp = _ops(u)
+    G = u[i:j] @ u.swapaxes(-1, -2)
+    if sq is None: return xp.clip(1.0 - G, 0.0, 2.0)
+    return xp.clip(sq[i:j, None] + sq[None, :] - 2.0 * G, 0.0, None) / d
+
+def _rsa_pearson_streaming(x, y, rdm, block):
+    "Pearson correlation of the RDM upper triangles of x (N, dx), y (N, dy), merged over row blocks: memory O(block N + N d)."
+    xp, N = _ops(x), x.shape[-2]
+    (u, su), (v, sv) = _rdm_prep(x, rdm), _rdm_prep(y, rdm)
+    cols = xp.arange(N)
+    n, ma, mb, caa, cbb, cab = 0, 0.0, 0.0, 0.0, 0.0, 0.0
+    for i in range(0, N - 1, block):
+        j = min(i + block, N)
+        keep = cols[None, :] > cols[i:j, None]                        # the upper triangle of these rows
+        a, b = _rdm_rows(u, su, i, j, x.shape[-1])[keep], _rdm_rows(v, sv, i, j, y.shape[-1])[keep]
+        k = a.shape[0]
+        ak, bk = a.mean(), b.mean()
+        da, db = a - ak, b - bk
+        t, ga, gb = n + k, ak - ma, bk - mb
+        caa = caa + (da * da).sum() + ga * ga * n * k / t
+        cbb = cbb + (db * db).sum() + gb * gb * n * k / t
+        cab = cab + (da * db).sum() + ga * gb * n * k / t
+        ma, mb, n = ma + ga * k / t, mb + gb * k / t, t
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return cab / xp.sqrt(caa * cbb)
 
 # %% ../nbs/02_metrics.ipynb #2f36ef57
 def _cka_streaming(x, y, debiased, block):
@@ -938,6 +993,10 @@ MEASURES = {m.name: m for m in [
        {"isotropic_scale", "permutation"}),
     _m("rsa_correlation_kendall", lambda x, y: rsa(x, y, rdm="correlation", compare="kendall"), "similarity", (-1, 1),
        1.0, False, {"isotropic_scale", "permutation"}),
+    _m("rsa_correlation_pearson", lambda x, y: rsa(x, y, rdm="correlation", compare="pearson"), "similarity", (-1, 1),
+       1.0, False, {"isotropic_scale", "permutation"}),
+    _m("rsa_euclidean_pearson", lambda x, y: rsa(x, y, rdm="euclidean", compare="pearson"), "similarity", (-1, 1), 1.0,
+       False, _ROT),
     _m("linreg_r2_xy", lambda x, y: linear_r2(x, y), "similarity", (0, 1), 1.0, False, _ROT),
     _m("linreg_r2_yx", lambda x, y: linear_r2(y, x), "similarity", (0, 1), 1.0, False, _ROT),
 ]}
@@ -953,7 +1012,6 @@ def linear_r2(X: ArrayLike,  # (..., N, dx) predictors
              ) -> Array:  # (...) share of Y's total variance explained, in [0, 1]
     "R^2 of the least-squares linear regression (with intercept) of Y on X, pooled over Y's dimensions (ReSi)."
     return _per_pair(_r2_pair, X, Y, 2, "linear_r2")
-
 
 # %% ../nbs/02_metrics.ipynb #1772b9e7
 def _pr_terms(x):

@@ -65,3 +65,32 @@ def test_corrected_participation_ratio_vs_dimensionality(correct, key):
     Z = X @ rng.normal(size=(6, 6)) + 3
     want = dimensionality.participation_ratio(Z, return_all=True)[key]
     assert abs(M.participation_ratio_corrected(Z, correct=correct) - want) < TOL * max(1, abs(want))
+
+def test_linear_cka_vs_repsim():
+    "repsim.cka defaults to an RBF kernel (0.699 here, not linear CKA); with kernel_type='linear' and the plug-in "
+    "('gretton') HSIC it is our linear CKA."
+    repsim = pytest.importorskip("repsim")
+    assert abs(M.linear_cka(X, Y) - repsim.cka([X, Y], kernel_type="linear", estimator="gretton")[0, 1]) < TOL
+    assert abs(M.linear_cka(X, Y) - repsim.cka([X, Y])[0, 1]) > 1e-3              # the default is another measure
+
+
+def test_debiased_cka_vs_repsim_song():
+    "repsim.cka(estimator='song') divides the unbiased HSIC(X, Y) by the *plug-in* HSIC(X, X), HSIC(Y, Y); debiased CKA "
+    "(ours, pytorch-cka, Nguyen et al. 2021) divides by the unbiased ones, i.e. the ratio of repsim.hsic(estimator='song')."
+    repsim = pytest.importorskip("repsim")
+    u = repsim.hsic([X, Y], kernel_type="linear", estimator="song")
+    b = repsim.hsic([X, Y], kernel_type="linear", estimator="gretton")
+    assert abs(M.linear_cka(X, Y, debiased=True) - u[0, 1] / np.sqrt(u[0, 0] * u[1, 1])) < TOL
+    got = repsim.cka([X, Y], kernel_type="linear", estimator="song")[0, 1]
+    assert abs(got - u[0, 1] / np.sqrt(b[0, 0] * b[1, 1])) < TOL                      # the documented difference
+    assert abs(got - M.linear_cka(X, Y, debiased=True)) > 1e-2
+
+
+@pytest.mark.parametrize("rdm", ["euclidean", "correlation"])
+def test_streaming_rsa_pearson_vs_rsatoolbox(rdm):
+    rsatoolbox = pytest.importorskip("rsatoolbox")
+    a, b = X[:30], Y[:30]
+    ra = rsatoolbox.rdm.calc_rdm(rsatoolbox.data.Dataset(a), method=rdm)
+    rb = rsatoolbox.rdm.calc_rdm(rsatoolbox.data.Dataset(b), method=rdm)
+    want = float(rsatoolbox.rdm.compare(ra, rb, method="corr")[0, 0])
+    assert abs(M.rsa(a, b, rdm=rdm, compare="pearson", block=4) - want) < TOL

@@ -54,3 +54,19 @@ def test_streaming_cka_equals_full_numpy_and_torch():
         t = linear_cka(torch.tensor(A, dtype=torch.float32), torch.tensor(B, dtype=torch.float32), debiased=deb, block=64)
         assert torch.is_tensor(t) and np.abs(t.numpy() - full).max() < 1e-6
     with pytest.raises(ValueError, match="block: expected an int >= 1"): linear_cka(A, B, block=0)
+
+def test_streaming_rsa_equals_full_numpy_and_torch():
+    "rsa(compare='pearson') in row blocks equals the full RDM computation; above N = 2048 it streams by default."
+    torch = pytest.importorskip("torch")
+    from scipy.spatial.distance import pdist
+    from embvar_study.metrics import rsa, _RSA_STREAM_N
+    A = rng.normal(size=(_RSA_STREAM_N + 52, 6)); B = A[:, :4] + rng.normal(size=(len(A), 4))
+    for rdm, dist in [("euclidean", "sqeuclidean"), ("correlation", "correlation"), ("cosine", "cosine")]:
+        full = np.corrcoef(pdist(A, dist), pdist(B, dist))[0, 1]          # scipy's full RDMs (euclidean: / d cancels)
+        assert abs(rsa(A, B, rdm=rdm, compare="pearson") - full) < 1e-6                 # default: streamed
+        assert abs(rsa(A[:300], B[:300], rdm=rdm, compare="pearson", block=37)
+                   - np.corrcoef(pdist(A[:300], dist), pdist(B[:300], dist))[0, 1]) < 1e-6
+        t = rsa(torch.tensor(A[:300]), torch.tensor(B[:300]), rdm=rdm, compare="pearson", block=64)
+        assert torch.is_tensor(t) and abs(t.item() - rsa(A[:300], B[:300], rdm=rdm, compare="pearson")) < 1e-6
+    with pytest.raises(ValueError, match=r"^rsa: compare='spearman' ranks all N\(N-1\)/2 = 50,005,000 RDM entries"):
+        rsa(np.tile(A, (5, 1))[:10_001], np.tile(B, (5, 1))[:10_001], rdm="euclidean")
