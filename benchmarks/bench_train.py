@@ -56,7 +56,7 @@ def ours(track_every, eval_every, **extra):
 
 def hf_trainer(arm):
     "Wall time of Trainer.train() and the tracker's clocks, for arm 'baseline' (no callback), 'tracking' (live=False) or 'live'."
-    from transformers import Trainer, TrainingArguments, DataCollatorWithPadding
+    from transformers import Trainer, TrainingArguments, DataCollatorWithPadding, PrinterCallback
     from embvar_study.tracking import EmbvarCallback
     cfg = TrainConfig(**base)
     tr, ev, probes = prepare_data(cfg)
@@ -71,6 +71,7 @@ def hf_trainer(arm):
                                  dataloader_num_workers=0, disable_tqdm=True)
         callbacks = [] if arm == "baseline" else [EmbvarCallback("builtin", Path(d) / "run", every=a.track_every, live=arm == "live")]
         trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=DataCollatorWithPadding(tok), processing_class=tok, callbacks=callbacks)
+        trainer.remove_callback(PrinterCallback)                        # no log lines on stdout (disable_tqdm adds it)
         t = time.perf_counter(); trainer.train(); wall = time.perf_counter() - t
         k = callbacks[0].tracker if callbacks else None
         clocks = {"total": k.seconds + k.log_seconds, "embed": k.embed_seconds, "live": k.live_seconds, "log": k.log_seconds,
