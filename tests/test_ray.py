@@ -1,7 +1,8 @@
 """The Ray executor end to end, on a local Ray cluster started inside the test (`ray.init(num_cpus=2)`, this machine
 only): the smoke learning-rate grid through Ray gives complete run folders whose embeddings are byte-identical to
 the local executor's; a worker killed in the middle of a run is retried and the sweep completes with no corrupt
-run folder; a second driver connects by address and leaves the cluster up; and bad input (no Ray, an unreachable
+run folder; a second driver connects by address and leaves the cluster up; a drift alarm ends a diverging run
+early (a sweep with `alarm`, and a Ray Tune trial through `report_to_tune`); and bad input (no Ray, an unreachable
 address, an output folder a node cannot see, more GPUs / CPUs per run than any node has) fails before any run
 starts. One cluster serves the whole module (Ray takes 10-30 s to start on a loaded machine)."""
 import contextlib
