@@ -6,14 +6,15 @@
 from __future__ import annotations
 import contextlib, logging, math, os, socket, sys, threading, time, types, uuid
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from .runs import atomic_write_text, _method_of
+if TYPE_CHECKING: from embvar_study.tracking import EmbeddingTracker
 
 # %% auto #0
 __all__ = ['RAY_INSTALL_HINT', 'CONNECT_TIMEOUT_S', 'PROBE_TIMEOUT_S', 'RayUnavailableError', 'ClusterError', 'import_ray',
            'check_run_resources', 'cluster_nodes', 'resolve_gpus_per_run', 'check_node_resources', 'check_reachable',
-           'ray_session', 'check_shared_folder', 'check_cluster', 'RayExecutor']
+           'ray_session', 'check_shared_folder', 'check_cluster', 'RayExecutor', 'report_to_tune', 'alarm_stopper']
 
 # %% ../nbs/13_ray.ipynb #82a1b0a5
 RAY_INSTALL_HINT = 'pip install "embvar-study[ray]"'
@@ -399,3 +400,36 @@ def run(self: RayExecutor,
         for ref in pending:
             with contextlib.suppress(Exception): ray.cancel(ref, force=True)
         raise
+
+# %% ../nbs/13_ray.ipynb #8c48002b
+def report_to_tune(tracker: EmbeddingTracker,  # a `tracking.EmbeddingTracker`, inside a Ray Tune trainable
+                   step: int,       # the training step just done (0 before the first)
+                   *,
+                   force: bool = False,  # track this step even if it is not due (e.g. the last)
+                   **extra: float,  # more numbers to report with the live metrics (e.g. loss=...)
+                  ) -> bool:        # True when the alarm has fired: return from the trainable
+    "Track `step` and report its live metrics (and `extra`) with `ray.tune.report`; on the alarm, close the run folder first."
+    metrics = tracker.step(step, force=force)
+    fired = tracker.alarm_fired
+    if fired and not tracker.writer._closed: tracker.close()         # stopped_by_alarm, before Tune can end the trial
+    if metrics:
+        import_ray()
+        from ray import tune
+        tune.report({**metrics, **extra, "step": int(step)})
+    return fired
+
+# %% ../nbs/13_ray.ipynb #0c025df3
+def alarm_stopper(alarm: object = None,  # None: stop on the reported `embvar/alarm`; else a rule (`tracking.alarm_rule` reads it) applied here
+                  ) -> Callable[[str, dict], bool]:  # for `ray.tune.RunConfig(stop=...)`: (trial_id, result) -> stop?
+    "A Ray Tune stopper: a trial stops at its first result where the tracker's alarm fired, or where `alarm` fires on the reported drift."
+    if alarm is None: return lambda trial_id, result: float(result.get("embvar/alarm", 0.0)) >= 1.0
+    from embvar_study.tracking import alarm_rule
+    rule = alarm_rule(alarm)
+    if rule.signal == "drift" and rule.layer != -1 and rule.layer < 0:
+        raise ValueError(f"alarm.layer: the stopper reads embvar/drift (layer -1) or embvar/drift/layer_K (K >= 0), got {rule.layer}")
+    if rule.signal == "drift_velocity" and rule.layer != -1:
+        raise ValueError(f"alarm.layer: the reported embvar/drift_velocity is the tracker's drift layer; expected -1, got {rule.layer}")
+    key = ("embvar/drift" if rule.layer == -1 else f"embvar/drift/layer_{rule.layer}") if rule.signal == "drift" else "embvar/drift_velocity"
+    def stop(trial_id: str, result: dict) -> bool:
+        return key in result and "step" in result and rule.fires(result[key], int(result["step"]))
+    return stop

@@ -132,6 +132,11 @@ def alarm_rule(spec: float | dict | AlarmRule | str | Path | object,  # a thresh
 class NonFiniteEmbeddings(ValueError):
     "The probe embeddings at a checkpoint contain NaN or inf (the model diverged)."
 
+def _check_live(live, alarm) -> bool:
+    if not isinstance(live, bool): raise ValueError(f"live: expected True or False, got {live!r}")
+    if not live and alarm is not None: raise ValueError(f"live: an alarm needs the live metrics (live=True), got live=False with alarm={alarm!r}")
+    return live
+
 # %% ../nbs/10_tracking.ipynb #e8008731
 def model_facts(model: torch.nn.Module, # the model being trained (a PEFT model too)
                ) -> dict:               # {"parameters": {n_params, n_trainable_params, trainable_share}, "lora": ... (PEFT only)}
@@ -159,18 +164,20 @@ class EmbeddingTracker:
                  drift_layer: int = -1,     # saved-layer index of the live `embvar/drift` (as `Run.embeddings(layer=...)`)
                  drift_pooling: str | None = None,  # pooling of the live metrics (default: the first of `poolings`)
                  alarm=None,                # an alarm rule, anything `alarm_rule` reads (a threshold, a dict, a JSON file, ...)
+                 live: bool = True,         # compute the live metrics (and check the alarm) at each tracked step; False: save only
                 ):
         self.model, self.tokenizer, self.autocast = model, tokenizer, autocast
         if poolings is None: poolings = ("last",) if is_decoder(getattr(model, "config", None)) else ("mean",)
         self.settings = tracker_settings(every, layers, poolings, max_length, batch_size, dtype)
-        self.probes = probe_table(probes)
+        self.probes, self.live = probe_table(probes), _check_live(live, alarm)
         self.drift_layer, self.drift_pooling, self.alarm_rule = self._live_settings(drift_layer, drift_pooling, alarm)
         armed = {"alarm": self.alarm_rule.to_dict()} if self.alarm_rule else {}
         self.config = {**(config or {}), "tracker": self.settings, **armed, **model_facts(model)}
         identity = None if identity is None else {**identity, "tracker": self.settings, **armed}
         self.writer = RunWriter(run_dir, self.config, self.probes, identity=identity, lock=lock)
         self.run_dir, self.tracked, self.seconds = Path(run_dir), [], 0.0
-        self.metrics, self.alarm, self.live_seconds, self._ref, self._prev, self._last = {}, None, 0.0, None, None, -1
+        self.metrics, self.alarm, self._ref, self._prev, self._last = {}, None, None, None, -1
+        self.embed_seconds, self.live_seconds, self.log_seconds = 0.0, 0.0, 0.0   # parts of the tracker's time (see "Cost")
 
     def _live_settings(self, layer, pooling, alarm) -> tuple:
         pools = self.settings["poolings"]
@@ -202,16 +209,19 @@ class EmbeddingTracker:
         if bad: raise NonFiniteEmbeddings(f"non-finite probe embeddings ({'/'.join(bad)} pooling) at step {step}")
         self.writer.save_embeddings(int(step), arrays, dtype=self.settings["dtype"])
         self.writer.flush(); self.tracked.append(int(step)); self._last = max(self._last, int(step))
+        if not self.live: self.metrics = {}; return
         t = time.perf_counter(); self.metrics = self._live(int(step), arrays); self.live_seconds += time.perf_counter() - t
 
     def step(self, step: int, *, force: bool = False,
              log: object = None,     # where to send the live metrics too (see `send_metrics`)
-            ) -> dict:               # the live metrics (see above); {} when the step was not tracked
+            ) -> dict:               # the live metrics (see above); {} when the step was not tracked (or live=False)
         "Embed and save the probes if `step` is due (or `force`), once per step; the live metrics, also sent to `log`."
         self._last = max(self._last, int(step))
         if not (self.due(step) or (force and step not in self.tracked)): return {}
-        t = time.perf_counter(); self.record(step, self.embed()); self.seconds += time.perf_counter() - t
-        if log is not None: send_metrics(log, self.metrics, int(step))
+        t = time.perf_counter(); arrays = self.embed(); self.embed_seconds += time.perf_counter() - t
+        self.record(step, arrays); self.seconds += time.perf_counter() - t
+        if log is not None and self.metrics:
+            t = time.perf_counter(); send_metrics(log, self.metrics, int(step)); self.log_seconds += time.perf_counter() - t
         return dict(self.metrics)
 
     @property
@@ -315,6 +325,7 @@ class EmbvarCallback(TrainerCallback):
                  **tracker_kwargs):
         self.probes, self.run_dir, self.every, self.extra, self.kwargs = probes, Path(run_dir), every, config or {}, tracker_kwargs
         self.alarm, self.stop = None if alarm is None else alarm_rule(alarm), _check_stop(stop)
+        _check_live(tracker_kwargs.get("live", True), alarm)
         self.tracker: EmbeddingTracker | None = None
         self.summary: dict = {}   # Trainer's end-of-training log (runtime, mean loss, ...): a fact for COMPLETE, not a history row
         self._handler, self._publishing = None, False
@@ -345,9 +356,9 @@ class EmbvarCallback(TrainerCallback):
         "Send `metrics` to every callback's `on_log` (the report_to integrations included), as `Trainer.log` does."
         if not metrics or self._handler is None: return
         state.log_history.append({**metrics, "step": state.global_step})
-        should_log, self._publishing = control.should_log, True    # handler.on_log resets should_log: the step's own loss log
-        try: new = self._handler.on_log(args, state, control, dict(metrics))   # must still happen
-        finally: self._publishing = False
+        should_log, self._publishing, t = control.should_log, True, time.perf_counter()   # handler.on_log resets should_log:
+        try: new = self._handler.on_log(args, state, control, dict(metrics))   # the step's own loss log must still happen
+        finally: self._publishing = False; self.tracker.log_seconds += time.perf_counter() - t
         if new is not None and new is not control: control.__dict__.update(new.__dict__)
         control.should_log = should_log
 
@@ -380,6 +391,7 @@ def _lightning_callback_class() -> type:
             self.probes, self.run_dir, self.every, self.tokenizer, self.model_attr = probes, Path(run_dir), every, tokenizer, model_attr
             self.extra, self.kwargs = config or {}, tracker_kwargs
             self.alarm, self.stop = None if alarm is None else alarm_rule(alarm), _check_stop(stop)
+            _check_live(tracker_kwargs.get("live", True), alarm)
             self.tracker: EmbeddingTracker | None = None
 
         def on_train_start(self, trainer, pl_module) -> None:
@@ -403,8 +415,10 @@ def _lightning_callback_class() -> type:
 
         def _publish(self, trainer, metrics: dict) -> None:
             if not metrics: return
+            t = time.perf_counter()
             for logger in trainer.loggers: logger.log_metrics(metrics, step=trainer.global_step)
             trainer.callback_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
+            self.tracker.log_seconds += time.perf_counter() - t
 
         def on_train_end(self, trainer, pl_module) -> None:
             self._publish(trainer, self.tracker.step(trainer.global_step, force=True))

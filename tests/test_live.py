@@ -289,3 +289,23 @@ def test_float16_storage_and_a_velocity_alarm_in_a_plain_loop(tmp_path):
     (run.path / "COMPLETE").write_text(json.dumps(marker))
     with pytest.raises(CorruptRunError, match="field 'alarm': expected null or a dict"):
         load_run(run.path)
+
+
+def test_the_live_metrics_cost_no_second_forward_pass(tmp_path, monkeypatch):
+    "Forward calls of the model (a forward hook) in a Trainer run with the live metrics sent to TensorBoard, and without them."
+    calls, runs = {}, {}
+    for live in (True, False):
+        cb = EmbvarCallback(PROBES, tmp_path / f"run_{live}", every=2, batch_size=3, live=live)
+        monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / f"tb_{live}"))
+        t = make_trainer(tmp_path / f"t_{live}", [cb], report_to=["tensorboard"] if live else [], epochs=1)
+        n = []
+        h = t.model.register_forward_hook(lambda *_: n.append(1))
+        try: t.train()
+        finally: h.remove()
+        calls[live], runs[live] = len(n), load_run(tmp_path / f"run_{live}")
+        assert t.state.global_step == 4 and runs[live].steps.tolist() == [0, 2, 4]
+    assert calls[True] == calls[False] == 4 + 3 * -(-len(PROBES) // 3)      # 4 training steps + 3 checkpoints x probe batches
+    assert sorted(tb_scalars(tmp_path / "tb_True")["train/embvar/drift"]) == [0, 2, 4]     # the live run did log
+    np.testing.assert_array_equal(runs[True].embeddings(-1, "mean"), runs[False].embeddings(-1, "mean"))
+    with pytest.raises(ValueError, match=r"^live: an alarm needs the live metrics"):
+        EmbvarCallback(PROBES, tmp_path / "x", alarm=0.05, live=False)

@@ -1,7 +1,8 @@
 """The Ray executor end to end, on a local Ray cluster started inside the test (`ray.init(num_cpus=2)`, this machine
 only): the smoke learning-rate grid through Ray gives complete run folders whose embeddings are byte-identical to
 the local executor's; a worker killed in the middle of a run is retried and the sweep completes with no corrupt
-run folder; a second driver connects by address and leaves the cluster up; and bad input (no Ray, an unreachable
+run folder; a second driver connects by address and leaves the cluster up; a drift alarm ends a diverging run
+early (a sweep with `alarm`, and a Ray Tune trial through `report_to_tune`); and bad input (no Ray, an unreachable
 address, an output folder a node cannot see, more GPUs / CPUs per run than any node has) fails before any run
 starts. One cluster serves the whole module (Ray takes 10-30 s to start on a loaded machine)."""
 import contextlib
@@ -140,6 +141,76 @@ def test_a_run_that_fails_for_its_own_reasons_is_recorded_not_retried(cluster, t
     assert not is_complete(tmp_path / m["path"][0])
     assert list(load_manifest(tmp_path, "fail")["status"]) == ["failed"]
     assert time.perf_counter() - t < 60
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The drift alarm ends a run early: a sweep through the executor, and a Ray Tune trial
+
+ALARM_BASE = {**BASE, "max_steps": 8, "track_every": 1, "alarm": {"threshold": 0.05}}   # drift above 0.05 stops the run
+
+
+def test_a_ray_sweep_ends_a_diverging_run_at_its_alarm(cluster, tmp_path):
+    from embvar_study.report import alarm_note
+    from embvar_study.study import study_from_runs
+    m = run_sweep("alarm", ALARM_BASE, [{"lr": 3.0, "seed": 0}, {"lr": 1e-6, "seed": 0}], tmp_path, executor="ray",
+                  ray_options={"num_cpus_per_run": 1}, say=None)
+    assert list(m["status"]) == ["stopped_by_alarm", "completed"] and (m["error"] == "").all()
+    assert list(load_manifest(tmp_path, "alarm")["status"]) == ["stopped_by_alarm", "completed"]
+    stopped, stable = (load_run(tmp_path / p, verify=True) for p in m["path"])
+    hit = stopped.alarm
+    assert stopped.status == "stopped_by_alarm" and hit["fired"] and 1 <= hit["step"] < 8      # ended early
+    assert stopped.steps[-1] == hit["step"] and stopped.marker["steps_done"] == hit["step"]   # no step after the alarm's
+    curve = drift_curve(stopped.embeddings(-1, "mean"))
+    assert hit["value"] == pytest.approx(curve[-1], abs=1e-6) and hit["value"] > 0.05 and (curve[:-1] <= 0.05).all()
+    assert stable.status == "completed" and not stable.alarm["fired"] and stable.steps[-1] == 8
+    note = alarm_note(study_from_runs([stopped.path, stable.path], group_by="lr"))
+    assert note.startswith("**1 run stopped by a drift alarm**") and f"at step {hit['step']}" in note
+
+
+def test_a_tune_trial_ends_at_its_alarm(cluster, tmp_path):
+    "Ray Tune, two trials of a plain loop tracked with the same alarm rule: the diverging one ends at its alarm."
+    from ray import tune
+    from embvar_study.ray_executor import alarm_stopper
+    out, rule = tmp_path / "runs", {"threshold": 0.05, "start": 1}
+
+    def trainable(config):                       # pickled by value: everything it needs is imported inside
+        import torch
+        from embvar_study.models import load_model_and_tokenizer
+        from embvar_study.ray_executor import report_to_tune
+        from embvar_study.tracking import EmbeddingTracker
+        torch.set_num_threads(1)
+        model, tok = load_model_and_tokenizer("tiny-distilbert", num_labels=2, init_seed=0)
+        opt = torch.optim.AdamW(model.parameters(), lr=config["lr"])
+        batch = tok(["a good film", "a bad film", "great acting", "dull plot"], padding=True, return_tensors="pt")
+        labels = torch.tensor([1, 0, 1, 0])
+        tracker = EmbeddingTracker(model, tok, ["the movie was wonderful", "the plot made no sense", "an average evening"],
+                                   Path(config["out"]) / f"lr_{config['lr']:g}", every=1, alarm=config["rule"])
+        model.train()
+        for step in range(9):
+            loss = None
+            if step:
+                loss = model(**batch, labels=labels).loss
+                loss.backward(); opt.step(); opt.zero_grad()
+            if report_to_tune(tracker, step, loss=loss.item() if loss is not None else 0.0): return
+        tracker.close()
+
+    t = time.perf_counter()
+    grid = tune.Tuner(tune.with_resources(trainable, {"cpu": 1}),
+                      param_space={"lr": tune.grid_search([3.0, 1e-6]), "out": str(out), "rule": rule},
+                      run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"), stop=alarm_stopper(), verbose=0)).fit()
+    took = time.perf_counter() - t
+    assert not grid.errors, grid.errors
+    res = {r.config["lr"]: r for r in grid}
+    hist = {lr: r.metrics_dataframe.sort_values("step") for lr, r in res.items()}
+    stopped, stable = load_run(out / "lr_3", verify=True), load_run(out / "lr_1e-06", verify=True)
+    assert stopped.status == "stopped_by_alarm" and 1 <= stopped.alarm["step"] < 8 and stopped.steps[-1] == stopped.alarm["step"]
+    assert hist[3.0]["step"].tolist() == stopped.steps.tolist()              # the trial reported nothing after its alarm
+    assert hist[3.0]["embvar/alarm"].tolist() == [0.0] * (len(stopped.steps) - 1) + [1.0]
+    assert stable.status == "completed" and stable.steps.tolist() == list(range(9)) and not stable.alarm["fired"]
+    assert hist[1e-6]["step"].tolist() == list(range(9)) and (hist[1e-6]["embvar/alarm"] == 0).all()
+    for lr, run in ((3.0, stopped), (1e-6, stable)):     # what Tune received is the drift of the run folder
+        np.testing.assert_allclose(hist[lr]["embvar/drift"], drift_curve(run.embeddings(-1, "mean")), atol=1e-6, rtol=0)
+    assert took < 60, f"took {took:.0f}s"
 
 
 # ---------------------------------------------------------------------------------------------------------------
