@@ -305,7 +305,7 @@ def test_outcome_auc_matches_brute_force_on_the_study(study):
         x = np.array([d[list(s).index(row["step"])] for s, d in zip(t["steps"], t["drift"])])
         assert row["auc"] == pytest.approx(_brute_auc(x, f.astype(int)))
         assert np.isnan(row["low"]) and np.isnan(row["high"]) and row["n_failed"] == 2 and row["n_ok"] == 6   # 2 failed: refused
-    assert tab.attrs["ci_method"] == "no interval: 2 runs in the smaller class (a stratified bootstrap needs 10 in each to cover 95%)"
+    assert tab.attrs["ci_method"].startswith("no interval: 2 runs in the smaller class")
 
 
 def test_a_diverged_run_uses_its_last_tracked_step():
