@@ -52,13 +52,14 @@ def probe_drift(run: "Run", layer: int = -1, pooling: str = "mean") -> np.ndarra
 # %% ../nbs/16_analysis.ipynb #5e8978a8
 def _per_checkpoint(h: pd.DataFrame, steps, col: str, how: str = "mean") -> np.ndarray:
     "`col` of the history aggregated over the steps since the previous checkpoint (mean), or summed from the start (cumsum)."
-    rows = h.dropna(subset=[col])[["step", col]] if col in h else pd.DataFrame({"step": [], col: []})
-    if how == "cumsum": return np.array([rows[rows["step"] <= s][col].sum() for s in steps], dtype=float)
-    out, prev = [], -1
-    for s in steps:
-        w = rows[(rows["step"] > prev) & (rows["step"] <= s)][col]
-        out.append(w.mean() if len(w) else np.nan); prev = s
-    return np.asarray(out, dtype=float)
+    rows = h.dropna(subset=[col]).sort_values("step", kind="stable") if col in h else pd.DataFrame({"step": [], col: []})
+    s, v, steps = rows["step"].to_numpy(), rows[col].to_numpy(np.float64), np.asarray(steps)
+    csum = np.r_[0.0, np.cumsum(v)]
+    end = np.searchsorted(s, steps, side="right")                       # rows with step <= each checkpoint
+    if how == "cumsum": return csum[end]
+    start = np.r_[0, end[:-1]]                                          # rows since the previous checkpoint (checkpoints increase)
+    n = end - start
+    return np.divide(csum[end] - csum[start], n, out=np.full(len(steps), np.nan), where=n > 0)
 
 def drift_curves(rs: RunSet, layer: int = -1, pooling: str = "mean") -> pd.DataFrame:  # one row per run and tracked step
     "Drift, step-to-step drift, path length, cumulative learning rate, losses and held-out metrics per run and step."
