@@ -14,12 +14,12 @@ from numpy.typing import ArrayLike
 from .checks import as_float_array, check_at_least
 from .metrics import cosine_drift, cross_run_dispersion, total_variance
 from .align import PAIR_MEASURES, pairwise_run_table
-from .stats import _check_confidence, _check_n_resamples, cluster_bootstrap_ci
+from .stats import _check_confidence, _check_n_resamples, seed_interval, interval_method
 from .study import RunSet, NotComputed
 
 # %% auto #0
-__all__ = ['TRANSFORMS', 'dissimilarities', 'weighted_spearman', 'measure_agreement', 'agreement_matrix', 'expected_invariances',
-           'invariance_table', 'agreement_tables', 'pooling_sensitivity']
+__all__ = ['AGREEMENT_MIN_RUNS', 'TRANSFORMS', 'dissimilarities', 'weighted_spearman', 'measure_agreement', 'agreement_matrix',
+           'expected_invariances', 'invariance_table', 'agreement_tables', 'pooling_sensitivity']
 
 # %% ../nbs/19_agreement.ipynb #d43015e8
 def dissimilarities(pairs: pd.DataFrame,  # align.pairwise_run_table(...)
@@ -68,12 +68,15 @@ def _boot_weights(i: np.ndarray, j: np.ndarray, K: int, n_resamples: int, rng: n
     return rng.multinomial(i.size, np.full(i.size, 1.0 / i.size), size=n_resamples)
 
 # %% ../nbs/19_agreement.ipynb #2b9989ad
+AGREEMENT_MIN_RUNS = 11   # below this many runs measure_agreement refuses intervals
+
 def measure_agreement(pairs: pd.DataFrame,        # align.pairwise_run_table(...)
                       *,
                       n_resamples: int = 2000,    # bootstrap resamples
                       seed: int | np.random.Generator | None = 0,  # int, SeedSequence or Generator
                       confidence: float = 0.95,   # nominal coverage of the percentile intervals
                       resample: str = "runs",     # 'runs' (default, honest) or 'pairs' (treats pairs as independent)
+                      min_runs: int = AGREEMENT_MIN_RUNS,  # fewer runs: intervals refused (NaN), the reason in attrs['ci_method']
                      ) -> pd.DataFrame:           # measure_a, measure_b, spearman, ci_low, ci_high, n_pairs, n_valid, resample
     "Spearman rank correlation between every two measures across run pairs, with bootstrap CIs."
     D = dissimilarities(pairs)
@@ -83,15 +86,22 @@ def measure_agreement(pairs: pd.DataFrame,        # align.pairwise_run_table(...
     n_resamples, confidence = _check_n_resamples(n_resamples), _check_confidence(confidence)
     check_at_least(len(D), 3, "pairs", "run pairs (3 runs give 3 pairs)")
     i, j = pairs["i"].to_numpy(int), pairs["j"].to_numpy(int)
-    W = _boot_weights(i, j, int(max(i.max(), j.max())) + 1, n_resamples, np.random.default_rng(seed), resample)
+    K = int(max(i.max(), j.max())) + 1
+    refuse = K < min_runs
+    W = np.zeros((0, len(D))) if refuse else _boot_weights(i, j, K, n_resamples, np.random.default_rng(seed), resample)
     rows = []
     for a, b in itertools.combinations(D, 2):
         r = weighted_spearman(D[a], D[b], np.vstack([np.ones(len(D)), W]))  # row 0: the estimate, then the resamples
         ok = np.isfinite(r[1:])
-        lo, hi = np.quantile(r[1:][ok], [(1 - confidence) / 2, (1 + confidence) / 2]) if ok.any() else (np.nan, np.nan)
+        lo, hi = np.quantile(r[1:][ok], [(1 - confidence) / 2, (1 + confidence) / 2]) if ok.any() else (np.nan, np.nan)   # none when refused
         rows.append({"measure_a": a, "measure_b": b, "spearman": float(r[0]), "ci_low": float(lo), "ci_high": float(hi),
                      "n_pairs": len(D), "n_valid": int(ok.sum()), "resample": resample})
-    return pd.DataFrame(rows)
+    t = pd.DataFrame(rows)
+    t.attrs["ci_method"] = (f"no interval: {K} runs (the run bootstrap of a rank correlation over the {len(D)} pairs of so few runs has "
+                            f"no coverage guarantee; intervals are given from {min_runs} runs)" if refuse else
+                            f"{100 * confidence:g}% percentile bootstrap over {'runs' if resample == 'runs' else 'pairs'} ({K} runs), "
+                            "approximate: coverage not verified")
+    return t
 
 # %% ../nbs/19_agreement.ipynb #7650aab7
 def agreement_matrix(agreement: pd.DataFrame,  # measure_agreement(...)
@@ -199,9 +209,9 @@ def _pooling_rows(rs: RunSet, pooling: str, first: int, last: int, n_resamples: 
     final, K = np.moveaxis(E[:, 1], 0, 1), len(E)                                  # (L+1, K, N, d)
     disp, within = cross_run_dispersion(final), total_variance(final).mean(-1)     # across runs; across probes (L+1,)
     between = disp["mean_sq_distance"] * K / (K - 1)
-    ci = [cluster_bootstrap_ci(drift[:, layer], n_resamples=n_resamples, seed=seed) for layer in range(E.shape[2])]
-    return pd.DataFrame({"pooling": pooling, "layer": np.arange(E.shape[2]), "step": last, "n_runs": K, "drift": [c.estimate for c in ci],
-                         "drift_low": [c.low for c in ci], "drift_high": [c.high for c in ci], "seed_cos": disp["mean_cosine_distance"],
+    ci = seed_interval(drift.mean(-1))                                            # t over the K per-run means, every layer at once
+    return pd.DataFrame({"pooling": pooling, "layer": np.arange(E.shape[2]), "step": last, "n_runs": K, "drift": ci["estimate"],
+                         "drift_low": ci["low"], "drift_high": ci["high"], "seed_cos": disp["mean_cosine_distance"],
                          "seed_share": np.divide(between, within, out=np.full(len(within), np.nan), where=within > 0)})
 
 # %% ../nbs/19_agreement.ipynb #b585fb38
@@ -209,7 +219,7 @@ def pooling_sensitivity(rs: RunSet,              # e.g. study.runs("seed_sweep")
                         *,
                         poolings: list[str] | None = None,  # default: every pooling stored by all runs
                         step: int | None = None, # default: the last tracked step common to all runs
-                        n_resamples: int = 1000, # cluster-bootstrap resamples of the drift CI
+                        n_resamples: int = 1000, # kept for callers: the drift interval is a t interval over runs
                         seed: int | np.random.Generator | None = 0,  # bootstrap seed
                        ) -> pd.DataFrame:        # pooling, layer, step, n_runs, drift, drift_low, drift_high, seed_cos, seed_share
     "Drift and seed variance per pooling and layer, on the same runs and probes."
@@ -219,4 +229,6 @@ def pooling_sensitivity(rs: RunSet,              # e.g. study.runs("seed_sweep")
     bad = [p for p in poolings if p not in stored]
     if bad: raise ValueError(f"poolings: {bad} not stored by every run; stored: {stored} (add them to the run config's `poolings`)")
     first = int(rs.common_steps()[0])
-    return pd.concat([_pooling_rows(rs, p, first, last, n_resamples, seed) for p in poolings], ignore_index=True)
+    t = pd.concat([_pooling_rows(rs, p, first, last, n_resamples, seed) for p in poolings], ignore_index=True)
+    t.attrs["ci_method"] = interval_method(len(rs)) + " (drift, per pooling and layer)"
+    return t

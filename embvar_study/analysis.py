@@ -14,13 +14,14 @@ from .study import RunSet, NotComputed, config_value, format_lr
 from .metrics import (cosine_drift, drift_curve, step_drift, spectrum_summary, covariance_spectrum, class_variance,
                                   cross_run_dispersion)
 from .align import generalized_procrustes, pairwise_run_table
-from .stats import cluster_bootstrap_ci, effect_size_table, bootstrap_ci, mean_difference_ci, seed_interval
+from .stats import effect_size_table, seed_interval, difference_interval
 
 # %% auto #0
-__all__ = ['REFERENCE', 'runs_table', 'probe_drift', 'drift_curves', 'drift_summary', 'setup_table', 'reference_table',
-           'layer_drift_table', 'pairwise_table', 'similarity_matrix', 'dispersion_over_training', 'geometry_table',
-           'lr_effects', 'noise_floor', 'mitigation_table', 'perturbation_table', 'curve_gap', 'collapse_table',
-           'schedule_effects', 'change_spectrum', 'lora_table', 'lora_comparisons', 'provenance_tables']
+__all__ = ['REFERENCE', 'COLLAPSE_CI_METHOD', 'runs_table', 'probe_drift', 'drift_curves', 'drift_summary', 'setup_table',
+           'reference_table', 'layer_drift_table', 'pairwise_table', 'similarity_matrix', 'dispersion_over_training',
+           'geometry_table', 'lr_effects', 'noise_floor', 'mitigation_table', 'perturbation_table', 'curve_gap',
+           'collapse_table', 'schedule_effects', 'change_spectrum', 'lora_table', 'lora_comparisons',
+           'provenance_tables']
 
 # %% ../nbs/16_analysis.ipynb #ebb2079a
 def _history(run) -> tuple[pd.DataFrame, pd.DataFrame]:  # (training rows, held-out rows)
@@ -51,13 +52,14 @@ def probe_drift(run: "Run", layer: int = -1, pooling: str = "mean") -> np.ndarra
 # %% ../nbs/16_analysis.ipynb #5e8978a8
 def _per_checkpoint(h: pd.DataFrame, steps, col: str, how: str = "mean") -> np.ndarray:
     "`col` of the history aggregated over the steps since the previous checkpoint (mean), or summed from the start (cumsum)."
-    rows = h.dropna(subset=[col])[["step", col]] if col in h else pd.DataFrame({"step": [], col: []})
-    if how == "cumsum": return np.array([rows[rows["step"] <= s][col].sum() for s in steps], dtype=float)
-    out, prev = [], -1
-    for s in steps:
-        w = rows[(rows["step"] > prev) & (rows["step"] <= s)][col]
-        out.append(w.mean() if len(w) else np.nan); prev = s
-    return np.asarray(out, dtype=float)
+    rows = h.dropna(subset=[col]).sort_values("step", kind="stable") if col in h else pd.DataFrame({"step": [], col: []})
+    s, v, steps = rows["step"].to_numpy(), rows[col].to_numpy(np.float64), np.asarray(steps)
+    csum = np.r_[0.0, np.cumsum(v)]
+    end = np.searchsorted(s, steps, side="right")                       # rows with step <= each checkpoint
+    if how == "cumsum": return csum[end]
+    start = np.r_[0, end[:-1]]                                          # rows since the previous checkpoint (checkpoints increase)
+    n = end - start
+    return np.divide(csum[end] - csum[start], n, out=np.full(len(steps), np.nan), where=n > 0)
 
 def drift_curves(rs: RunSet, layer: int = -1, pooling: str = "mean") -> pd.DataFrame:  # one row per run and tracked step
     "Drift, step-to-step drift, path length, cumulative learning rate, losses and held-out metrics per run and step."
@@ -176,14 +178,21 @@ def similarity_matrix(pairs: pd.DataFrame, col: str) -> pd.DataFrame:  # square,
     return m
 
 # %% ../nbs/16_analysis.ipynb #9812e2fc
+def _row_space(X: np.ndarray,  # (..., N, d) configurations
+              ) -> np.ndarray:  # (..., N, min(N, d)) the same configurations in coordinates of their own row space
+    "Each configuration as X Q with Q (d, N) orthonormal spanning its rows (QR of X^T): distances, centring and Procrustes fits unchanged."
+    if X.shape[-1] <= X.shape[-2]: return X
+    return np.swapaxes(np.linalg.qr(np.swapaxes(X, -1, -2), mode="r"), -1, -2)   # X = R^T Q^T, so X Q = R^T
+
 def dispersion_over_training(rs: RunSet, layer: int = -1, pooling: str = "mean") -> pd.DataFrame:  # step, raw, aligned, pairwise cosine
     "Per common step: raw and GPA-aligned mean squared distance of the K runs to their mean, and mean pairwise cosine distance."
     if len(rs) < 2: raise NotComputed(f"seed dispersion needs at least 2 runs, got {len(rs)}")
     steps = rs.common_steps()
     X = np.stack([r.embeddings(layer=layer, pooling=pooling, steps=steps) for r in rs.runs], axis=1).astype(np.float64)  # (T, K, N, d)
     raw = cross_run_dispersion(X)["mean_sq_distance"]
-    aligned = np.array([cross_run_dispersion(generalized_procrustes(x).aligned)["mean_sq_distance"] if r > 0 else 0.0
-                        for x, r in zip(X, raw)])
+    Z = _row_space(X)                     # (T, K, N, min(N, d)): GPA rotates each run freely, so only its row space matters
+    aligned = np.array([cross_run_dispersion(generalized_procrustes(z).aligned)["mean_sq_distance"] if r > 0 else 0.0
+                        for z, r in zip(Z, raw)])
     i, j = np.triu_indices(X.shape[1], k=1)
     cos = cosine_drift(X[:, i], X[:, j]).mean(-1)
     return pd.DataFrame({"step": steps, "raw_dispersion": raw, "aligned_dispersion": aligned, "pairwise_cos_dist": cos})
@@ -290,24 +299,26 @@ def _pair_gaps(a: tuple, b: tuple) -> tuple[float, float, float, float]:  # (gap
     return gc, lo, hi, gs
 
 # %% ../nbs/16_analysis.ipynb #522a0bee
+COLLAPSE_CI_METHOD = ("no interval for the gaps: a gap is a mean of absolute differences between two groups' mean curves; with "
+                      "3-10 seeds per group neither a seed bootstrap nor a jackknife-t reaches 95% coverage (simulated)")
+
 def collapse_table(rs: RunSet, layer: int = -1, pooling: str = "mean", *, n_resamples: int = 1000,
                    confidence: float = 0.95, seed: int = 0) -> pd.DataFrame:  # one row per pair of (lr, schedule) groups
-    "Gap between every two groups' mean drift curves against the cumulative lr, and against the step, with seed-bootstrap CIs."
+    "Gap between every two groups' mean drift curves against the cumulative lr, and against the step; intervals refused (NaN, reason in attrs)."
+    # n_resamples, confidence and seed are kept for callers; no resampling is done (see COLLAPSE_CI_METHOD)
     groups = _group_arrays(rs, layer, pooling)
     if len(groups) < 2: raise NotComputed(f"the collapse test needs at least 2 groups of rate and schedule, got {len(groups)}")
-    rng, q = np.random.default_rng(seed), [(1 - confidence) / 2, (1 + confidence) / 2]
-    draws = {k: rng.integers(0, v[1].shape[0], size=(n_resamples, v[1].shape[0])) for k, v in groups.items()}   # seeds per group
-    mean = lambda k, idx=None: (groups[k][0], *(a.mean(0) if idx is None else a[idx].mean(0) for a in groups[k][1:]))
+    mean = {k: (v[0], v[1].mean(0), v[2].mean(0)) for k, v in groups.items()}
     out = []
     for i, a in enumerate(groups):
         for b in list(groups)[i + 1:]:
-            gc, lo, hi, gs = _pair_gaps(mean(a), mean(b))
-            boot = np.array([_pair_gaps(mean(a, draws[a][r]), mean(b, draws[b][r])) for r in range(n_resamples)])
-            (cl, ch), (sl, sh) = (np.nanquantile(boot[:, j], q) if np.isfinite(boot[:, j]).any() else (np.nan, np.nan) for j in (0, 3))
+            gc, lo, hi, gs = _pair_gaps(mean[a], mean[b])
             out.append({"group_a": f"lr {format_lr(a[0])}, {a[1]}", "group_b": f"lr {format_lr(b[0])}, {b[1]}", "cum_lr_low": lo,
-                        "cum_lr_high": hi, "gap_cum_lr": gc, "gap_cum_lr_low": cl, "gap_cum_lr_high": ch,
-                        "gap_step": gs, "gap_step_low": sl, "gap_step_high": sh})
-    return pd.DataFrame(out)
+                        "cum_lr_high": hi, "gap_cum_lr": gc, "gap_cum_lr_low": np.nan, "gap_cum_lr_high": np.nan,
+                        "gap_step": gs, "gap_step_low": np.nan, "gap_step_high": np.nan})
+    t = pd.DataFrame(out)
+    t.attrs["ci_method"] = COLLAPSE_CI_METHOD
+    return t
 
 # %% ../nbs/16_analysis.ipynb #2f506ab7
 def schedule_effects(rs: RunSet, layer: int = -1, pooling: str = "mean", *, n_resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
@@ -353,19 +364,20 @@ def lora_table(rs: RunSet, layer: int = -1, pooling: str = "mean", *, n_resample
     out = []
     for arm, v in _arm_values(rs, layer, pooling).items():
         c, S = v["runs"][0].config, len(v["runs"])
-        acc_ci = bootstrap_ci(v["acc"], n_resamples=n_resamples, method="percentile", seed=seed) if S >= 2 and np.isfinite(v["acc"]).all() else None
-        dr_ci = cluster_bootstrap_ci(v["drift"], n_resamples=n_resamples, seed=seed) if S >= 2 else None
+        acc_ci, dr_ci = seed_interval(v["acc"]), seed_interval(v["drift"].mean(1))   # t over the seeds (NaN with 1 seed)
         sp = v["spectrum"]
         out.append({"arm": arm, "lr": c.get("lr"), "lora_r": c.get("lora_r"), "n_seeds": S,
                     "trainable_share": config_value(c, "parameters.trainable_share"),
-                    "eval_acc": float(np.mean(v["acc"])), "eval_acc_ci": (acc_ci.low, acc_ci.high) if acc_ci else (np.nan, np.nan),
-                    "drift": float(v["drift"].mean()), "drift_ci": (dr_ci.low, dr_ci.high) if dr_ci else (np.nan, np.nan),
+                    "eval_acc": float(np.mean(v["acc"])), "eval_acc_ci": (acc_ci["low"], acc_ci["high"]),
+                    "drift": float(v["drift"].mean()), "drift_ci": (dr_ci["low"], dr_ci["high"]), "ci_method": dr_ci["note"],
                     "k90_directions": float(sp["k"].mean()), "k90_min": int(sp["k"].min()), "k90_max": int(sp["k"].max()),
                     "participation_ratio": float(sp["participation_ratio"].mean()), "top_direction_share": float(sp["top_share"].mean())})
-    return pd.DataFrame(out)
+    t = pd.DataFrame(out)
+    t.attrs["ci_method"] = "; ".join(dict.fromkeys(t.pop("ci_method"))) + " (accuracy and drift, per arm)"
+    return t
 
 def lora_comparisons(rs: RunSet, layer: int = -1, pooling: str = "mean", *, n_resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
-    "Each LoRA arm against full fine-tuning, seeds as samples: accuracy and drift differences (LoRA - full, 95% CI), drift ratio."
+    "Each LoRA arm against full fine-tuning, seeds as samples: accuracy and drift differences (LoRA - full, Welch t interval), drift ratio."
     vals = _arm_values(rs, layer, pooling)
     if "full" not in vals or len(vals) < 2: raise NotComputed(f"LoRA comparisons need a 'full' arm and a LoRA arm, got {sorted(vals)}")
     full, out = vals["full"], []
@@ -373,15 +385,15 @@ def lora_comparisons(rs: RunSet, layer: int = -1, pooling: str = "mean", *, n_re
     for arm, v in vals.items():
         if arm == "full": continue
         d = v["drift"].mean(1)
-        ok = min(len(d), len(fd)) >= 2
-        acc = mean_difference_ci(v["acc"], full["acc"], n_resamples=n_resamples, method="percentile", seed=seed) if ok else None
-        dr = mean_difference_ci(d, fd, n_resamples=n_resamples, method="percentile", seed=seed) if ok else None
+        acc, dr = difference_interval(v["acc"], full["acc"]), difference_interval(d, fd)   # Welch t over seeds (NaN below 2 per arm)
         out.append({"arm": arm, "n_seeds": len(d), "n_seeds_full": len(fd),
-                    "acc_diff": float(v["acc"].mean() - full["acc"].mean()), "acc_diff_ci": (acc.low, acc.high) if acc else (np.nan, np.nan),
-                    "drift_diff": float(d.mean() - fd.mean()), "drift_diff_ci": (dr.low, dr.high) if dr else (np.nan, np.nan),
+                    "acc_diff": float(v["acc"].mean() - full["acc"].mean()), "acc_diff_ci": (acc["low"], acc["high"]),
+                    "drift_diff": float(d.mean() - fd.mean()), "drift_diff_ci": (dr["low"], dr["high"]), "ci_method": dr["note"],
                     "drift_ratio": float(d.mean() / fd.mean()) if fd.mean() > 0 else np.nan,
                     "k90_ratio": float(v["spectrum"]["k"].mean() / full["spectrum"]["k"].mean())})
-    return pd.DataFrame(out)
+    t = pd.DataFrame(out)
+    t.attrs["ci_method"] = "; ".join(dict.fromkeys(t.pop("ci_method"))) + " (accuracy and drift, each arm against full)"
+    return t
 
 # %% ../nbs/16_analysis.ipynb #6e75027d
 def _flat(d: dict, prefix: str = "") -> dict:

@@ -19,8 +19,8 @@ from .stats import _check_confidence, _check_n_resamples, _rng
 from .study import RunSet, NotComputed
 
 # %% auto #0
-__all__ = ['VarianceComponents', 'variance_components', 'variance_components_3way', 'embedding_variance_components',
-           'crossed_values', 'components_table']
+__all__ = ['COMPONENTS_MIN_LEVELS', 'VarianceComponents', 'variance_components', 'variance_components_3way',
+           'embedding_variance_components', 'crossed_values', 'components_table']
 
 # %% ../nbs/17_components.ipynb #04f21bb6
 def _sq(z, axes): return (z * z).sum(axis=axes)
@@ -286,6 +286,7 @@ def crossed_values(rs: RunSet,                    # a crossed sweep, e.g. study.
     return vals[cells], {factors[0]: la, factors[1]: lb, "step": int(steps[-1])}
 
 # %% ../nbs/17_components.ipynb #13b506eb
+COMPONENTS_MIN_LEVELS = 11   # below this many levels of a seed factor components_table refuses intervals
 _DESIGNS = {"final_drift": ("3way", "replicated"), "aligned_distance": ("pooled",)}
 
 def components_table(rs: RunSet,                    # a crossed sweep, e.g. study.runs("crossed")
@@ -297,6 +298,7 @@ def components_table(rs: RunSet,                    # a crossed sweep, e.g. stud
                      n_resamples: int = 2000,       # bootstrap resamples
                      seed: int | np.random.Generator | None = 0,  # bootstrap seed
                      confidence: float = 0.95,      # nominal coverage
+                     min_levels: int = COMPONENTS_MIN_LEVELS,  # fewer seed levels: intervals refused (NaN, reason in attrs)
                     ) -> pd.DataFrame:              # measure, design, step, component, estimate, ..., share, CIs, level counts
     "Variance components of a crossed (init_seed x data_seed) sweep for final per-probe drift or the aligned embeddings."
     if measure not in _MEASURES: raise ValueError(f"measure: expected one of {_MEASURES}, got {measure!r}")
@@ -305,7 +307,14 @@ def components_table(rs: RunSet,                    # a crossed sweep, e.g. stud
     vals, lev = crossed_values(rs, measure, layer, pooling)
     fn = {"3way": variance_components_3way, "replicated": variance_components, "pooled": embedding_variance_components}[design]
     names = ("init_seed", "data_seed", "probe")[:3 if design == "3way" else 2]
-    res = fn(vals, names=names, n_resamples=n_resamples, seed=seed, confidence=confidence)
+    levels = min(len(lev["init_seed"]), len(lev["data_seed"]))
+    refuse = levels < min_levels
+    res = fn(vals, names=names, n_resamples=2 if refuse else n_resamples, seed=seed, confidence=confidence)
     front = {"measure": measure, "design": res.design, "step": lev["step"]}
-    return res.table.assign(**front)[[*front, *res.table]].assign(
+    t = res.table.assign(**front)[[*front, *res.table]].assign(
         n_init_seeds=len(lev["init_seed"]), n_data_seeds=len(lev["data_seed"]), n_probes=vals.shape[2])
+    if refuse: t[["ci_low", "ci_high", "share_low", "share_high", "se"]] = np.nan
+    t.attrs["ci_method"] = (f"no interval: {levels} levels of a seed factor (a component from so few levels has {levels - 1} df; "
+                            f"the level bootstrap under-covers there, simulated); intervals are given from {min_levels} levels" if refuse
+                            else f"{100 * confidence:g}% percentile level bootstrap ({res.resampling}), approximate")
+    return t

@@ -534,10 +534,14 @@ def section_components(study: Study, **o) -> list:
     o = _opts(**o); rs = study.runs("crossed", min_runs=4)
     kw = dict(layer=o["layer"], pooling=o["pooling"], n_resamples=o["n_resamples"])
     a = components_table(rs, measure="final_drift", **kw); b = components_table(rs, measure="aligned_distance", **kw)
-    width = float(np.nanmean(np.concatenate([(t["share_high"] - t["share_low"]).to_numpy() for t in (a, b)])))
+    w = np.concatenate([(t["share_high"] - t["share_low"]).to_numpy() for t in (a, b)])
+    width = float(np.nanmean(w)) if np.isfinite(w).any() else np.nan     # NaN: components_table refused the intervals
     big = a.loc[a["share"].idxmax()]
+    iv = f" [{_pct(big.share_low)}, {_pct(big.share_high)}]" if pd.notna(big.share_low) else ""
+    tail = (f"the shares' 95% intervals are on average {_pct(width)} wide." if np.isfinite(width) else
+            "the shares carry no interval (too few seed levels; the reason is under the tables).")
     return [f"Design: {study.design('crossed')}, one run per cell. The largest share of final drift's variance is {big.component} "
-            f"({_pct(big.share)} [{_pct(big.share_low)}, {_pct(big.share_high)}]); the shares' 95% intervals are on average {_pct(width)} wide.",
+            f"({_pct(big.share)}{iv}); {tail}",
             Table(a[["component", "estimate", "share", "share_low", "share_high"]], "(a) Final drift per probe: variance components and shares (95% interval)"),
             Table(b[["component", "estimate", "share", "share_low", "share_high"]], "(b) Aligned embeddings: variance components and shares (95% interval)")]
 

@@ -118,7 +118,7 @@ def test_measure_agreement_estimates_and_perfect_agreement():
     X /= np.linalg.norm(X, axis=-1, keepdims=True)
     p = pairwise_run_table(X, k=5)
     np.testing.assert_allclose(p["raw_msd"], 2 * p["cos_dist"], rtol=1e-9)
-    ag = measure_agreement(p, n_resamples=300, seed=1)
+    ag = measure_agreement(p, n_resamples=300, seed=1, min_runs=2)
     assert len(ag) == 21                                   # every two of the 7 measures
     D = dissimilarities(p)
     for _, r in ag.iterrows():
@@ -141,8 +141,8 @@ def test_measures_undefined_for_some_pair_are_left_out():
 def test_run_bootstrap_is_not_narrower_than_pair_bootstrap():
     X = np.random.default_rng(5).normal(size=(7, 25, 4)) + np.linspace(0, 2, 7)[:, None, None]
     p = pairwise_run_table(X, k=5)
-    runs = measure_agreement(p, n_resamples=800, seed=0)
-    pairs = measure_agreement(p, n_resamples=800, seed=0, resample="pairs")
+    runs = measure_agreement(p, n_resamples=800, seed=0, min_runs=2)
+    pairs = measure_agreement(p, n_resamples=800, seed=0, resample="pairs", min_runs=2)
     assert (runs["ci_high"] - runs["ci_low"]).mean() >= (pairs["ci_high"] - pairs["ci_low"]).mean()
     with pytest.raises(ValueError, match="resample"):
         measure_agreement(p, resample="probes")

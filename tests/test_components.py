@@ -278,8 +278,12 @@ def test_components_table_finds_the_larger_factor(crossed):
 def test_components_table_is_the_estimator_on_crossed_values(crossed):
     vals, _ = crossed_values(crossed)
     direct = variance_components_3way(vals, names=("init_seed", "data_seed", "probe"), n_resamples=200, seed=3).table
-    t = components_table(crossed, n_resamples=200, seed=3)
+    t = components_table(crossed, n_resamples=200, seed=3, min_levels=2)     # intervals asked for at 3 levels
     pd.testing.assert_frame_equal(t[direct.columns].reset_index(drop=True), direct)
+    refused = components_table(crossed, n_resamples=200, seed=3)             # default: 3 levels are too few for an interval
+    np.testing.assert_allclose(refused["estimate"], direct["estimate"], rtol=1e-12)
+    assert refused[["ci_low", "ci_high", "share_low", "share_high"]].isna().all().all()
+    assert refused.attrs["ci_method"].startswith("no interval: 3 levels of a seed factor")
     raw = _ms_three_way(vals) @ _design_three_way(3, 3, 24)[2].T        # the EMS solution, by the matrix
     np.testing.assert_allclose(t["estimate_untruncated"], raw, rtol=1e-12)
 

@@ -342,17 +342,21 @@ def test_effect_size_table_matches_components():
     groups = {"a": rng.normal(0, 1, 12), "b": rng.normal(0.5, 1, 12), "c": rng.normal(2, 1, 12)}
     table = effect_size_table(groups, seed=0, n_resamples=499)
     assert list(zip(table["a"], table["b"])) == [("a", "b"), ("a", "c"), ("b", "c")]
-    shared = np.random.default_rng(0)                # the table draws from one Generator, in row order
+    shared = np.random.default_rng(0)                # the permutation tests draw from one Generator, in row order
     for _, row in table.iterrows():
         x, y = groups[row["a"]], groups[row["b"]]
-        ci = mean_difference_ci(x, y, n_resamples=499, seed=shared)
+        ref = sps.ttest_ind(x, y)                    # Student t: the equal-variance model of Cohen's d
         p = permutation_test(x, y, n_resamples=499, seed=shared).pvalue
-        assert (row["diff"], row["diff_low"], row["diff_high"], row["pvalue"]) == pytest.approx(
-            (x.mean() - y.mean(), ci.low, ci.high, p))
+        assert (row["diff"], row["diff_low"], row["diff_high"], row["pvalue"], row["pvalue_permutation"]) == pytest.approx(
+            (x.mean() - y.mean(), *ref.confidence_interval(0.95), ref.pvalue, p))
         assert row["cohens_d"] == pytest.approx(cohens_d(x, y)) and row["hedges_g"] == pytest.approx(hedges_g(x, y))
+        k = np.sqrt(12 * 12 / 24)                    # d's bounds: the noncentralities where the observed t is a 2.5% tail
+        assert sps.nct.cdf(row["cohens_d"] * k, 22, row["d_low"] * k) == pytest.approx(0.975, abs=1e-8)
+        assert sps.nct.cdf(row["cohens_d"] * k, 22, row["d_high"] * k) == pytest.approx(0.025, abs=1e-8)
     ref_table = effect_size_table(groups, reference="a", seed=0, n_resamples=199, paired=True)
     assert list(zip(ref_table["a"], ref_table["b"])) == [("b", "a"), ("c", "a")]
     assert (ref_table["pvalue_holm"] >= ref_table["pvalue"]).all()
+    assert (ref_table["pvalue_permutation_min"] == 2 / 2 ** 12).all()
 
 
 def test_holm_hand_values():
