@@ -275,3 +275,35 @@ def test_runs_on_disk_made_with_other_numerics_are_named_not_mixed_silently(two_
     base = dict(model="tiny-distilbert", dataset="bundled")
     assert "threads" not in TrainConfig(**base).identity() and TrainConfig(**base, threads=2).identity()["threads"] == 2
     assert TrainConfig(**base, threads=2).run_id() != TrainConfig(**base).run_id()
+
+
+def test_lr_1_is_diverged_not_completed(tmp_path, capsys):
+    # the issue's `--lr 1`: losses far above chance (0.69) were recorded as completed, since only losses > 1e3 counted
+    main(["train", *TRAIN, "--lr", "1", "--out", str(tmp_path / "r")])
+    m = json.loads((tmp_path / "r" / "COMPLETE").read_text())
+    assert m["status"] == "diverged" and "above 10 x the first step's" in m["diverged_because"], m.get("diverged_because")
+    assert m["divergence_rule"]["factor"] == 10 and 0.5 < m["divergence_rule"]["first_loss"] < 1
+    assert re.search(r": diverged \(training loss [\d.e+]+ at step \d+", capsys.readouterr().out)
+
+
+def test_duplicates_across_the_subsets_leave_evaluation_and_are_counted(tmp_path):
+    import pandas as pd
+    from embvar_study.config import TrainConfig
+    from embvar_study.train import prepare_data
+    texts = [f"review number {i % 50}, said twice" for i in range(100)]           # every text in two rows
+    f = _write(tmp_path / "dup.csv", pd.DataFrame({"text": texts, "label": [i % 2 for i in range(50)] * 2}))
+    with pytest.warns(UserWarning, match=r"removed \d+ of \d+ evaluation examples whose text also occurs in the training subset"):
+        tr, ev, _ = prepare_data(TrainConfig(dataset=str(f), n_train=40, n_eval=20, n_probes=4))
+    n = tr.attrs["derived"]["eval_duplicates_removed"]
+    assert n > 0 and not set(tr["text"]) & set(ev["text"]) and len(ev) == 20 - n
+
+
+def test_a_runs_report_labels_runs_by_what_differs(tmp_path):
+    # runs of two datasets, same seeds: labelled by the dataset (they were all "seed 0")
+    from embvar_study.data import load_texts
+    from embvar_study.study import study_from_runs
+    other = tmp_path / "other.csv"; load_texts("bundled").sample(frac=1, random_state=1).to_csv(other, index=False)
+    for name, ds in (("a", "bundled"), ("b", str(other))):
+        flags = [x if x != "bundled" else ds for x in TRAIN]
+        main(["train", *flags, "--max-steps", "2", "--out", str(tmp_path / "runs" / name)])
+    assert study_from_runs([tmp_path / "runs"]).runs("runs").labels() == ["dataset bundled", "dataset other.csv"]
