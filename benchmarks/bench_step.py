@@ -90,7 +90,7 @@ for _ in range(a.repeats):
             opt.step(); opt.zero_grad(set_to_none=True)
         times[k].append((time.perf_counter() - t) / len(batches))
 base = st.median(times["before: padded, F.linear"])
-print(f"kernel chosen for training on this machine: {kern['kernel']} ({kern['how']}; {kern['gflops']})")
+print(f"kernel chosen for training on this machine: {kern['kernel']} ({kern['how']})")
 print(f"{'variant':48s} {'s/step':>7s} {'speed-up':>8s} {'real-token GFLOP/s':>19s} {'of fp32 peak':>12s}")
 for k, v in times.items():
     s = st.median(v); g = f_real / s / 1e9

@@ -76,7 +76,7 @@ def flag_message(msg: str, parser: argparse.ArgumentParser, set_keys: Callable[[
 # %% ../nbs/22_cli.ipynb #06ea016f
 TRAIN_GROUPS = {
     "data": ["dataset", "text_col", "label_col", "split", "n_train", "n_eval", "eval_fraction", "max_length"],
-    "model": ["model", "device", "precision"],
+    "model": ["model", "device", "precision", "threads"],
     "optimisation": ["lr", "schedule", "epochs", "max_steps", "batch_size", "warmup_ratio", "weight_decay", "max_grad_norm"],
     "tracking": ["probes", "n_probes", "probe_max_length", "track_every", "eval_every", "poolings", "embed_batch_size", "embed_dtype", "alarm"],
     "seeds": ["seed", "init_seed", "data_seed", "dropout_seed", "probe_seed", "replicate"],
@@ -143,7 +143,7 @@ def report_parser() -> argparse.ArgumentParser:
     g.add_argument("--runs", nargs="+", default=None, metavar="DIR", help="report on these run folders (or folders holding them) instead of a profile")
     g.add_argument("--group-by", dest="group_by", default="lr", metavar="KEY", help="with --runs: the config key that groups runs (dotted for nested keys)")
     g = p.add_argument_group("execution")
-    g.add_argument("--jobs", default="auto", metavar="N|auto", help="local CPU worker processes, each with cores/jobs torch threads; "
+    g.add_argument("--jobs", default="auto", metavar="N|auto", help="local CPU worker processes (a CPU run computes at its --set threads=N, default 1, in any worker); "
                    "auto: one per core on a CPU-only machine (fastest for the small models, measured), 1 with GPUs (see --runs-per-gpu)")
     g.add_argument("--runs-per-gpu", dest="runs_per_gpu", default="1", metavar="N|auto", help="local workers per visible GPU; auto: from one run's peak memory")
     g.add_argument("--executor", default="local", choices=("local", "ray"), help="where runs execute: warm local workers, or Ray tasks")

@@ -44,7 +44,7 @@ def _subset(allowed, nonempty=False): return lambda v: isinstance(v, list) and s
 CONFIG_RULES = {  # field -> (test, what is expected)
     "lr": (lambda v: _real(v) and v > 0, "a positive finite learning rate"),
     **{k: (lambda v: _int(v) and v >= 1, "an integer >= 1") for k in
-       ("batch_size", "max_length", "track_every", "epochs", "probe_max_length", "embed_batch_size", "perturb_k")},
+       ("batch_size", "max_length", "track_every", "epochs", "probe_max_length", "embed_batch_size", "perturb_k", "threads")},
     **{k: (_opt(lambda v: _int(v) and v >= 1), "None or an integer >= 1") for k in ("n_train", "n_eval", "max_steps", "eval_every", "n_probes")},
     **{k: (lambda v: _int(v) and v >= 0, "an integer >= 0") for k in ("seed", "probe_seed", "replicate")},
     **{k: (_opt(lambda v: _int(v) and v >= 0), "None or an integer >= 0") for k in ("init_seed", "data_seed", "dropout_seed")},
@@ -127,6 +127,7 @@ class TrainConfig:
     perturb_at: str = "first_last"  # checkpoints where perturbations are embedded: first_last or all
     device: str = "auto"  # auto (cuda if available), cpu, cuda, cuda:1 ...
     precision: str = "auto"  # auto (bf16 autocast on cuda, fp32 on cpu), fp32, bf16
+    threads: int = 1  # torch intra-op threads of a CPU run, in any executor (CPU results differ in the last bits between counts); in the identity only when not 1
     lora_r: int | None = None  # LoRA rank: train a LoRA adapter (PEFT) and the head, body frozen; None: full fine-tuning
     lora_alpha: float | None = None  # LoRA scaling (the update is scaled by alpha / r); None: 2 x lora_r
     lora_dropout: float | None = None  # dropout on the LoRA input; None: 0
@@ -192,6 +193,7 @@ class TrainConfig:
         "What makes the run this run: every field but `device`, with data, model and probes by content (not path), and the tracker."
         d = {**self.to_dict(), **_without_paths(self.resolved()), "tracker": self.tracker()}
         if self.alarm is None: d.pop("alarm")   # runs without an alarm keep the ids they had before the field existed
+        if self.threads == 1: d.pop("threads")  # likewise runs at one thread (the count every run had in a worker of a 2-core machine)
         return d
 
     def run_id(self) -> str:

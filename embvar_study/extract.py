@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 # %% auto #0
-__all__ = ['POOLINGS', 'PERTURBATIONS', 'LINEAR_KERNELS', 'count_truncated', 'length_groups', 'onednn_available', 'linear_kernel',
-           'choose_linear_kernel', 'position_limit', 'embed_texts', 'perturb_texts', 'embed_perturbed']
+__all__ = ['POOLINGS', 'PERTURBATIONS', 'LINEAR_KERNELS', 'KERNEL_RULE', 'count_truncated', 'length_groups', 'onednn_available',
+           'linear_kernel', 'choose_linear_kernel', 'position_limit', 'embed_texts', 'perturb_texts', 'embed_perturbed']
 
 # %% ../nbs/07_extract.ipynb #7f4078f1
 POOLINGS = ("mean", "cls", "max", "last")  # supported pooling names ("last": the last real token, for decoders)
@@ -217,63 +217,18 @@ def linear_kernel(kernel: str = "default",  # one of LINEAR_KERNELS
     finally: torch.nn.functional.linear = saved
 
 # %% ../nbs/07_extract.ipynb #bd1ce37e
-def _time_kernels(train: bool, reps: int = 5) -> dict[str, float]:
-    "GFLOP/s of each kernel on a transformer block's shapes (256 tokens, 384 -> 1536 -> 384), medians of `reps` interleaved trials."
-    import time
-    with torch.inference_mode(False):
-        g = torch.Generator().manual_seed(0)
-        x = torch.randn(256, 384, generator=g, requires_grad=train)
-        lins = [torch.nn.Linear(384, 1536), torch.nn.Linear(1536, 384)]
-    flops = 2 * 256 * 384 * 1536 * 2 * (3 if train else 1)
-    def once():
-        with torch.set_grad_enabled(train):
-            y = lins[1](lins[0](x))
-            if train: y.sum().backward()
-    rates = {k: [] for k in LINEAR_KERNELS}
-    for _ in range(reps):
-        for k in LINEAR_KERNELS:
-            with torch.inference_mode(False), linear_kernel(k):   # a caller's inference_mode would forbid the backward
-                once(); t = time.perf_counter(); once(); once(); rates[k].append(2 * flops / (time.perf_counter() - t) / 1e9)
-    return {k: float(np.median(v)) for k, v in rates.items()}
+KERNEL_RULE = {"train": "default", "inference": "onednn"}   # the linear kernel of each path wherever oneDNN's is available
 
 def choose_linear_kernel(train: bool = False,  # the training path (forward + backward) or inference (forward)
-                        ) -> dict:  # {"kernel": one of LINEAR_KERNELS, "gflops": {kernel: rate}, "how": how it was chosen, "threads": n}
-    "The faster exact fp32 linear kernel of this machine, measured once per machine, torch version and thread count."
-    import json, os, platform, filelock
-    threads, mode = torch.get_num_threads(), "train" if train else "infer"
+                        ) -> dict:  # {"kernel": one of LINEAR_KERNELS, "how": why}
+    "The fp32 linear kernel of a path on this machine: fixed by `KERNEL_RULE` (never timed), or `EMBVAR_LINEAR_KERNEL`."
+    import os
     forced = os.environ.get("EMBVAR_LINEAR_KERNEL")
     if forced:
         if forced not in LINEAR_KERNELS: raise ValueError(f"EMBVAR_LINEAR_KERNEL: expected one of {LINEAR_KERNELS}, got {forced!r}")
-        return {"kernel": forced, "gflops": {}, "how": "EMBVAR_LINEAR_KERNEL", "threads": threads}
-    if not onednn_available(): return {"kernel": "default", "gflops": {}, "how": "oneDNN linear not available", "threads": threads}
-    key = (threads, mode)
-    if key in _CHOICES: return _CHOICES[key]
-    from embvar_study.models import _cache_root
-    cpu = torch.backends.cpu.get_cpu_capability()
-    name = f"linear-kernel-{torch.__version__}-{platform.machine()}-{cpu}-{_cpu_model()}-t{threads}-{mode}.json"
-    path = _cache_root() / "kernels" / "".join(ch if ch.isalnum() or ch in "-._" else "_" for ch in name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with filelock.FileLock(str(path) + ".lock"):
-        try: choice = json.loads(path.read_text())
-        except (OSError, ValueError): choice = None
-        if not (isinstance(choice, dict) and choice.get("kernel") in LINEAR_KERNELS):
-            rates = _time_kernels(train)
-            best = max(rates, key=rates.get)
-            choice = {"kernel": best if rates[best] > 1.05 * rates["default"] else "default", "gflops": {k: round(v, 1) for k, v in rates.items()},
-                      "how": f"measured on this machine ({'forward and backward' if train else 'forward'}; oneDNN only when >= 5% faster)",
-                      "threads": threads}
-            tmp = path.with_suffix(f".{os.getpid()}.tmp"); tmp.write_text(json.dumps(choice)); os.replace(tmp, path)
-    _CHOICES[key] = choice
-    return choice
-
-_CHOICES: dict = {}   # (threads, mode) -> choice, per process
-
-def _cpu_model() -> str:
-    "The CPU's model name (Linux /proc/cpuinfo; platform.processor elsewhere)."
-    import platform, re
-    try: m = re.search(r"^model name\s*:\s*(.+)$", open("/proc/cpuinfo").read(), re.M)
-    except OSError: m = None
-    return (m.group(1) if m else platform.processor() or "cpu").strip()[:40]
+        return {"kernel": forced, "how": "EMBVAR_LINEAR_KERNEL"}
+    if not onednn_available(): return {"kernel": "default", "how": "oneDNN linear not available"}
+    return {"kernel": KERNEL_RULE["train" if train else "inference"], "how": "rule (extract.KERNEL_RULE): the same on every run of this machine"}
 
 # %% ../nbs/07_extract.ipynb #9d8e3272
 def position_limit(model: PreTrainedModel, # HF model (its `config` is read)

@@ -216,6 +216,16 @@ def _label(row: dict) -> str:
     return " ".join(f"{k}={shown(k, given[k])}" for k in keys if k in given
                     and not (k == "replicate" and not given[k]) and not (k == "schedule" and given[k] == "linear"))
 
+def _say_other_numerics(kept: list[str], configs: dict, study_dir: Path, say: Callable[[str], None]) -> None:
+    "One line naming the kept runs computed with other numerics (threads, kernels, device) than a run here would use."
+    if not kept: return
+    from embvar_study.train import numerics_differ
+    other = {rid: why for rid in kept if (why := numerics_differ(study_dir / "runs" / rid, configs[rid]))}
+    if other:
+        say(f"{len(other)} of the {len(kept)} runs on disk were computed with other numerics than this machine uses now "
+            f"({next(iter(other.values()))}): kept, but a rebuild would differ in the last bits; delete them to compute them again: "
+            + " ".join(other))
+
 def _executor(executor: str, study_dir: Path, jobs: int, runs_per_gpu, ray_options: dict | None):
     "The executor for a plan: Ray, this process (one run at a time, at most one GPU), or warm local workers."
     from embvar_study import executors as E
@@ -250,6 +260,7 @@ def execute_plan(plan: pd.DataFrame,        # from plan_study (or any rows with 
                 if r["run_id"] == rid: r["status"] = "skipped"
             continue
         todo.append(rid)
+    _say_other_numerics([rid for rid in dict.fromkeys(plan["run_id"]) if rid not in todo], configs, study_dir, say)
     check_plan_data([configs[rid] for rid in todo])   # one line for bad data, before any run or manifest is written
     def save():
         for e in experiments: write_manifest(study_dir, e, [{k: v for k, v in r.items() if k != "experiment"} for r in rows if r["experiment"] == e])

@@ -4,7 +4,7 @@
 
 # %% ../nbs/11_train.ipynb #ff32e536
 from __future__ import annotations
-import inspect, math, time, warnings
+import contextlib, inspect, math, time, warnings
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -16,12 +16,12 @@ from .config import TrainConfig, SCHEDULES, DIVERGENCE_FACTOR, as_field
 from .data import load_texts, train_eval_split, load_probes, parse_heldout
 from .models import load_model_and_tokenizer, model_summary, apply_lora
 from .extract import embed_perturbed, count_truncated, position_limit, length_groups, linear_kernel, choose_linear_kernel
-from .runs import FolderLock, run_folder_state, verify_run, CorruptRunError
+from .runs import FolderLock, run_folder_state, verify_run, read_marker, CorruptRunError
 from .tracking import EmbeddingTracker, NonFiniteEmbeddings
 
 # %% auto #0
 __all__ = ['STEP0_CACHE', 'split_sizes', 'prepare_data', 'resolve_device', 'Batches', 'evaluate', 'forward_backward',
-           'make_optimizer', 'make_schedule', 'train_run']
+           'make_optimizer', 'make_schedule', 'pinned_threads', 'run_numerics', 'numerics_differ', 'train_run']
 
 # %% ../nbs/11_train.ipynb #d1e2f302
 def split_sizes(cfg: TrainConfig, n_rows: int) -> tuple[int, int]:  # (n_train, n_eval)
@@ -193,6 +193,36 @@ def _track(tracker: EmbeddingTracker, step: int, key: tuple | None) -> None:
         if key is not None: STEP0_CACHE.clear(); STEP0_CACHE[key] = arrays
     tracker.record(step, arrays); tracker.seconds += time.perf_counter() - t
 
+# %% ../nbs/11_train.ipynb #5d6ef9b0
+@contextlib.contextmanager
+def pinned_threads(n: int | None,  # torch intra-op threads inside the block (None: left as they are)
+                  ) -> Iterator[None]:
+    "torch's intra-op thread count set to `n` inside the block, restored on exit (even on error)."
+    if n is None: yield; return
+    old = torch.get_num_threads(); torch.set_num_threads(n)
+    try: yield
+    finally: torch.set_num_threads(old)
+
+def run_numerics(config: TrainConfig | dict,  # the run's parameters
+                ) -> dict:  # {"device": type, "torch_threads": n, "linear_kernels": {"train": k, "inference": k}} (CPU), {"device": type} elsewhere
+    "What a run of `config` computes with on this machine, beyond its parameters: on a CPU its thread count and linear kernels."
+    cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(config)
+    device = resolve_device(cfg.device)
+    if device.type != "cpu": return {"device": device.type}
+    return {"device": "cpu", "torch_threads": cfg.threads,
+            "linear_kernels": {m: choose_linear_kernel(m == "train")["kernel"] for m in ("train", "inference")}}
+
+def numerics_differ(run_dir: str | Path,          # a complete run folder
+                    config: TrainConfig | dict,   # the parameters a run would be computed with now
+                   ) -> str:  # '' when the same; else what the folder recorded vs what this machine would use, in words
+    "Was the run in `run_dir` computed with other numerics (device type, CPU threads, linear kernels) than a run of `config` here?"
+    d = read_marker(run_dir).get("derived", {})
+    now = run_numerics(config)
+    then = {"device": str(d.get("device_used", now["device"])).split(":")[0], "torch_threads": d.get("torch_threads", now.get("torch_threads")),
+            "linear_kernels": {m: (v or {}).get("kernel") for m, v in d.get("linear_kernels", {}).items()} or now.get("linear_kernels")}
+    diff = [f"{k} {then[k]} (now {now[k]})" for k in now if then.get(k) != now[k]]
+    return "; ".join(diff)
+
 # %% ../nbs/11_train.ipynb #610fcac3
 def train_run(config: TrainConfig | dict,  # the run's parameters
               run_dir: str | Path,  # the run folder (created; must be empty or hold this same config)
@@ -204,10 +234,13 @@ def train_run(config: TrainConfig | dict,  # the run's parameters
     "Fine-tune `config.model` with tracking; write a complete run folder to `run_dir`."
     cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(config)
     run_dir, device = Path(run_dir), resolve_device(cfg.device)
-    with FolderLock(run_dir, "run folder", timeout=wait) as lock:
+    with FolderLock(run_dir, "run folder", timeout=wait) as lock, pinned_threads(cfg.threads if device.type == "cpu" else None):
         if run_folder_state(run_dir, cfg.run_id()) == "complete":   # (another run's folder is refused here, before loading)
             try: verify_run(run_dir)
             except CorruptRunError as e: raise CorruptRunError(f"{e}; delete {run_dir} to compute this run again") from None
+            if (why := numerics_differ(run_dir, cfg)):
+                warnings.warn(f"{run_dir}: kept, but computed with other numerics than this machine uses now ({why}): "
+                              f"a rebuild would differ in the last bits; delete it to compute it again", stacklevel=2)
             return run_dir
         train_df, eval_df, probes = prepare_data(cfg)
         if say: say(f"data: {len(train_df)} training / {len(eval_df)} held-out examples of {cfg.dataset} "

@@ -217,3 +217,93 @@ def test_two_builds_write_the_same_bytes_but_for_complete_even_in_a_warm_worker(
     a, b = files(tmp_path / "cold"), files(tmp_path / "warm")
     assert a.pop("COMPLETE") and b.pop("COMPLETE") and len(a) > 5
     assert a == b, sorted(k for k in a if a[k] != b.get(k))
+
+
+# COMPLETE's fields that legitimately differ between two builds of the same run: wall-clock times and durations
+TIME_FIELDS = ("started_at", "finished_at", "tracking_s", "live_metrics_s", "timing")
+
+
+SETS = {"lrs": [5e-5], "seeds": [0, 1], "n_train": 32, "n_eval": 16, "max_length": 32, "probe_max_length": 32, "n_probes": 16}
+
+
+@pytest.fixture(scope="module")
+def two_builds(tmp_path_factory):
+    "The smoke profile's lr_sweep (2 tiny runs) built twice through run_study: in this process, and by 2 workers."
+    import os, torch
+    from embvar_study.sweep import run_study
+    out = tmp_path_factory.mktemp("builds")
+    old = torch.get_num_threads(); torch.set_num_threads(max(2, (os.cpu_count() or 1) // 2 + 1))   # not the workers' count
+    try: run_study("smoke", out / "one", overrides=SETS, experiments=["lr_sweep"], jobs=1, say=None)
+    finally: torch.set_num_threads(old)
+    run_study("smoke", out / "two", overrides=SETS, experiments=["lr_sweep"], jobs=2, say=None)
+    return out / "one", out / "two"
+
+
+def test_two_study_builds_with_1_and_2_workers_write_the_same_run_bytes(two_builds):
+    # Before: `--jobs 1` trained in this process at its own torch thread count (a user's default: all cores) and
+    # `--jobs 2` in workers at cores/2 threads, and the linear kernel was timed (a choice that flipped under load):
+    # every trained step's embeddings differed. Now a CPU run computes at its config's `threads` with a fixed kernel.
+    from conftest import sha256
+    def files(study):
+        return {p.relative_to(study).as_posix(): sha256(p) for p in sorted((study / "runs").rglob("*"))
+                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(study).parts)}
+    (one, two), a, b = two_builds, *map(files, two_builds)
+    completes = [k for k in a if k.endswith("/COMPLETE")]
+    assert len(completes) == 2 and len(a) > 10 and set(a) == set(b)
+    assert {k for k in a if a[k] != b[k]} <= set(completes), sorted(k for k in a if a[k] != b[k])
+    for k in completes:                                  # COMPLETE: the same but for times (checksums, threads, kernels)
+        ma, mb = (json.loads((s / k).read_text()) for s in (one, two))
+        assert {f: v for f, v in ma.items() if f not in TIME_FIELDS} == {f: v for f, v in mb.items() if f not in TIME_FIELDS}
+        assert ma["derived"]["torch_threads"] == 1 and set(ma) == set(mb)
+
+
+def test_runs_on_disk_made_with_other_numerics_are_named_not_mixed_silently(two_builds, monkeypatch):
+    # a rebuild with another kernel forced keeps the runs (same identity) but names them in one line; another thread
+    # count is another run (its own folder): the default's identity has no `threads`, so old run ids are unchanged
+    from embvar_study.config import TrainConfig
+    from embvar_study.extract import onednn_available
+    from embvar_study.sweep import run_study
+    study, lines = two_builds[1], []
+    monkeypatch.setenv("EMBVAR_LINEAR_KERNEL", "onednn" if onednn_available() else "default")
+    m = run_study("smoke", study, overrides=SETS, experiments=["lr_sweep"], jobs=1, say=lines.append)["lr_sweep"]
+    assert list(m["status"]) == ["skipped", "skipped"]
+    named = [x for x in lines if "other numerics" in x]
+    if onednn_available():                               # the training kernel was MKL's: both runs named, with what differs
+        assert len(named) == 1 and named[0].startswith("2 of the 2 runs on disk") and "linear_kernels" in named[0], lines
+        assert all(rid in named[0] for rid in m["run_id"])
+    else: assert named == [], lines
+    base = dict(model="tiny-distilbert", dataset="bundled")
+    assert "threads" not in TrainConfig(**base).identity() and TrainConfig(**base, threads=2).identity()["threads"] == 2
+    assert TrainConfig(**base, threads=2).run_id() != TrainConfig(**base).run_id()
+
+
+def test_lr_1_is_diverged_not_completed(tmp_path, capsys):
+    # the issue's `--lr 1`: losses far above chance (0.69) were recorded as completed, since only losses > 1e3 counted
+    main(["train", *TRAIN, "--lr", "1", "--out", str(tmp_path / "r")])
+    m = json.loads((tmp_path / "r" / "COMPLETE").read_text())
+    assert m["status"] == "diverged" and "above 10 x the first step's" in m["diverged_because"], m.get("diverged_because")
+    assert m["divergence_rule"]["factor"] == 10 and 0.5 < m["divergence_rule"]["first_loss"] < 1
+    assert re.search(r": diverged \(training loss [\d.e+]+ at step \d+", capsys.readouterr().out)
+
+
+def test_duplicates_across_the_subsets_leave_evaluation_and_are_counted(tmp_path):
+    import pandas as pd
+    from embvar_study.config import TrainConfig
+    from embvar_study.train import prepare_data
+    texts = [f"review number {i % 50}, said twice" for i in range(100)]           # every text in two rows
+    f = _write(tmp_path / "dup.csv", pd.DataFrame({"text": texts, "label": [i % 2 for i in range(50)] * 2}))
+    with pytest.warns(UserWarning, match=r"removed \d+ of \d+ evaluation examples whose text also occurs in the training subset"):
+        tr, ev, _ = prepare_data(TrainConfig(dataset=str(f), n_train=40, n_eval=20, n_probes=4))
+    n = tr.attrs["derived"]["eval_duplicates_removed"]
+    assert n > 0 and not set(tr["text"]) & set(ev["text"]) and len(ev) == 20 - n
+
+
+def test_a_runs_report_labels_runs_by_what_differs(tmp_path):
+    # runs of two datasets, same seeds: labelled by the dataset (they were all "seed 0")
+    from embvar_study.data import load_texts
+    from embvar_study.study import study_from_runs
+    other = tmp_path / "other.csv"; load_texts("bundled").sample(frac=1, random_state=1).to_csv(other, index=False)
+    for name, ds in (("a", "bundled"), ("b", str(other))):
+        flags = [x if x != "bundled" else ds for x in TRAIN]
+        main(["train", *flags, "--max-steps", "2", "--out", str(tmp_path / "runs" / name)])
+    assert study_from_runs([tmp_path / "runs"]).runs("runs").labels() == ["dataset bundled", "dataset other.csv"]
