@@ -761,11 +761,12 @@ def plot_lead_times(leads: pd.DataFrame,        # lead_times(...) (and the live 
     for i, f in enumerate([*fr, np.nan]):
         t = leads[leads["fraction"].isna()] if np.isnan(f) else leads[np.isclose(leads["fraction"], f)]
         if not len(t): continue
-        y = np.array([names.index(n) for n in t["signal"]]) + (i - len(fr) / 2) * 0.12
-        ax.scatter(t["lead"], y, s=14, alpha=0.7, label="live rule (any step)" if np.isnan(f) else f"alarm at {f:.0%}")
+        y = np.array([names.index(n) for n in t["signal"]]) + (i - len(fr) / 2) * 0.15
+        x = t["lead"].to_numpy(float) + np.random.default_rng(i).uniform(-0.25, 0.25, len(t))   # jitter: lead times are whole steps
+        ax.scatter(x, y, s=12, alpha=0.6, label="live rule (any step)" if np.isnan(f) else f"alarm at {f:.0%}")
     ax.axvline(0, color="0.6", lw=0.8); ax.set_yticks(range(len(names)), names)
-    ax.set(xlabel="lead time in optimizer steps (positive: the alarm fired before held-out accuracy showed the failure)")
-    ax.legend(fontsize=7, loc="best"); fig.tight_layout()
+    ax.set(xlabel="lead time, optimizer steps (> 0: the alarm came before held-out accuracy showed the failure)")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.6 / len(names)), ncol=5, frameon=False); fig.tight_layout()
     return fig
 
 # %% ../nbs/18_early_warning.ipynb #134ac30d
