@@ -699,6 +699,7 @@ def stability_answer(diffs: pd.DataFrame,     # stability_differences(...)
                      aucs: pd.DataFrame,      # stability_auc_table(...)
                      *,
                      signal: str = "drift, best layer",  # the drift signal the answer is about
+                     question: bool = True,   # start with the question in bold
                     ) -> str:                 # Markdown: one sentence per fraction and a summary, every number from the tables
     "Does drift warn earlier than the loss? In words, computed: per fraction the drift AUC, the best trainer's signal's AUC and the paired difference with its interval, and the verdict."
     d = diffs[diffs["signal"] == signal].sort_values("fraction")
@@ -717,7 +718,7 @@ def stability_answer(diffs: pd.DataFrame,     # stability_differences(...)
     if "learning rate" in a.index.get_level_values("signal"):
         lr = a.xs("learning rate", level="signal").sort_index().iloc[0]
         summary += f" For reference, the learning rate alone, known before training, has AUC {lr['auc']:.2f} {_iv(lr['low'], lr['high'])}."
-    return "**Does drift warn earlier than the loss?** " + "; ".join(p[0].upper() + p[1:] if i == 0 else p for i, p in enumerate(parts)) + ". " + summary
+    return ("**Does drift warn earlier than the loss?** " if question else "") + "; ".join(p[0].upper() + p[1:] if i == 0 else p for i, p in enumerate(parts)) + ". " + summary
 
 # %% ../nbs/18_early_warning.ipynb #19985566
 def roc_points(score: ArrayLike,   # (n,) score per run (higher: more likely failed)
@@ -807,7 +808,8 @@ def stability_section(study: object,           # a loaded study with the stabili
               f"({n_resamples} resamples; the runs are independent, each with its own seed and rate); the paired difference resamples the "
               "same runs for both AUCs and re-picks the best trainer's signal inside every resample.")
     show = lambda d: _pct_col(d)
-    return [counts, stability_answer(diffs, aucs), method, *notes,
+    answer = stability_answer(diffs, aucs, signal="drift, last layer") + " " + stability_answer(diffs, aucs, signal="drift, best layer", question=False)
+    return [counts, answer, method, *notes,
             Table(show(aucs[["fraction", "step", "signal", "auc", "low", "high", "n_failed", "n_ok", "failed_runs_are", "layers_chosen"]]),
                   "AUC of each signal for failure at 10/20/30/50% of training (cross-validated over seeds; 95% interval)"),
             Table(show(diffs), "Paired difference AUC(drift) - AUC(best of the trainer's signals: training loss, gradient norm, held-out accuracy and loss), 95% interval"),
