@@ -715,7 +715,7 @@ def stability_answer(diffs: pd.DataFrame,     # stability_differences(...)
                      f"{r.diff:+.2f} {_iv(r.low, r.high)}, {word}")
     n = {k: verdicts.count(k) for k in ("better", "no better", "worse")}
     summary = f"Over the {len(verdicts)} fractions drift is better at {n['better']}, no better at {n['no better']} and worse at {n['worse']}."
-    if "learning rate" in a.index.get_level_values("signal"):
+    if question and "learning rate" in a.index.get_level_values("signal"):   # said once, with the question
         lr = a.xs("learning rate", level="signal").sort_index().iloc[0]
         summary += f" For reference, the learning rate alone, known before training, has AUC {lr['auc']:.2f} {_iv(lr['low'], lr['high'])}."
     return ("**Does drift warn earlier than the loss?** " if question else "") + "; ".join(p[0].upper() + p[1:] if i == 0 else p for i, p in enumerate(parts)) + ". " + summary
