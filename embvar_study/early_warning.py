@@ -16,12 +16,17 @@ from numpy.typing import ArrayLike
 from .checks import as_float_array
 from .metrics import cosine_drift, drift_curve
 from .stats import _check_confidence, _check_n_resamples
-from .study import RunSet, NotComputed
+from .study import RunSet, NotComputed, format_lr
 
 # %% auto #0
-__all__ = ['AUC_MIN_PER_CLASS', 'replicate_distances', 'seed_distances', 'DriftThreshold', 'drift_threshold', 'first_crossing',
+__all__ = ['AUC_MIN_PER_CLASS', 'STABILITY_FRACTIONS', 'TRAINER_SIGNALS', 'DRIFT_SIGNALS', 'TRAINER_SINGLE',
+           'replicate_distances', 'seed_distances', 'DriftThreshold', 'drift_threshold', 'first_crossing',
            'failure_step', 'final_outcome', 'OutcomeAUC', 'auc_ci', 'early_warning_table', 'drift_predicts_outcome',
-           'outcome_auc_table', 'fit_alarm', 'apply_alarm']
+           'outcome_auc_table', 'fit_alarm', 'apply_alarm', 'heldout_chance', 'stability_failed', 'run_signals',
+           'stability_signals', 'cv_scores', 'stability_signal_sets', 'stability_scores', 'paired_auc_difference',
+           'stability_auc_table', 'stability_differences', 'stability_alarms', 'lead_times', 'live_drift_alarm',
+           'live_alarm_summary', 'drift_verdict', 'stability_answer', 'roc_points', 'plot_stability_roc',
+           'plot_lead_times', 'stability_section']
 
 # %% ../nbs/18_early_warning.ipynb #0e4b9f4a
 _SAME_FOR_REPLICATES = ("lr", "schedule", "init_seed", "data_seed", "dropout_seed")
@@ -336,11 +341,11 @@ def outcome_auc_table(table: pd.DataFrame,        # early_warning_table(...)
 
 # %% ../nbs/18_early_warning.ipynb #2399c15f
 from typing import TYPE_CHECKING
-if TYPE_CHECKING: from .tracking import AlarmRule   # tracking loads transformers: imported when used
+if TYPE_CHECKING: from embvar_study.tracking import AlarmRule   # tracking loads transformers: imported when used
 
 def _signal_curve(run, signal: str, layer: int, pooling: str) -> tuple[np.ndarray, np.ndarray]:  # (T',) steps, (T',) values
     "The live alarm signal of a finished run at its tracked steps (what `EmbeddingTracker` computes while it runs)."
-    from .tracking import ALARM_SIGNALS
+    from embvar_study.tracking import ALARM_SIGNALS
     if signal not in ALARM_SIGNALS: raise ValueError(f"signal: expected one of {ALARM_SIGNALS}, got {signal!r}")
     steps, d = np.asarray(run.steps, np.int64), np.asarray(drift_curve(run.embeddings(layer, pooling)), np.float64)
     if signal == "drift": return steps, d
@@ -349,6 +354,12 @@ def _signal_curve(run, signal: str, layer: int, pooling: str) -> tuple[np.ndarra
 def _max_in(steps: np.ndarray, values: np.ndarray, start: int, end: int | None) -> float:  # max over start <= step <= end; -inf if none
     keep = (steps >= start) & (steps <= (np.iinfo(np.int64).max if end is None else end))
     return float(values[keep].max()) if keep.any() else -math.inf
+
+def _threshold(score: np.ndarray, y: np.ndarray, recall: float) -> float:  # midway below the k-th highest failed score
+    "A threshold `score > t` stops at least `recall` of the failed runs: midway between the k-th highest failed score and the next lower score."
+    f = np.sort(score[y])[::-1]; k = int(math.ceil(recall * len(f) - 1e-9))
+    below = score[score < f[k - 1]]
+    return float((f[k - 1] + below.max()) / 2) if below.size else float(np.nextafter(f[k - 1], -np.inf))
 
 def fit_alarm(runs: RunSet,                  # finished runs with both outcomes, e.g. study.runs("stability")
               *,
@@ -360,7 +371,7 @@ def fit_alarm(runs: RunSet,                  # finished runs with both outcomes,
               **rule_kw: float,              # chance, delta, loss_delta, window, rule: the failure rule of `final_outcome`
              ) -> "AlarmRule":
     "A threshold rule on the live drift signal that stops `recall` of the failed runs by step `at`, calibrated on `runs`."
-    from .tracking import AlarmRule
+    from embvar_study.tracking import AlarmRule
     if isinstance(at, bool) or not isinstance(at, (int, np.integer)) or at < 1: raise ValueError(f"at: expected an int >= 1, got {at!r}")
     if isinstance(recall, bool) or not isinstance(recall, (int, float)) or not 0 < recall <= 1: raise ValueError(f"recall: expected a number in (0, 1], got {recall!r}")
     rs = _check_runs(runs, 2, "fit_alarm")
@@ -371,9 +382,7 @@ def fit_alarm(runs: RunSet,                  # finished runs with both outcomes,
     if not y.any(): raise ValueError("fit_alarm: no run failed, so there is nothing to calibrate a recall on")
     score = np.array([_max_in(*_signal_curve(r, signal, layer, pooling), 1, int(at)) for r in rs.runs])
     if not np.isfinite(score).all(): raise ValueError(f"at: no tracked step in [1, {at}] for some run (drift_velocity needs two tracked steps)")
-    f = np.sort(score[y])[::-1]; k = int(math.ceil(recall * len(f) - 1e-9))
-    below = score[score < f[k - 1]]
-    threshold = float((f[k - 1] + below.max()) / 2) if below.size else float(np.nextafter(f[k - 1], -np.inf))
+    threshold = _threshold(score, y, recall)
     fires = score > threshold
     cal = {"method": "fit_alarm", "recall_target": float(recall), "recall": float(fires[y].mean()), "n_runs": int(len(y)),
            "n_failed": int(y.sum()), "successful_stopped": int((fires & ~y).sum()),
@@ -386,8 +395,8 @@ def apply_alarm(rule: AlarmRule | dict | float | str,  # anything `tracking.alar
                 run: object,                 # a finished run: a `Run` or a run folder path
                ) -> dict:                    # {"fired": bool, "step": int | None, "value": float | None}
     "Whether and at which tracked step `rule` fires on a finished run (the first active step whose signal is above the threshold)."
-    from .tracking import alarm_rule
-    from .runs import load_run
+    from embvar_study.tracking import alarm_rule
+    from embvar_study.runs import load_run
     rule = alarm_rule(rule)
     if not hasattr(run, "embeddings"): run = load_run(run)
     steps, v = _signal_curve(run, rule.signal, rule.layer, rule.pooling)
@@ -395,3 +404,429 @@ def apply_alarm(rule: AlarmRule | dict | float | str,  # anything `tracking.alar
     if not hit.size: return {"fired": False, "step": None, "value": None}
     return {"fired": True, "step": int(steps[hit[0]]), "value": float(v[hit[0]])}
 
+
+# %% ../nbs/18_early_warning.ipynb #6bfac6f3
+STABILITY_FRACTIONS = (0.1, 0.2, 0.3, 0.5)   # fractions of training at which every signal is read
+TRAINER_SIGNALS = ("train_loss", "grad_norm", "eval_acc", "eval_loss")   # what every trainer already logs
+
+def heldout_chance(run: object,  # a finished `Run` (its config names the dataset, sizes and data seed)
+                  ) -> float:    # the majority-class share of the run's held-out rows
+    "The share of the run's held-out rows in their most common class (the accuracy of always answering it), rebuilt from the run's config."
+    from embvar_study.config import TrainConfig
+    from embvar_study.train import prepare_data
+    cfg = {k: v for k, v in run.config.items() if k in TrainConfig.__dataclass_fields__}
+    _, ev, _ = prepare_data(TrainConfig.from_dict(cfg))
+    return float(ev["label"].value_counts(normalize=True).max())
+
+# %% ../nbs/18_early_warning.ipynb #8baa2d20
+def stability_failed(history: pd.DataFrame,  # a run's history (step, train_loss, eval_acc, status)
+                     failure: dict,          # the profile's failure rule (study.json resolved.failure): delta, diverge_factor
+                     chance: float,          # majority-class share of the held-out rows (`heldout_chance`)
+                    ) -> bool:               # True if the run failed by the rule
+    "The stability profile's failure rule, fixed before the runs: diverged (a 'diverged' row, a non-finite training loss, or one above `diverge_factor` x the first step's), or a final held-out accuracy not above `chance + delta`."
+    h = _history(history)
+    if not isinstance(failure, dict) or "delta" not in failure: raise ValueError(f"failure: expected the profile's failure rule with a 'delta', got {failure!r}")
+    if "eval_acc" not in h or h["eval_acc"].notna().sum() == 0: raise ValueError("history: the failure rule needs held-out accuracy (eval_acc); the history has none")
+    if _divergence_step(h) is not None: return True
+    loss = h["train_loss"].dropna().to_numpy(float) if "train_loss" in h else np.zeros(0)
+    if loss.size and float(loss.max()) > float(failure.get("diverge_factor", math.inf)) * float(loss[0]): return True
+    return bool(float(h["eval_acc"].dropna().iloc[-1]) <= chance + float(failure["delta"]))
+
+# %% ../nbs/18_early_warning.ipynb #8f6c9859
+def _at_or_before(steps: np.ndarray, k: np.ndarray) -> np.ndarray:  # (F,) index of the last step <= each k; -1 if none
+    return np.searchsorted(steps, k, side="right") - 1
+
+def _window_mean(h: pd.DataFrame, col: str, k: np.ndarray, window: int) -> np.ndarray:  # (F,) mean of col over logged steps in (k - window, k]
+    if col not in h: return np.full(k.shape, np.nan)
+    r = h.dropna(subset=[col]); s, v = r["step"].to_numpy(float), r[col].to_numpy(float)
+    inside = (s[None, :] > (k[:, None] - window)) & (s[None, :] <= k[:, None]) & (s[None, :] >= 1)
+    with np.errstate(invalid="ignore"): return np.where(inside.any(1), (inside * np.nan_to_num(v)).sum(1) / inside.sum(1), np.nan)
+
+def run_signals(run: object,                     # a finished `Run`
+                *,
+                fractions: tuple[float, ...] = STABILITY_FRACTIONS,  # fractions f of its planned steps
+                pooling: str = "mean",           # stored pooling of the drift signals
+                window: int = 3,                 # logged steps averaged for the training loss and gradient norm
+               ) -> pd.DataFrame:                # one row per fraction: fraction, step, drift_0..drift_L, velocity, train_loss, grad_norm, eval_acc, eval_loss
+    "Every signal of one run at step k = floor(f x planned steps) for each f: drift from step 0 of every layer and the last layer's drift velocity at the last tracked step <= k, training loss and gradient norm averaged over the last `window` logged steps <= k, held-out accuracy and loss at the last evaluation in [1, k]."
+    total = int(run.marker.get("total_steps") or run.history["step"].max())
+    f = np.asarray(fractions, float)
+    if f.ndim != 1 or not f.size or ((f <= 0) | (f > 1)).any(): raise ValueError(f"fractions: expected fractions in (0, 1], got {fractions!r}")
+    k = np.floor(f * total).astype(np.int64)
+    steps = np.asarray(run.steps, np.int64)
+    D = drift_curve(np.moveaxis(run.embeddings_all_layers(pooling), 1, 0))            # (L+1, T) drift of every layer
+    i = _at_or_before(steps, k)
+    if (i < 1).any(): raise ValueError(f"fractions: no tracked step after 0 at or before step {int(k[i < 1][0])} ({total} planned steps); track more often")
+    vel = (D[-1, i] - D[-1, i - 1]) / (steps[i] - steps[i - 1])
+    h = _history(run.history); ev = h.dropna(subset=["eval_acc"]) if "eval_acc" in h else h.iloc[:0]
+    ev = ev[ev["step"] >= 1]; j = _at_or_before(ev["step"].to_numpy(np.int64), k)
+    at = lambda c: np.where(j >= 0, ev[c].to_numpy(float)[np.maximum(j, 0)] if len(ev) else np.nan, np.nan)
+    out = pd.DataFrame({"fraction": f, "step": k, "total_steps": total, **{f"drift_{l}": D[l, i] for l in range(len(D))}, "velocity": vel,
+                        "train_loss": _window_mean(h, "train_loss", k, window), "grad_norm": _window_mean(h, "grad_norm", k, window),
+                        "eval_acc": at("eval_acc"), "eval_loss": at("eval_loss")})
+    return out
+
+# %% ../nbs/18_early_warning.ipynb #d7ff0584
+def stability_signals(rs: RunSet,                # the stability experiment's runs, e.g. study.runs("stability", diverged=True)
+                      failure: dict,             # the failure rule recorded before the runs (study.spec["resolved"]["failure"])
+                      *,
+                      fractions: tuple[float, ...] = STABILITY_FRACTIONS,  # fractions of training
+                      pooling: str = "mean",     # stored pooling
+                      window: int = 3,           # see `run_signals`
+                      chance: float | None = None,  # majority-class share; None: `heldout_chance` of each run
+                     ) -> pd.DataFrame:          # one row per run and fraction: run_id, lr, seed, failed, failure_step, then `run_signals`' columns
+    "The signal table of a study: every run's signals at every fraction, its outcome by the recorded rule and the step its failure becomes visible in held-out accuracy (`failure_step`, accuracy rule)."
+    rs = _check_runs(rs, 2, "the stability analysis"); rows, memo = [], {}
+    for (_, d), run in zip(rs.table.iterrows(), rs.runs):
+        key = (run.config.get("dataset"), run.config.get("n_train"), run.config.get("n_eval"), run.config.get("data_seed"), run.config.get("probes"))
+        c = chance if chance is not None else memo.setdefault(key, heldout_chance(run))
+        fs = failure_step(run.history, rule="accuracy", chance=c, delta=float(failure["delta"]))
+        rows.append(run_signals(run, fractions=fractions, pooling=pooling, window=window).assign(
+            run_id=d["run_id"], lr=float(d["lr"]), seed=int(d["seed"]), chance=c, failed=stability_failed(run.history, failure, c),
+            failure_step=np.nan if fs is None else float(fs)))
+    t = pd.concat(rows, ignore_index=True)
+    first = ["run_id", "lr", "seed", "chance", "failed", "failure_step"]
+    return t[first + [c for c in t.columns if c not in first]]
+
+# %% ../nbs/18_early_warning.ipynb #d3ab8b36
+def _logistic(X: np.ndarray, y: np.ndarray, ridge: float, iters: int = 50) -> np.ndarray:  # (p+1,) intercept, weights
+    "Ridge-penalised logistic regression by Newton's method on standardised columns (the intercept unpenalised)."
+    A = np.column_stack([np.ones(len(X)), X]); w = np.zeros(A.shape[1]); P = np.diag([0.0] + [ridge] * X.shape[1])
+    for _ in range(iters):
+        p = 1 / (1 + np.exp(-np.clip(A @ w, -30, 30)))
+        g = A.T @ (p - y) + P @ w
+        H = (A * (p * (1 - p))[:, None]).T @ A + P + 1e-9 * np.eye(len(w))
+        step = np.linalg.solve(H, g); w -= step
+        if np.abs(step).max() < 1e-10: break
+    return w
+
+def _aucs(S: np.ndarray, y: np.ndarray) -> np.ndarray:  # (p,) AUC of every column of S (n, p) for y (ties 1/2)
+    R = _sps.rankdata(S, axis=0); n1 = int(y.sum())
+    return (R[y].sum(0) - n1 * (n1 + 1) / 2) / (n1 * (len(y) - n1))
+
+# %% ../nbs/18_early_warning.ipynb #584e248c
+def cv_scores(X: ArrayLike,            # (n, p) features of n runs (a column per signal or per layer)
+              failed: ArrayLike,       # (n,) bool outcome per run
+              groups: ArrayLike,       # (n,) group per run (the seed): each group is held out once
+              *,
+              select: bool = False,    # pick the one column with the best AUC on the other groups (best layer) instead of using all
+              recall: float = 0.9,     # the alarm threshold stops this share of the other groups' failed runs
+              ridge: float = 1.0,      # L2 penalty of the logistic regression (standardised columns)
+             ) -> dict:                # score (n,), stopped (n,) bool, chosen (n,) column used, sign (n,) of its weight
+    "Out-of-group scores: for every held-out group, a logistic regression (on the chosen column, or all) and an alarm threshold at `recall` fitted on the other groups only, applied to the held-out runs."
+    X = as_float_array(X, "X", dims="(n, p) features")
+    X = X[:, None] if X.ndim == 1 else X
+    y = _outcomes(failed, len(X)); g = np.asarray(groups)
+    if g.shape != (len(X),): raise ValueError(f"groups: expected one group per run, shape ({len(X)},), got {g.shape}")
+    if not np.isfinite(X).all(): raise ValueError(f"X: expected finite features, got {int((~np.isfinite(X)).sum())} missing or infinite values")
+    score, stopped = np.zeros(len(X)), np.zeros(len(X), bool)
+    chosen, sign = np.zeros(len(X), np.int64), np.zeros(len(X))
+    for grp in np.unique(g):
+        te, tr = g == grp, g != grp
+        if y[tr].all() or not y[tr].any(): raise NotComputed(f"holding out group {grp} leaves one outcome class in the other runs; cross-validation needs both")
+        cols = [int(np.argmax(np.abs(_aucs(X[tr], y[tr]) - 0.5)))] if select else list(range(X.shape[1]))
+        mu, sd = X[tr][:, cols].mean(0), X[tr][:, cols].std(0); sd[sd == 0] = 1
+        w = _logistic((X[tr][:, cols] - mu) / sd, y[tr].astype(float), ridge)
+        lin = lambda Z: w[0] + ((Z[:, cols] - mu) / sd) @ w[1:]
+        if len(cols) == 1: lin = lambda Z: np.sign(w[1]) * Z[:, cols[0]]   # one signal: its raw value, oriented (comparable across folds)
+        t = _threshold(lin(X[tr]), y[tr], recall)
+        score[te], stopped[te] = lin(X[te]), lin(X[te]) > t
+        chosen[te], sign[te] = cols[0] if select else -1, np.sign(w[1]) if len(cols) == 1 else np.nan
+    return {"score": score, "stopped": stopped, "chosen": chosen, "sign": sign}
+
+# %% ../nbs/18_early_warning.ipynb #c33df190
+def stability_signal_sets(sig: pd.DataFrame,  # stability_signals(...)
+                         ) -> dict[str, tuple[list[str], bool]]:  # name -> (columns, select one column on the other seeds)
+    "The signals compared: (a) drift from step 0, last layer and best layer, (b) drift velocity, (c)-(e) the trainer's four, (f) their combination, and the learning rate as a reference."
+    layers = sorted((c for c in sig.columns if c.startswith("drift_")), key=lambda c: int(c.split("_")[1]))
+    if not layers: raise ValueError("sig: expected drift_<layer> columns (stability_signals)")
+    return {"drift, last layer": ([layers[-1]], False), "drift, best layer": (layers, True), "drift velocity": (["velocity"], False),
+            "training loss": (["train_loss"], False), "gradient norm": (["grad_norm"], False), "held-out accuracy": (["eval_acc"], False),
+            "held-out loss": (["eval_loss"], False), "trainer's signals combined": (list(TRAINER_SIGNALS), False),
+            "learning rate": (["log_lr"], False)}
+
+DRIFT_SIGNALS = ("drift, last layer", "drift, best layer", "drift velocity")
+TRAINER_SINGLE = ("training loss", "gradient norm", "held-out accuracy", "held-out loss")
+
+def _check_classes(y: np.ndarray, what: str) -> None:
+    n1 = int(y.sum()); n0 = len(y) - n1
+    if min(n1, n0) < 2: raise NotComputed(f"{what} needs at least 2 failed and 2 successful runs, got {n1} failed and {n0} successful")
+
+def stability_scores(sig: pd.DataFrame,        # stability_signals(...)
+                     *,
+                     recall: float = 0.9,      # alarm recall on the calibration runs (see cv_scores)
+                     group: str = "seed",      # the column whose values are held out in turn
+                    ) -> pd.DataFrame:         # one row per fraction, signal and run: score, stopped, chosen, sign and the run's outcome columns
+    "Cross-validated score and alarm decision of every signal for every run at every fraction (leave one seed out); a signal missing at a fraction (no evaluation yet) is left out and listed in attrs['notes']."
+    sig = sig.assign(log_lr=np.log10(sig["lr"].astype(float)))
+    sets, out, notes = stability_signal_sets(sig), [], []
+    for f, t in sig.groupby("fraction", sort=True):
+        t = t.sort_values("run_id", kind="stable"); y = t["failed"].to_numpy(bool)
+        _check_classes(y, f"the stability analysis at fraction {f:g}")
+        for name, (cols, select) in sets.items():
+            X = t[cols].to_numpy(float)
+            if not np.isfinite(X).all(): notes.append(f"{name} at {f:.0%} of training: not available for every run (e.g. no held-out evaluation yet)"); continue
+            r = cv_scores(X, y, t[group].to_numpy(), select=select, recall=recall)
+            out.append(t[["run_id", "lr", "seed", "failed", "failure_step", "step", "total_steps"]].assign(
+                fraction=f, signal=name, score=r["score"], stopped=r["stopped"],
+                chosen=[cols[i] if i >= 0 else "" for i in r["chosen"]], sign=r["sign"]))
+    res = pd.concat(out, ignore_index=True); res.attrs["notes"] = notes
+    return res
+
+# %% ../nbs/18_early_warning.ipynb #23dab403
+def _pairs(s: np.ndarray, y: np.ndarray) -> np.ndarray:  # (..., n1, n0) 1 / 0.5 / 0 for every (failed, successful) pair
+    pos, neg = s[..., y], s[..., ~y]
+    return (pos[..., :, None] > neg[..., None, :]) + 0.5 * (pos[..., :, None] == neg[..., None, :])
+
+def paired_auc_difference(a: ArrayLike,        # (n,) the first score per run (e.g. drift)
+                          B: ArrayLike,        # (S, n) competing scores on the same runs (e.g. the trainer's signals)
+                          failed: ArrayLike,   # (n,) bool outcome per run
+                          *,
+                          n_resamples: int = 2000, seed: int | np.random.Generator | None = 0, confidence: float = 0.95,
+                         ) -> dict:            # diff, low, high, auc_a, auc_best, best (index into B)
+    "AUC(a) - max_s AUC(B_s) on the same runs, with a stratified bootstrap interval that resamples runs once for all scores (the best of B is re-chosen inside every resample)."
+    a = as_float_array(a, "a", ndim=1, dims="(n,)"); B = as_float_array(B, "B", ndim=2, dims="(S, n)")
+    if B.shape[1] != a.size: raise ValueError(f"B: expected (S, {a.size}) scores on the same runs as a, got {B.shape}")
+    y = _outcomes(failed, a.size); _check_classes(y, "the paired AUC difference")
+    n_resamples, confidence = _check_n_resamples(n_resamples), _check_confidence(confidence)
+    Ca, CB = _pairs(a, y), _pairs(B, y); n1, n0 = Ca.shape
+    rng = np.random.default_rng(seed)
+    c1, c0 = rng.multinomial(n1, np.full(n1, 1 / n1), size=n_resamples), rng.multinomial(n0, np.full(n0, 1 / n0), size=n_resamples)
+    da = np.einsum("bi,ij,bj->b", c1, Ca, c0) / (n1 * n0); dB = np.einsum("bi,sij,bj->bs", c1, CB, c0) / (n1 * n0)
+    aucB = CB.mean((1, 2)); d = da - dB.max(1)
+    lo, hi = np.quantile(d, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return {"diff": float(Ca.mean() - aucB.max()), "low": float(lo), "high": float(hi), "auc_a": float(Ca.mean()),
+            "auc_best": float(aucB.max()), "best": int(aucB.argmax())}
+
+# %% ../nbs/18_early_warning.ipynb #c8a78e7e
+def _direction(s: pd.DataFrame) -> str:  # how the failed runs differ, from the folds' weights
+    signs = s.drop_duplicates("seed")["sign"].dropna()
+    if not len(signs): return "combined"
+    up = int((signs > 0).sum())
+    return "higher" if up == len(signs) else "lower" if up == 0 else f"mixed ({up} of {len(signs)} folds higher)"
+
+def _chosen(s: pd.DataFrame) -> str:  # the layers chosen over the folds, most often first
+    c = s.drop_duplicates("seed")["chosen"]; c = c[c != ""]
+    if not len(c): return ""
+    vc = c.str.replace("drift_", "layer ", regex=False).value_counts()
+    return ", ".join(f"{k} ({v}/{len(c)})" for k, v in vc.items())
+
+def stability_auc_table(scores: pd.DataFrame,     # stability_scores(...)
+                        *,
+                        n_resamples: int = 2000, seed: int | np.random.Generator | None = 0, confidence: float = 0.95,
+                       ) -> pd.DataFrame:         # fraction, step, signal, auc, low, high, n_failed, n_ok, failed_runs_are, layers_chosen
+    "AUC of every cross-validated signal for failure at every fraction, with a stratified bootstrap interval over runs."
+    rows = []
+    for (f, name), s in scores.groupby(["fraction", "signal"], sort=False):
+        r = auc_ci(s["score"].to_numpy(), s["failed"].to_numpy(bool), n_resamples=n_resamples, seed=seed, confidence=confidence)
+        rows.append({"fraction": f, "step": int(s["step"].max()), "signal": name, "auc": r.auc, "low": r.low, "high": r.high,
+                     "n_failed": r.n_failed, "n_ok": r.n_ok, "failed_runs_are": _direction(s), "layers_chosen": _chosen(s)})
+    out = pd.DataFrame(rows); out.attrs["notes"] = scores.attrs.get("notes", [])
+    return out
+
+def stability_differences(scores: pd.DataFrame,   # stability_scores(...)
+                          *,
+                          drift: tuple[str, ...] = ("drift, last layer", "drift, best layer"),  # the drift signals compared
+                          others: tuple[str, ...] = TRAINER_SINGLE,   # the trainer's signals; the best of them is the comparator
+                          n_resamples: int = 2000, seed: int | np.random.Generator | None = 0, confidence: float = 0.95,
+                         ) -> pd.DataFrame:       # fraction, signal, auc, best_other, auc_best_other, diff, low, high
+    "Paired difference AUC(drift) - AUC(best of the trainer's signals) at every fraction, on the same runs (`paired_auc_difference`)."
+    rows = []
+    for f, s in scores.groupby("fraction", sort=True):
+        w = s.pivot_table(index="run_id", columns="signal", values="score", aggfunc="first")
+        y = s.drop_duplicates("run_id").set_index("run_id").loc[w.index, "failed"].to_numpy(bool)
+        have = [o for o in others if o in w]
+        for d in drift:
+            if d not in w or not have: continue
+            r = paired_auc_difference(w[d].to_numpy(), w[have].to_numpy().T, y, n_resamples=n_resamples, seed=seed, confidence=confidence)
+            rows.append({"fraction": f, "step": int(s["step"].max()), "signal": d, "auc": r["auc_a"], "best_other": have[r["best"]],
+                         "auc_best_other": r["auc_best"], "diff": r["diff"], "low": r["low"], "high": r["high"]})
+    if not rows: raise NotComputed("no fraction has both a drift signal and a trainer's signal to compare")
+    return pd.DataFrame(rows)
+
+# %% ../nbs/18_early_warning.ipynb #27807f12
+def _alarm_row(s: pd.DataFrame, stop_step: np.ndarray, fired: np.ndarray) -> dict:  # the compute and lead-time summary of one alarm
+    y, T = s["failed"].to_numpy(bool), s["total_steps"].to_numpy(float)
+    saved = np.where(fired, T - stop_step, 0.0)
+    lead = (s["failure_step"].to_numpy(float) - stop_step)[fired & y & s["failure_step"].notna().to_numpy()]
+    return {"failed_stopped": f"{int((fired & y).sum())}/{int(y.sum())}", "recall": float((fired & y).sum() / y.sum()),
+            "successful_stopped": f"{int((fired & ~y).sum())}/{int((~y).sum())}", "false_alarm_rate": float((fired & ~y).sum() / (~y).sum()),
+            "steps_saved": float(saved.sum() / T.sum()), "steps_saved_on_failed": float(saved[y].sum() / T.sum()),
+            "lead_median": float(np.median(lead)) if lead.size else np.nan, "lead_min": float(lead.min()) if lead.size else np.nan,
+            "lead_max": float(lead.max()) if lead.size else np.nan, "n_lead": int(lead.size)}
+
+def stability_alarms(scores: pd.DataFrame,       # stability_scores(...)
+                    ) -> pd.DataFrame:           # fraction, step, signal, failed_stopped, recall, successful_stopped, steps_saved, lead_*
+    "Each signal's alarm checked once at step k of each fraction (threshold at 90% recall on the other seeds): the held-out runs it stops, the share of all optimizer steps it saves, and the lead time (failure step in held-out accuracy - k) over the failed runs it stops."
+    rows = []
+    for (f, name), s in scores.groupby(["fraction", "signal"], sort=False):
+        rows.append({"fraction": f, "step": int(s["step"].max()), "signal": name,
+                     **_alarm_row(s, s["step"].to_numpy(float), s["stopped"].to_numpy(bool))})
+    return pd.DataFrame(rows)
+
+def lead_times(scores: pd.DataFrame,            # stability_scores(...)
+              ) -> pd.DataFrame:                # fraction, signal, run_id, lead (failure step - alarm step), one row per failed run stopped
+    "The lead time of every failed run an alarm stops whose failure becomes visible in held-out accuracy (positive: the alarm came first)."
+    s = scores[scores["stopped"] & scores["failed"] & scores["failure_step"].notna()]
+    return s.assign(lead=s["failure_step"] - s["step"])[["fraction", "signal", "run_id", "step", "failure_step", "lead"]].reset_index(drop=True)
+
+# %% ../nbs/18_early_warning.ipynb #70acb247
+def live_drift_alarm(rs: RunSet,                # the runs of `sig`
+                     sig: pd.DataFrame,         # stability_signals(rs, ...): the outcome of every run
+                     *,
+                     at_fraction: float = 0.5,  # the rule watches tracked steps 1 .. floor(at_fraction x planned steps)
+                     recall: float = 0.9,       # share of the other seeds' failed runs it must stop
+                     layer: int = -1, pooling: str = "mean",  # the watched layer and pooling
+                    ) -> pd.DataFrame:          # one row per run: run_id, seed, failed, fired, step, failure_step, total_steps
+    "The live drift alarm of the tracker, cross-validated: for every seed, `fit_alarm` on the other seeds' runs, `apply_alarm` on this seed's runs."
+    o = sig.drop_duplicates("run_id").set_index("run_id")
+    rows = []
+    for s in sorted(o["seed"].unique()):
+        cal = rs.where(seed=[int(x) for x in o["seed"].unique() if x != s])
+        at = int(math.floor(at_fraction * int(o["total_steps"].min())))
+        rule = fit_alarm(cal, at=at, recall=recall, layer=layer, pooling=pooling, failed=o.loc[cal.table["run_id"], "failed"].to_numpy(bool))
+        for rid, run in zip(rs.where(seed=int(s)).table["run_id"], rs.where(seed=int(s)).runs):
+            hit = apply_alarm(rule, run)
+            rows.append({"run_id": rid, "seed": int(s), "failed": bool(o.loc[rid, "failed"]), "fired": hit["fired"],
+                         "step": hit["step"], "failure_step": o.loc[rid, "failure_step"], "total_steps": o.loc[rid, "total_steps"], "threshold": rule.threshold})
+    return pd.DataFrame(rows)
+
+def live_alarm_summary(live: pd.DataFrame,      # live_drift_alarm(...)
+                      ) -> dict:                # as a row of `stability_alarms`
+    "The live drift alarm's runs stopped, steps saved and lead times, as a row of `stability_alarms`."
+    return {"fraction": np.nan, "step": np.nan, "signal": "drift alarm (live rule, fit_alarm)",
+            **_alarm_row(live, live["step"].fillna(0).to_numpy(float), live["fired"].to_numpy(bool))}
+
+# %% ../nbs/18_early_warning.ipynb #456b94b9
+def _iv(lo: float, hi: float) -> str: return f"[{lo:.2f}, {hi:.2f}]"
+
+def drift_verdict(low: float, high: float) -> str:  # 'better', 'worse' or 'no better'
+    "Drift is 'better' when the difference's interval lies above 0, 'worse' below, else 'no better' (not distinguishable)."
+    if not (math.isfinite(low) and math.isfinite(high)): raise ValueError(f"low, high: expected a finite interval, got {low}, {high}")
+    return "better" if low > 0 else "worse" if high < 0 else "no better"
+
+def stability_answer(diffs: pd.DataFrame,     # stability_differences(...)
+                     aucs: pd.DataFrame,      # stability_auc_table(...)
+                     *,
+                     signal: str = "drift, best layer",  # the drift signal the answer is about
+                     question: bool = True,   # start with the question in bold
+                    ) -> str:                 # Markdown: one sentence per fraction and a summary, every number from the tables
+    "Does drift warn earlier than the loss? In words, computed: per fraction the drift AUC, the best trainer's signal's AUC and the paired difference with its interval, and the verdict."
+    d = diffs[diffs["signal"] == signal].sort_values("fraction")
+    if not len(d): raise NotComputed(f"no paired difference for {signal!r}")
+    a = aucs.set_index(["fraction", "signal"])
+    parts, verdicts = [], []
+    for r in d.itertuples():
+        v = drift_verdict(r.low, r.high); verdicts.append(v)
+        da, ob = a.loc[(r.fraction, signal)], a.loc[(r.fraction, r.best_other)]
+        word = {"better": "drift is better", "worse": "drift is worse", "no better": "drift is no better (the interval contains 0)"}[v]
+        parts.append(f"at {r.fraction:.0%} of training (step {r.step}) {signal} has AUC {da['auc']:.2f} {_iv(da['low'], da['high'])} against "
+                     f"{ob['auc']:.2f} {_iv(ob['low'], ob['high'])} for the best of the trainer's signals ({r.best_other}): difference "
+                     f"{r.diff:+.2f} {_iv(r.low, r.high)}, {word}")
+    n = {k: verdicts.count(k) for k in ("better", "no better", "worse")}
+    summary = f"Over the {len(verdicts)} fractions drift is better at {n['better']}, no better at {n['no better']} and worse at {n['worse']}."
+    if question and "learning rate" in a.index.get_level_values("signal"):   # said once, with the question
+        lr = a.xs("learning rate", level="signal").sort_index().iloc[0]
+        summary += f" For reference, the learning rate alone, known before training, has AUC {lr['auc']:.2f} {_iv(lr['low'], lr['high'])}."
+    return ("**Does drift warn earlier than the loss?** " if question else "") + "; ".join(p[0].upper() + p[1:] if i == 0 else p for i, p in enumerate(parts)) + ". " + summary
+
+# %% ../nbs/18_early_warning.ipynb #19985566
+def roc_points(score: ArrayLike,   # (n,) score per run (higher: more likely failed)
+               failed: ArrayLike,  # (n,) bool outcome per run
+              ) -> tuple[np.ndarray, np.ndarray]:  # (m,) false-positive rates, (m,) true-positive rates, from (0, 0) to (1, 1)
+    "The ROC curve's corners: every distinct threshold, ties stepped together."
+    s = as_float_array(score, "score", ndim=1, dims="(n,)"); y = _outcomes(failed, s.size)
+    u = np.unique(s)[::-1]
+    tp = (s[None, :] >= u[:, None]) & y[None, :]; fp = (s[None, :] >= u[:, None]) & ~y[None, :]
+    return np.concatenate([[0.0], fp.sum(1) / (~y).sum()]), np.concatenate([[0.0], tp.sum(1) / y.sum()])
+
+def plot_stability_roc(scores: pd.DataFrame,    # stability_scores(...)
+                       fractions: tuple[float, ...],  # the fractions to draw, one panel each
+                       signals: tuple[str, ...] = ("drift, last layer", "drift, best layer", "training loss", "held-out accuracy",
+                                                   "held-out loss", "trainer's signals combined"),  # the curves drawn
+                      ) -> object:              # matplotlib Figure
+    "ROC curves of the cross-validated signals at the given fractions of training."
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(fractions), figsize=(4.2 * len(fractions), 4), squeeze=False)
+    for ax, f in zip(axes[0], fractions):
+        s = scores[np.isclose(scores["fraction"], f)]
+        for name in signals:
+            t = s[s["signal"] == name]
+            if not len(t): continue
+            x, y = roc_points(t["score"].to_numpy(), t["failed"].to_numpy(bool))
+            ax.step(x, y, where="post", lw=2 if name.startswith("drift") else 1.2, ls="-" if name.startswith("drift") else "--", label=name)
+        ax.plot([0, 1], [0, 1], color="0.7", lw=0.8)
+        ax.set(xlabel="successful runs flagged (false-positive rate)", ylabel="failed runs flagged (true-positive rate)",
+               title=f"{f:.0%} of training (step {int(s['step'].max()) if len(s) else '?'})", xlim=(0, 1), ylim=(0, 1.02))
+    axes[0, -1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+def plot_lead_times(leads: pd.DataFrame,        # lead_times(...) (and the live alarm's rows, fraction NaN)
+                   ) -> object:                 # matplotlib Figure
+    "Lead time (failure step in held-out accuracy - alarm step) of every failed run each alarm stops, one row per signal, a marker per fraction."
+    import matplotlib.pyplot as plt
+    names = list(dict.fromkeys(leads["signal"]))
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(names) + 1.2))
+    fr = sorted(leads["fraction"].dropna().unique())
+    for i, f in enumerate([*fr, np.nan]):
+        t = leads[leads["fraction"].isna()] if np.isnan(f) else leads[np.isclose(leads["fraction"], f)]
+        if not len(t): continue
+        y = np.array([names.index(n) for n in t["signal"]]) + (i - len(fr) / 2) * 0.15
+        x = t["lead"].to_numpy(float) + np.random.default_rng(i).uniform(-0.25, 0.25, len(t))   # jitter: lead times are whole steps
+        ax.scatter(x, y, s=12, alpha=0.6, label="live rule (any step)" if np.isnan(f) else f"alarm at {f:.0%}")
+    ax.axvline(0, color="0.6", lw=0.8); ax.set_yticks(range(len(names)), names)
+    ax.set(xlabel="lead time, optimizer steps (> 0: the alarm came before held-out accuracy showed the failure)")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.6 / len(names)), ncol=5, frameon=False); fig.tight_layout()
+    return fig
+
+# %% ../nbs/18_early_warning.ipynb #134ac30d
+def _pct_col(df: pd.DataFrame) -> pd.DataFrame:  # fraction as '10%' for reading
+    return df.assign(fraction=[("any step" if pd.isna(f) else f"{f:.0%}") for f in df["fraction"]])
+
+def stability_section(study: object,           # a loaded study with the stability experiment (study.load_study)
+                      *,
+                      layer: int = -1, pooling: str = "mean", n_resamples: int = 2000,   # the report's options
+                      roc_at: tuple[float, float] = (0.2, 0.5),   # the two fractions the ROC curves are drawn at
+                     ) -> list:                # report items: Markdown strings, report.Table, report.Figure
+    "The report section 'Does drift warn earlier than the loss?': counts, the answer, the AUC table, the paired differences, ROC curves, compute saved and lead times."
+    from embvar_study.report import Table, Figure
+    rs = study.runs("stability", min_runs=4, diverged=True)        # failed and diverged runs are its subject
+    failure = (study.spec.get("resolved") or {}).get("failure")
+    if not failure: raise NotComputed("study.json records no failure rule (resolved.failure): the stability profile fixes it before the runs")
+    sig = stability_signals(rs, failure, pooling=pooling)
+    o = sig.drop_duplicates("run_id")
+    n1, n0 = int(o["failed"].sum()), int((~o["failed"]).sum())
+    per_lr = o.groupby("lr")["failed"].agg(["sum", "size"]).reset_index()
+    counts = (f"**{n1} of {len(o)} runs failed** and {n0} learned, by the rule fixed before the runs: {failure.get('text', failure)} "
+              f"(majority-class share of the held-out rows: {', '.join(sorted({f'{c:.3f}' for c in o['chance']}))}). Failed per learning rate: "
+              + ", ".join(f"{format_lr(r.lr)} {int(r.sum)}/{int(r.size)}" for r in per_lr.itertuples()) + ".")
+    _check_classes(o["failed"].to_numpy(bool), "the stability analysis")
+    sc = stability_scores(sig)
+    aucs = stability_auc_table(sc, n_resamples=n_resamples); diffs = stability_differences(sc, n_resamples=n_resamples)
+    alarms = stability_alarms(sc)
+    live = live_drift_alarm(rs, sig, layer=layer, pooling=pooling)
+    alarms = pd.concat([alarms, pd.DataFrame([live_alarm_summary(live)])], ignore_index=True)
+    leads = lead_times(sc)
+    lv = live[live["fired"] & live["failed"] & live["failure_step"].notna()]
+    leads = pd.concat([leads, pd.DataFrame({"fraction": np.nan, "signal": "drift alarm (live rule, fit_alarm)", "run_id": lv["run_id"],
+                                            "step": lv["step"], "failure_step": lv["failure_step"], "lead": lv["failure_step"] - lv["step"]})], ignore_index=True)
+    notes = [f"*{n}*" for n in aucs.attrs.get("notes", [])]
+    method = ("Every signal is cross-validated over seeds: for each seed, the direction of the signal (and for the best layer, the layer; "
+              "for the combination, a logistic regression on the four trainer's signals) is fitted on the runs of the other five seeds "
+              "and applied to this seed's runs, so no run is scored by a choice made on it. Intervals: stratified bootstrap over runs "
+              f"({n_resamples} resamples; the runs are independent, each with its own seed and rate); the paired difference resamples the "
+              "same runs for both AUCs and re-picks the best trainer's signal inside every resample.")
+    show = lambda d: _pct_col(d)
+    answer = stability_answer(diffs, aucs, signal="drift, last layer") + " " + stability_answer(diffs, aucs, signal="drift, best layer", question=False)
+    return [counts, answer, method, *notes,
+            Table(show(aucs[["fraction", "step", "signal", "auc", "low", "high", "n_failed", "n_ok", "failed_runs_are", "layers_chosen"]]),
+                  "AUC of each signal for failure at 10/20/30/50% of training (cross-validated over seeds; 95% interval)"),
+            Table(show(diffs), "Paired difference AUC(drift) - AUC(best of the trainer's signals: training loss, gradient norm, held-out accuracy and loss), 95% interval"),
+            Figure(plot_stability_roc(sc, roc_at), "stability_roc", f"ROC curves of the drift and trainer's signals at {roc_at[0]:.0%} and {roc_at[1]:.0%} of training"),
+            Table(show(alarms[["fraction", "step", "signal", "failed_stopped", "successful_stopped", "steps_saved", "steps_saved_on_failed",
+                               "lead_median", "lead_min", "lead_max"]]),
+                  "Compute saved: each alarm set to stop 90% of the other seeds' failed runs, checked once at the step (or, for the live rule, at every "
+                  "tracked step up to 50%): the held-out runs it stops, the share of all optimizer steps saved (and the part saved on failed runs), "
+                  "and the lead time over the failed runs it stops (failure step in held-out accuracy - alarm step)"),
+            Figure(plot_lead_times(leads), "stability_lead_times", "Lead time of every failed run each alarm stops, per signal and fraction")]

@@ -58,3 +58,87 @@ def test_stability_profile(tmp_path):
     assert len(experiment_grid(full, "stability")) == 36 and full["base"]["track_every"] == 2
     assert _spec(p, {}, ["stability"], None)["resolved"]["failure"]["delta"] == 0.05
     assert all("stability" not in PROFILES[k]["experiments"] for k in ("paper", "quick", "smoke")) and "stability" not in _CLASSIC
+
+
+# --- the test of the claim, on synthetic signal tables (the level `stability_scores` takes): no training
+import numpy as np
+import pandas as pd
+
+from embvar_study.early_warning import (STABILITY_FRACTIONS, stability_scores, stability_auc_table, stability_differences,
+                                        stability_answer, stability_alarms, paired_auc_difference, auc_ci)
+from embvar_study.study import NotComputed
+
+
+def _signals(planted: str | None, *, seed: int, n_seeds: int = 6, n_lrs: int = 6) -> pd.DataFrame:
+    """36 runs (6 seeds x 6 rates), half of each seed's runs fail; failure is planted as extra growth in one column
+    (or nowhere), every other signal is independent noise around the same mean in failed and successful runs."""
+    rng = np.random.default_rng(seed); rows = []
+    for s in range(n_seeds):
+        fails = rng.permutation(np.arange(n_lrs) % 2 == 0)
+        for i in range(n_lrs):
+            for f in STABILITY_FRACTIONS:
+                v = {f"drift_{l}": 0.1 * f + rng.normal(0, 0.02) for l in range(5)}
+                v.update(velocity=rng.normal(), train_loss=rng.normal(0.69, 0.02), grad_norm=rng.normal(1, 0.1),
+                         eval_acc=rng.normal(0.55, 0.03), eval_loss=rng.normal(0.69, 0.01))
+                if planted: v[planted] += 0.5 * f * fails[i]
+                rows.append({"run_id": f"s{s}l{i}", "lr": 1e-4 * (i + 1), "seed": s, "chance": 0.5, "failed": bool(fails[i]),
+                             "failure_step": 12.0 if fails[i] else np.nan, "fraction": f, "step": int(f * 20), "total_steps": 20, **v})
+    return pd.DataFrame(rows)
+
+
+def _row(t, f, s): return t[np.isclose(t["fraction"], f) & (t["signal"] == s)].iloc[0]
+
+
+def test_planted_in_drift_recovered_not_in_loss():
+    sc = stability_scores(_signals("drift_3", seed=1))
+    aucs = stability_auc_table(sc, n_resamples=500)
+    for f in STABILITY_FRACTIONS:
+        best = _row(aucs, f, "drift, best layer")
+        assert best["auc"] >= 0.9 and best["layers_chosen"].startswith("layer 3"), best   # the planted layer, chosen on other seeds
+        loss = _row(aucs, f, "training loss")
+        assert abs(loss["auc"] - 0.5) < 0.2 and loss["low"] < 0.5 < loss["high"], loss
+    diffs = stability_differences(sc, n_resamples=500)
+    assert (diffs[diffs["signal"] == "drift, best layer"]["low"] > 0).all()
+    ans = stability_answer(diffs, aucs)
+    assert ans.count(", drift is better") == 4 and "worse at 0" in ans
+    # the alarm on the planted layer stops the failed runs and (nearly) no successful one
+    al = _row(stability_alarms(sc), 0.5, "drift, best layer")
+    assert al["recall"] >= 0.8 and al["false_alarm_rate"] <= 0.2
+
+
+def test_reversed_data_reverses_the_answer():
+    sc = stability_scores(_signals("train_loss", seed=1))        # the same construction, failure planted in the loss
+    ans = stability_answer(stability_differences(sc, n_resamples=500), stability_auc_table(sc, n_resamples=500))
+    assert ans.count(", drift is worse") == 4 and ", drift is better" not in ans and "better at 0" in ans
+
+
+def test_nothing_planted_no_signal_predicts():
+    sc = stability_scores(_signals(None, seed=2))
+    aucs = stability_auc_table(sc, n_resamples=500)
+    for s in ("drift, last layer", "drift, best layer", "training loss", "held-out loss"):
+        r = _row(aucs, 0.3, s)
+        assert r["low"] < 0.5 < r["high"], r                       # the interval covers chance
+    ans = stability_answer(stability_differences(sc, n_resamples=500), aucs)
+    assert ", drift is better" not in ans
+
+
+def test_paired_difference_against_independent_bootstrap():
+    rng = np.random.default_rng(0)
+    y = np.arange(20) < 8
+    a, B = rng.normal(size=20) + y, rng.normal(size=(3, 20))
+    d = paired_auc_difference(a, B, y, n_resamples=4000, seed=1)
+    from sklearn.metrics import roc_auc_score                       # an independent reference for the point estimates
+    assert np.isclose(d["auc_a"], roc_auc_score(y, a)) and np.isclose(d["auc_best"], max(roc_auc_score(y, b) for b in B))
+    # the interval is that of a loop over resamples drawing runs within each class
+    i1, i0 = np.flatnonzero(y), np.flatnonzero(~y)
+    def brute(s, yy):   # share of (failed, successful) pairs ordered by the score, ties 1/2
+        p, n = s[yy], s[~yy]
+        return ((p[:, None] > n[None]) + 0.5 * (p[:, None] == n[None])).mean()
+    r = np.random.default_rng(7); diffs = []
+    for _ in range(1000):
+        idx = np.concatenate([r.choice(i1, i1.size), r.choice(i0, i0.size)])
+        diffs.append(brute(a[idx], y[idx]) - max(brute(b[idx], y[idx]) for b in B))
+    lo, hi = np.quantile(diffs, [0.025, 0.975])
+    assert abs(d["low"] - lo) < 0.06 and abs(d["high"] - hi) < 0.06
+    with pytest.raises(NotComputed, match="at least 2 failed"): paired_auc_difference(a, B, np.arange(20) < 1)
+    assert auc_ci(a, y, n_resamples=10).auc == d["auc_a"]
