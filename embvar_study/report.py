@@ -312,6 +312,7 @@ def section_drift(study: Study, experiment: str = "lr_sweep", by: str = "lr", pa
         out.append(Figure(fig, "drift_and_loss", _drift_caption(s, by, fig)))
     if part in ("all", "table"):
         t = _last_rows(s, by)[[by, "step", "n_seeds", "drift", "ci_low", "ci_high", "sd_seeds", "probe_q10", "probe_median", "probe_q90"]]
+        if by == "factor": t = t.assign(factor=t["factor"].map(lambda v: P.group_label("factor", v)))   # arms in words (LoRA r=64)
         t.attrs = dict(s.attrs)
         out.append(Table(t.rename(columns={"factor": study.spec.get("group_by", "group")}),   # a report from run folders: its grouping key
                          "Drift at the last step: mean over seeds and probes with its 95% interval, spread over seeds, and quantiles over probes"))
@@ -894,8 +895,9 @@ def limitations(study: Study, **o) -> str:  # Markdown
         seeds.append(f"{_range_words(n.tolist())} seed{'s' if n.max() != 1 else ''} per {'learning rate' if by == 'lr' else 'rate and schedule'} in the {'learning-rate sweep' if e == 'lr_sweep' else 'schedule experiment'}")
     if seeds: out.append("**Seeds**: " + "; ".join(seeds) + ": every interval rests on that many independent runs.")
     t = _truncation_row("all runs", runs)
-    if t: out.append(f"**Truncation**: {t['training_truncated']} training texts and {t['probes_truncated']} probes were longer than the token limit "
-                     f"({t['max_length']} and {t['probe_max_length']} tokens) and truncated: drift is measured on their first tokens only (per experiment in the appendix's provenance).")
+    if t: out.append(f"**Truncation** (texts longer than the token limit, {t['max_length']} tokens for training and {t['probe_max_length']} for probes, "
+                     f"are cut to it): training texts {t['training_truncated']}, probes {t['probes_truncated']}; a cut text's embedding is of its "
+                     "first tokens only (per experiment in the appendix's provenance).")
     try: out.append("**Reference**: " + _differences(A.setup_table(study.runs("lr_sweep"))))
     except NotComputed: pass
     return "\n".join(f"- {x}" for x in out)
