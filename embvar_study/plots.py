@@ -4,7 +4,6 @@
 
 # %% ../nbs/20_plots.ipynb #a0d3c507
 from __future__ import annotations
-import re
 import numpy as np
 import pandas as pd
 import matplotlib.pyplot as plt
@@ -13,19 +12,14 @@ from matplotlib.ticker import FormatStrFormatter
 
 from typing import Iterable
 
-from .study import format_lr
+from .study import format_lr, arm_label   # arm_label: the figures name arms with it
 
 # %% auto #0
-__all__ = ['CANONICAL_LRS', 'FIXED_COLOURS', 'SCHEDULE_STYLES', 'arm_label', 'group_label', 'palette', 'tracked_ticks', 'spread',
+__all__ = ['CANONICAL_LRS', 'FIXED_COLOURS', 'SCHEDULE_STYLES', 'group_label', 'palette', 'tracked_ticks', 'spread',
            'log_if_spread', 'plot_drift_and_loss', 'plot_layer_heatmaps', 'plot_seed_variance', 'colour_range',
            'plot_matrices', 'plot_spectra', 'plot_perturbation', 'plot_mitigation', 'plot_schedule']
 
 # %% ../nbs/20_plots.ipynb #e1ec5063
-def arm_label(value: object) -> str:
-    "An experiment's arm in words: 'full' -> 'full fine-tuning', 'lora_r64' -> 'LoRA r=64'; any other value as it is."
-    m = re.fullmatch(r"lora_r(\d+)", str(value))
-    return f"LoRA r={m.group(1)}" if m else "full fine-tuning" if str(value) == "full" else str(value)
-
 def group_label(by: str, value: object) -> str:
     "A group's name in words: 'lr 5e-5', 'schedule constant', an arm ('LoRA r=64'), or the value alone for a report's own grouping."
     if by == "lr": return f"lr {format_lr(value)}"
