@@ -997,7 +997,7 @@ def section_lora(study: Study, **o) -> list:
     layers = lora_layer_table(study, **o)
     return [lora_answer(lc),
             Table(arms, "Per arm: learning rate, seeds, share of parameters trained, final held-out accuracy and final drift "
-                        f"(layer {o['layer']}, {o['pooling']} pooling) with 95% intervals (seeds as the unit), and how many directions carry 90% of "
+                        f"({'last layer' if o['layer'] == -1 else 'layer ' + str(o['layer'])}, {o['pooling']} pooling) with 95% intervals (seeds as the unit), and how many directions carry 90% of "
                         "the change E_T − E_0 (mean over seeds, range) with its participation ratio and the top direction's share"),
             Table(cmp_, "Each LoRA arm against full fine-tuning: differences LoRA − full of final accuracy and drift (95% intervals over seeds), "
                         "ratio of drifts and of the number of directions"),
