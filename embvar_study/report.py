@@ -18,16 +18,16 @@ from .runs import atomic_write_bytes, package_version, git_info
 # %% auto #0
 __all__ = ['COLUMN_NAMES', 'COLLAPSE_GAP', 'FINDING_ORDER', 'format_value', 'format_sci', 'format_table', 'plain_column',
            'method_line', 'table_html', 'Figure', 'figure_png', 'figure_html', 'RawHTML', 'Table', 'note_html',
-           'note_md', 'to_html', 'diverged_note', 'section_items', 'show', 'memo', 'study_description', 'header',
-           'section_drift', 'headline', 'section_reference', 'section_schedule', 'collapse_verdict', 'collapse_answer',
-           'section_effects', 'section_layers', 'section_seed_variance', 'section_pairs', 'section_noise_floor',
-           'section_geometry', 'section_perturbation', 'reference_lr', 'section_mitigation', 'section_components',
-           'collapse_identical', 'section_early_warning', 'section_agreement', 'section_pooling', 'probes_used',
-           'lora_words', 'section_provenance', 'alarm_note', 'section_runs_overview', 'section_runs_seeds',
-           'section_runs_noise_floor', 'compare_intervals', 'key_findings', 'findings', 'truncation_table',
-           'limitations', 'section_experiment', 'lora_verdicts', 'lora_answer', 'lora_finding', 'lora_layer_table',
-           'section_lora', 'json_list', 'project_root', 'resolve_study_dir', 'template_dir', 'check_templates',
-           'NotebookFailed', 'execute_notebooks', 'notebook_state', 'doc_title', 'render_html']
+           'note_md', 'to_html', 'diverged_note', 'section_items', 'show', 'memo', 'study_description', 'probes_used',
+           'lora_words', 'header', 'section_drift', 'headline', 'section_reference', 'section_schedule',
+           'collapse_verdict', 'collapse_answer', 'section_effects', 'section_layers', 'section_seed_variance',
+           'section_pairs', 'section_noise_floor', 'section_geometry', 'section_perturbation', 'reference_lr',
+           'section_mitigation', 'section_components', 'collapse_identical', 'section_early_warning',
+           'section_agreement', 'section_pooling', 'section_provenance', 'alarm_note', 'section_runs_overview',
+           'section_runs_seeds', 'section_runs_noise_floor', 'compare_intervals', 'key_findings', 'findings',
+           'truncation_table', 'limitations', 'section_experiment', 'lora_verdicts', 'lora_answer', 'lora_finding',
+           'lora_layer_table', 'section_lora', 'json_list', 'project_root', 'resolve_study_dir', 'template_dir',
+           'check_templates', 'NotebookFailed', 'execute_notebooks', 'notebook_state', 'doc_title', 'render_html']
 
 # %% ../nbs/21_report.ipynb #ee566980
 def format_value(v: object, digits: int = 3) -> str:
@@ -257,8 +257,28 @@ def study_description(spec: dict) -> str:
     return prof + (" with " + (", ".join(ov[:-1]) + " and " + ov[-1] if len(ov) > 1 else ov[0]) if ov else "")
 
 # %% ../nbs/21_report.ipynb #a189cf49
+def probes_used(config: dict) -> str:
+    "Where a run's probes came from, as the training code used them: 'held-out rows of bundled (split train), set aside before training', 'rows of reviews.csv (split test) that are not training texts', 'the built-in probe set', or the file."
+    p, ds = str(config.get("probes", "builtin")), config.get("dataset")
+    name = lambda x: Path(str(x)).name if isinstance(x, str) and ("/" in x or os.sep in x) else str(x)
+    if p == "builtin": return "the built-in probe set"
+    if p == "heldout":   # rows of the run's own dataset and split, set aside before any run's train/eval subsets (train.prepare_data)
+        return f"held-out rows of {name(ds)} (split {config.get('split', 'train')}), set aside before training"
+    if p.startswith("heldout:"):
+        _, src, split = (p.split(":") + ["", ""])[:3]
+        return f"rows of {name(src or ds)} (split {split or 'test'}) that are not training texts"
+    return f"the probe file {name(p)}"
+
+def lora_words(config: dict) -> str | None:
+    "A run's LoRA adapter in one cell ('r=64, alpha 128, dropout 0, on query, value'), None for full fine-tuning."
+    lo = config.get("lora") or ({"r": config["lora_r"], "alpha": config.get("lora_alpha"), "dropout": config.get("lora_dropout"),
+                                 "targets": config.get("lora_targets")} if config.get("lora_r") else None)
+    if not lo: return None
+    t = lo.get("targets"); t = ", ".join(t) if isinstance(t, (list, tuple)) else (t or "PEFT's default modules")
+    return f"r={lo['r']}, alpha {format_value(lo.get('alpha'))}, dropout {format_value(lo.get('dropout'))}, on {t}"
+
 def header(study: Study) -> RawHTML:
-    "A definition list: date, version, commit, profile (or the grouping of a report from run folders), model, data (content hash), runs."
+    "A definition list: date, version, commit, profile (or the grouping of a report from run folders), model, data (content hash), probes as used, runs: each from the run configs."
     runs, gi = list(study._runs.values()), git_info()
     commit = (gi["git_commit"] or "")[:10] or "not a git checkout"
     state = "" if gi["git_dirty"] is None else (", uncommitted changes" if gi["git_dirty"] else ", clean")
@@ -269,6 +289,7 @@ def header(study: Study) -> RawHTML:
     items = {"rendered": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
              "embvar-study": f"{package_version('embvar_study')} (commit {commit}{state})", **what,
              "model": _per_run([r.config.get("model") for r in runs]), "data": _per_run([_data(r.config) for r in runs]),
+             "probes": _per_run([probes_used(r.config) if "probes" in r.config else None for r in runs]),
              "runs": n + (f", {failed} failed" if failed else "")}
     rows = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(v))}</dd>" for k, v in items.items())
     return RawHTML(f'<dl class="report-meta">{rows}</dl>')
@@ -633,26 +654,6 @@ def section_pooling(study: Study, **o) -> list:
                   "variance across probes within a run (a ratio, not a share: above 1 the seeds move the embeddings more than the probes differ)"
                   + (f"; — where the within-run variance is 0 ({', '.join(empty)}: every probe has the same vector there)" if empty else "")),
             Table(rho.reset_index().rename(columns={"pooling": "Spearman"}), "Rank correlation of the layer profiles of drift between poolings")]
-
-def probes_used(config: dict) -> str:
-    "Where a run's probes came from, as the training code used them: 'held-out rows of bundled (split train), set aside before training', 'rows of reviews.csv (split test) that are not training texts', 'the built-in probe set', or the file."
-    p, ds = str(config.get("probes", "builtin")), config.get("dataset")
-    name = lambda x: Path(str(x)).name if isinstance(x, str) and ("/" in x or os.sep in x) else str(x)
-    if p == "builtin": return "the built-in probe set"
-    if p == "heldout":   # rows of the run's own dataset and split, set aside before any run's train/eval subsets (train.prepare_data)
-        return f"held-out rows of {name(ds)} (split {config.get('split', 'train')}), set aside before training"
-    if p.startswith("heldout:"):
-        _, src, split = (p.split(":") + ["", ""])[:3]
-        return f"rows of {name(src or ds)} (split {split or 'test'}) that are not training texts"
-    return f"the probe file {name(p)}"
-
-def lora_words(config: dict) -> str | None:
-    "A run's LoRA adapter in one cell ('r=64, alpha 128, dropout 0, on query, value'), None for full fine-tuning."
-    lo = config.get("lora") or ({"r": config["lora_r"], "alpha": config.get("lora_alpha"), "dropout": config.get("lora_dropout"),
-                                 "targets": config.get("lora_targets")} if config.get("lora_r") else None)
-    if not lo: return None
-    t = lo.get("targets"); t = ", ".join(t) if isinstance(t, (list, tuple)) else (t or "PEFT's default modules")
-    return f"r={lo['r']}, alpha {format_value(lo.get('alpha'))}, dropout {format_value(lo.get('dropout'))}, on {t}"
 
 _LORA_KEY = re.compile(r"^lora([._]|$)")
 
