@@ -610,7 +610,11 @@ def section_early_warning(study: Study, **o) -> list:
     out = [f"Threshold **{format_value(th.value)}** (source: {th.source}; {th.note})."
            + (f" {len(shown)} runs fall into {len(grouped)} distinct outcomes; runs with the same outcome share a row." if len(grouped) < len(shown) else ""),
            Table(grouped, "Per run: the step drift first crosses the threshold, the step the run shows failing, the lead time, and its outcome")]
-    try: out.append(Table(EW.outcome_auc_table(ew, n_resamples=o["n_resamples"]), "How well drift at an early step separates runs that end up failing (AUC, 95% interval)"))
+    try:
+        auc = EW.outcome_auc_table(ew, n_resamples=o["n_resamples"])
+        rows = collapse_identical(auc.assign(step=auc["step"].astype(str)), label="step", drop=())   # steps with the same AUC and interval: one row
+        out.append(Table(rows.drop(columns="runs").rename(columns={"step": "steps"}) if len(rows) < len(auc) else auc, "How well drift at an early step separates runs that end up failing (AUC, 95% interval)"
+                         + (f"; the {len(auc)} tracked steps give {len(rows)} distinct result{'s' if len(rows) != 1 else ''}, steps with the same result share a row" if len(rows) < len(auc) else "")))
     except (NotComputed, ValueError) as e: out.append(note_md(f"AUC not computed: {e}"))
     return out
 
