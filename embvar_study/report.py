@@ -532,6 +532,10 @@ def section_geometry(study: Study, **o) -> list:
            + "; ".join(f"lr {format_lr(r.lr)} {format_value(r.effective_rank)}" for r in t[t["when"] == "last"].itertuples()) + ".")
     return [Table(t, "Mean over seeds of the spectrum summaries at the first and last step"), Figure(P.plot_spectra(eig), "spectra", alt)]
 
+def _perturb_ends(pt: pd.DataFrame) -> pd.DataFrame:  # index (kind, lr), columns first/last
+    "Mean cosine distance to the clean embedding at the last layer, first and last checkpoint, per perturbation and learning rate."
+    return pt[pt["layer"] == pt["layer"].max()].pivot_table(index=["kind", "lr"], columns="when", values="cos_to_clean")
+
 def section_perturbation(study: Study, **o) -> list:
     "Input perturbations: distance of perturbed copies to the clean embedding per layer, first vs last step."
     from embvar_study import analysis as A, plots as P
@@ -540,7 +544,9 @@ def section_perturbation(study: Study, **o) -> list:
     top.columns = [f"lr {format_lr(lr)}, {w}" for lr, w in top.columns]
     alt = ("What to see: whether training makes the model more sensitive to its input's noise (a solid last-checkpoint line above the "
            "dotted first-checkpoint line of its colour) and in which layers; mean cosine distance of perturbed copies to the clean embedding, "
-           "one panel per learning rate, one colour per perturbation.")
+           "one panel per learning rate, one colour per perturbation. Last layer, first to last checkpoint (one run per rate, no interval): "
+           + "; ".join(f"{kind} at lr {format_lr(lr)} {format_value(r.get('first'))} to {format_value(r.get('last'))}"
+                       for (kind, lr), r in _perturb_ends(pt).iterrows()) + ".")
     return [Figure(P.plot_perturbation(pt), "perturbation", alt), Table(top.reset_index(), "Last layer: mean cosine distance of perturbed copies to the clean embedding")]
 
 def reference_lr(study: Study, experiment: str = "lr_sweep") -> float:
@@ -726,7 +732,10 @@ def section_runs_seeds(study: Study, **o) -> list:
         pairs.append(A.pairwise_table(grp, o["layer"], o["pooling"]).assign(group=g))
     if not disp: raise NotComputed("no group holds 2 or more runs: seed variance needs runs that differ only in their seeds")
     pt = pd.concat(pairs, ignore_index=True)
-    alt = "Line chart of each group's seed dispersion against the step, solid raw and dashed after Procrustes alignment."
+    ends = {k: v.iloc[-1] for k, v in disp.items()}
+    alt = ("What to see: how far apart the runs of each group end and how much of it alignment removes (the gap between the solid raw "
+           "and dashed aligned lines). At the last step: " + "; ".join(
+               f"{k}: raw {format_value(e['raw_dispersion'])}, aligned {format_value(e['aligned_dispersion'])}" for k, e in ends.items()) + ".")
     return [Figure(P.plot_seed_variance(disp), "seed_dispersion", alt),
             Table(pt[["group", "run_a", "run_b", "raw_msd", "aligned_msd", "cka", "rsa", "knn_overlap"]], "Every pair of runs within a group at the last common step")]
 
