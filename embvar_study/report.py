@@ -103,7 +103,8 @@ COLUMN_NAMES = {   # a table column -> its header in words, with the unit where 
     "drift_diff_lora": "drift difference (LoRA − full)", "drift_diff_ci": "95% CI of drift difference", "drift_ratio": "drift ratio (LoRA / full)",
     "k90_ratio": "ratio of directions (LoRA / full)", "auc": "AUC", "low": "95% CI low", "high": "95% CI high", "n_failed": "failing runs",
     "n_ok": "other runs", "ci_method": "interval method", "training_truncated": "training texts truncated (per run)",
-    "probes_truncated": "probes truncated", "max_length": "token limit (training)", "probe_max_length": "token limit (probes)"}
+    "probes_truncated": "probes truncated", "max_length": "token limit (training)", "probe_max_length": "token limit (probes)",
+    "parameters.n_params": "parameters", "parameters.n_trainable_params": "trainable parameters", "parameters.trainable_share": "share of parameters trained"}
 
 def plain_column(name: object) -> str:
     "A column's header in words: `COLUMN_NAMES`, else the name with underscores as spaces and `lr`/`ci`/`msd`/`pvalue`/`cum` spelled out."
