@@ -527,7 +527,7 @@ def _design_words(experiment: str, t: pd.DataFrame, m: pd.DataFrame) -> str:
     if experiment == "crossed":
         return f"{t['init_seed'].nunique()} head seeds x {t['data_seed'].nunique()} data seeds at lr {format_lr(t['lr'].iloc[0])}"
     if experiment == "seed_sweep": return _seed_sweep_words(t, m)
-    if "factor" in t and t["factor"].nunique() > 1 and experiment not in ("lr_sweep", "lr_extended"):   # arms (full, lora_r8, ...): each with its rate
+    if "factor" in t and t["factor"].nunique() > 1 and set(map(arm_label, t["factor"])) != set(map(str, t["factor"])):   # named arms (full, lora_r8): each with its rate
         arms = [f"{arm_label(f)} at lr {', '.join(format_lr(x) for x in sorted(g['lr'].unique()))} ({_seeds(g['seed'].nunique())})" for f, g in t.groupby("factor", sort=True)]
         return f"{len(arms)} arms: " + "; ".join(arms)
     if experiment == "schedule": return f"{_lrs_words(t)} x schedules {', '.join(sorted(t['schedule'].unique()))} x {_seeds(t['seed'].nunique())}"

@@ -97,3 +97,12 @@ def test_readme_quotes_the_quick_reports_findings():
     said = [_visible(li) for li in re.findall(r"<li>(.*?)</li>", concl.group(1), flags=re.S)]
     missing = [q for q in quotes if not any(_visible(q.replace("**", "")) in s for s in said)]
     assert not missing, f"README quotes findings that reports/quick/report.html's Conclusions do not say: {missing}"
+
+
+def test_arms_in_words():
+    from embvar_study.study import _design_words, arm_label
+    t = pd.DataFrame({"factor": ["full", "full", "lora_r8", "lora_r8"], "lr": [5e-5, 5e-5, 5e-4, 5e-4], "seed": [0, 1, 0, 1]})
+    assert _design_words("lora", t, t) == "2 arms: full fine-tuning at lr 5e-5 (2 seeds); LoRA r=8 at lr 5e-4 (2 seeds)"
+    runs = t.assign(factor=["1e-4", "1e-4", "3e-4", "3e-4"])        # a runs report's grouping is not an arm
+    assert _design_words("runs", runs, runs).startswith("2 learning rates")
+    assert [arm_label(v) for v in ("full", "lora_r64", "x")] == ["full fine-tuning", "LoRA r=64", "x"]
