@@ -10,8 +10,8 @@ from typing import Callable
 
 # %% auto #0
 __all__ = ['TRAIN_GROUPS', 'parse_value', 'parse_sets', 'absolute_path', 'fix_negatives', 'flag_message', 'field_docs',
-           'train_parser', 'train_main', 'report_parser', 'StudyFailed', 'report_main', 'runs_report', 'verify_parser',
-           'verify_main', 'compare_parser', 'compare_main', 'main']
+           'train_parser', 'train_main', 'report_parser', 'StudyFailed', 'runs_elsewhere', 'copy_cached_runs',
+           'report_main', 'runs_report', 'verify_parser', 'verify_main', 'compare_parser', 'compare_main', 'main']
 
 # %% ../nbs/22_cli.ipynb #765022ee
 def parse_value(text: str) -> object:
@@ -58,7 +58,7 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
 
 class _Parser(argparse.ArgumentParser):
     "An argparse parser whose errors are one line (`embvar train: error: ...`), exit code 2, without the usage block."
-    def __init__(self, **kw): super().__init__(formatter_class=_Help, **kw)
+    def __init__(self, **kw): super().__init__(**{"formatter_class": _Help, **kw})
     def error(self, message: str) -> None:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
@@ -128,15 +128,32 @@ def train_main(argv: list[str]) -> Path:
     return path
 
 # %% ../nbs/22_cli.ipynb #78b62151
+class _HelpWithEpilog(_Help, argparse.RawDescriptionHelpFormatter):
+    "Defaults in the help, and an epilog printed line by line (the profiles and their experiments)."
+
+def _profiles_epilog() -> str:
+    "The profiles and the experiments each runs, from `sweep.PROFILES` (one line each), and every experiment name."
+    from embvar_study.sweep import PROFILES, EXPERIMENT_NAMES
+    lines = [f"  {k}{' (needs --set dataset=PATH)' if v['base'].get('dataset', '') is None else ''}: {', '.join(v.get('experiments', ()))}"
+             for k, v in PROFILES.items()]
+    return ("profiles and the experiments each runs (--profile NAME; --experiments picks some of them):\n" + "\n".join(lines)
+            + f"\nexperiments: {', '.join(EXPERIMENT_NAMES)}")
+
 def report_parser() -> argparse.ArgumentParser:
-    "The parser of `embvar report`."
-    p = _Parser(prog="embvar report", description="Run a study (or read run folders) and render one HTML report.")
+    "The parser of `embvar report`: its help lists the profiles and the experiment names."
+    from embvar_study.sweep import PROFILES, EXPERIMENT_NAMES
+    p = _Parser(prog="embvar report", description="Run a study (or read run folders) and render one HTML report.",
+                epilog=_profiles_epilog(), formatter_class=_HelpWithEpilog)
     g = p.add_argument_group("study")
-    g.add_argument("--profile", default=None, help="paper, quick, reviews or smoke (see README); default quick")
-    g.add_argument("--out", dest="study_dir", default=None, help="study folder (default reports/PROFILE, relative to this folder); runs are stored inside it, so a new --out retrains runs that exist in another study folder")
+    g.add_argument("--profile", default=None, help=f"one of {', '.join(PROFILES)} (their experiments: below); default quick")
+    g.add_argument("--out", dest="study_dir", default=None, help="study folder (default reports/PROFILE, relative to this folder); runs are stored inside it: a new --out trains again the runs another "
+                   "study folder holds (it says which at the start) unless --runs-from names that folder")
+    g.add_argument("--runs-from", dest="runs_from", nargs="+", default=[], metavar="DIR",
+                   help="study folders (or folders of run folders) whose complete runs of this study are copied in by run id after a full "
+                        "checksum verification, instead of being trained again")
     g.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a profile key (lrs, seeds, schedules, ...) or a run field (dataset, n_train, ...); repeatable; values are JSON")
-    g.add_argument("--experiments", nargs="+", default=None, metavar="NAME", help="run only these experiments (default: the profile's)")
+    g.add_argument("--experiments", nargs="+", default=None, metavar="NAME", help=f"run only these experiments, from {', '.join(EXPERIMENT_NAMES)} (default: the profile's)")
     g.add_argument("--only-report", action="store_true", help="train nothing: rebuild the report from the runs on disk")
     g.add_argument("--verify", action="store_true", help="with --only-report: re-hash every file of every run before rendering (not the size/mtime cache)")
     g = p.add_argument_group("any run folders")
@@ -192,13 +209,15 @@ def _failed_runs(study_dir: Path, manifests: dict) -> str | None:
             + (f"\n  tracebacks: {', '.join(errs)}" if errs else ""))
 
 # %% ../nbs/22_cli.ipynb #bf938865
-_NOT_WITH_RUNS = (("profile", "--profile"), ("sets", "--set"), ("experiments", "--experiments"), ("only_report", "--only-report"))
+_NOT_WITH_RUNS = (("profile", "--profile"), ("sets", "--set"), ("experiments", "--experiments"), ("only_report", "--only-report"),
+                  ("runs_from", "--runs-from"))
 
 def _check_report_args(a: argparse.Namespace) -> None:
     "Flags that cannot go together, and numbers out of range, refused before any work (one line each)."
     if a.runs:
         for dest, flag in _NOT_WITH_RUNS:
             if getattr(a, dest): raise ValueError(f"{dest}: {flag} cannot be used with --runs (a report of run folders has no profile and trains nothing)")
+    if getattr(a, "runs_from", None) and a.only_report: raise ValueError("runs_from: --runs-from copies runs in before training; --only-report trains nothing")
     if getattr(a, "verify", False) and not a.only_report: raise ValueError("verify: --verify goes with --only-report (a run of the study verifies each run it skips)")
     if a.cpus_per_run < 1: raise ValueError(f"cpus_per_run: expected an integer >= 1, got {a.cpus_per_run}")
     if a.gpus_per_run is not None and not a.gpus_per_run >= 0: raise ValueError(f"gpus_per_run: expected a number >= 0, got {a.gpus_per_run}")
@@ -208,6 +227,53 @@ def _folder(path: str | Path, name: str) -> Path:
     p = Path(path).resolve()
     if p.exists() and not p.is_dir(): raise ValueError(f"{name}: {p} is a file; expected a folder")
     return p
+
+# %% ../nbs/22_cli.ipynb #5c1e7a21
+def _run_folder_of(source: Path, run_id: str) -> Path:
+    "Where `source` (a study folder, or a folder of run folders) keeps run `run_id`."
+    return source / "runs" / run_id if (source / "runs").is_dir() else source / run_id
+
+def runs_elsewhere(study_dir: Path,      # the study folder about to train
+                   run_ids: list[str],   # the runs it lacks
+                  ) -> dict:             # {other study folder: how many of run_ids it holds complete}, most first
+    "Other study folders beside `study_dir` (its parent's sub-folders) that hold complete runs with these run ids (a stat per run: cheap)."
+    study_dir, found = Path(study_dir).resolve(), {}
+    parent = study_dir.parent
+    for other in sorted(p for p in parent.iterdir() if p.is_dir() and p != study_dir and (p / "runs").is_dir()) if parent.is_dir() else []:
+        n = sum((other / "runs" / r / "COMPLETE").is_file() for r in run_ids)
+        if n: found[other] = n
+    return dict(sorted(found.items(), key=lambda kv: -kv[1]))
+
+def copy_cached_runs(study_dir: Path,       # the study folder (its runs/ receives the copies)
+                     run_ids: list[str],    # the runs this study needs
+                     sources: list[Path],   # study folders or folders of run folders to take complete runs from
+                     say: Callable[[str], None] | None = print,
+                    ) -> list[str]:         # the run ids copied in
+    "Copy into study_dir/runs every needed run that a source holds complete, after verifying it: every file against COMPLETE's sha256 (full re-hash) and its config's own hash equal to the run id (identity from content). A run that fails a check is named and trained instead."
+    import os, shutil
+    from embvar_study.runs import verify_run, CorruptRunError, IncompleteRunError
+    from embvar_study.study import _DONE
+    dest_root, copied, refused = Path(study_dir) / "runs", [], []
+    for rid in run_ids:
+        dst = dest_root / rid
+        if dst.exists(): continue
+        for src in map(Path, sources):
+            s = _run_folder_of(src, rid)
+            if not (s / "COMPLETE").is_file(): continue
+            try:
+                m = verify_run(s, full=True)
+                cfg_hash = json.loads((s / "config.json").read_text(encoding="utf-8")).get("config_hash")
+                if cfg_hash != rid: raise CorruptRunError(f"its config hashes to {cfg_hash}, not {rid}")
+                if m.get("status") not in _DONE: raise IncompleteRunError(f"status {m.get('status')!r}")
+            except (CorruptRunError, IncompleteRunError, OSError, ValueError) as e:
+                refused.append(f"{s}: {e}"); continue
+            dest_root.mkdir(parents=True, exist_ok=True)
+            tmp = dest_root / f".{rid}.copying"
+            shutil.rmtree(tmp, ignore_errors=True); shutil.copytree(s, tmp); os.replace(tmp, dst)   # whole or not at all
+            copied.append(rid); break
+    if say and (copied or refused):
+        say(f"--runs-from: {len(copied)} verified run(s) copied in by run id" + (f"; {len(refused)} refused and trained instead: " + "; ".join(refused) if refused else ""))
+    return copied
 
 # %% ../nbs/22_cli.ipynb #9fa0206e
 def report_main(argv: list[str]) -> Path:
@@ -241,6 +307,15 @@ def report_main(argv: list[str]) -> Path:
             stale, sets = _stale_notebooks(study_dir, names, profile, sets or spec.get("overrides") or {})
             run_names = [*stale, "report"]
         else:
+            from embvar_study.sweep import plan_study
+            need = list(dict.fromkeys(plan_study(prof, a.experiments)["run_id"]))
+            if a.runs_from: copy_cached_runs(study_dir, need, [_folder(d, "runs_from") for d in a.runs_from])
+            lacking = [r for r in need if not (study_dir / "runs" / r / "COMPLETE").is_file()]
+            other = runs_elsewhere(study_dir, lacking) if lacking else {}
+            if other:
+                where, n = next(iter(other.items()))
+                print(f"note: {n} of the {len(lacking)} runs to train are complete in {where}, another study folder; they are trained again "
+                      f"here (add --runs-from {where} to copy them in, verified, instead)")
             manifests = run_study(profile, study_dir, overrides=sets, experiments=a.experiments, executor=a.executor, jobs=jobs,
                                   runs_per_gpu=_runs_per_gpu(a.runs_per_gpu), ray_address=a.ray_address, gpus_per_run=a.gpus_per_run,
                                   cpus_per_run=a.cpus_per_run)

@@ -12,7 +12,7 @@ from matplotlib.ticker import FormatStrFormatter
 
 from typing import Iterable
 
-from .study import format_lr
+from .study import format_lr, arm_label   # arm_label: the figures name arms with it
 
 # %% auto #0
 __all__ = ['CANONICAL_LRS', 'FIXED_COLOURS', 'SCHEDULE_STYLES', 'group_label', 'palette', 'tracked_ticks', 'spread',
@@ -21,9 +21,9 @@ __all__ = ['CANONICAL_LRS', 'FIXED_COLOURS', 'SCHEDULE_STYLES', 'group_label', '
 
 # %% ../nbs/20_plots.ipynb #e1ec5063
 def group_label(by: str, value: object) -> str:
-    "A group's name in words: 'lr 5e-5', 'schedule constant', or the value alone for a report's own grouping."
+    "A group's name in words: 'lr 5e-5', 'schedule constant', an arm ('LoRA r=64'), or the value alone for a report's own grouping."
     if by == "lr": return f"lr {format_lr(value)}"
-    if by == "factor": return str(value)
+    if by == "factor": return arm_label(value)
     if isinstance(value, tuple): return " · ".join(group_label(b, v) for b, v in zip(by.split("+"), value))
     return f"{by.replace('_', ' ')} {value}"
 

@@ -16,17 +16,18 @@ from .study import Study, NotComputed, format_lr
 from .runs import atomic_write_bytes, package_version, git_info
 
 # %% auto #0
-__all__ = ['COLUMN_NAMES', 'COLLAPSE_GAP', 'format_value', 'format_sci', 'format_table', 'plain_column', 'method_line',
-           'table_html', 'Figure', 'figure_png', 'figure_html', 'RawHTML', 'Table', 'note_html', 'note_md', 'to_html',
-           'diverged_note', 'section_items', 'show', 'memo', 'study_description', 'header', 'section_drift', 'headline',
-           'section_reference', 'section_schedule', 'collapse_verdict', 'collapse_answer', 'section_effects',
-           'section_layers', 'section_seed_variance', 'section_pairs', 'section_noise_floor', 'section_geometry',
-           'section_perturbation', 'reference_lr', 'section_mitigation', 'section_components', 'collapse_identical',
-           'section_early_warning', 'section_agreement', 'section_pooling', 'section_provenance', 'alarm_note',
-           'section_runs_overview', 'section_runs_seeds', 'section_runs_noise_floor', 'compare_intervals',
-           'key_findings', 'findings', 'limitations', 'section_experiment', 'lora_answer', 'section_lora', 'json_list',
-           'project_root', 'resolve_study_dir', 'template_dir', 'check_templates', 'NotebookFailed',
-           'execute_notebooks', 'notebook_state', 'doc_title', 'render_html']
+__all__ = ['COLUMN_NAMES', 'COLLAPSE_GAP', 'FINDING_ORDER', 'format_value', 'format_sci', 'format_table', 'plain_column',
+           'method_line', 'table_html', 'Figure', 'figure_png', 'figure_html', 'RawHTML', 'Table', 'note_html',
+           'note_md', 'to_html', 'diverged_note', 'section_items', 'show', 'memo', 'study_description', 'probes_used',
+           'lora_words', 'header', 'section_drift', 'headline', 'section_reference', 'section_schedule',
+           'collapse_verdict', 'collapse_answer', 'section_effects', 'section_layers', 'section_seed_variance',
+           'section_pairs', 'section_noise_floor', 'section_geometry', 'section_perturbation', 'reference_lr',
+           'section_mitigation', 'section_components', 'collapse_identical', 'section_early_warning',
+           'section_agreement', 'section_pooling', 'section_provenance', 'alarm_note', 'section_runs_overview',
+           'section_runs_seeds', 'section_runs_noise_floor', 'compare_intervals', 'key_findings', 'findings',
+           'truncation_table', 'limitations', 'section_experiment', 'lora_verdicts', 'lora_answer', 'lora_finding',
+           'lora_layer_table', 'section_lora', 'json_list', 'project_root', 'resolve_study_dir', 'template_dir',
+           'check_templates', 'NotebookFailed', 'execute_notebooks', 'notebook_state', 'doc_title', 'render_html']
 
 # %% ../nbs/21_report.ipynb #ee566980
 def format_value(v: object, digits: int = 3) -> str:
@@ -95,7 +96,15 @@ COLUMN_NAMES = {   # a table column -> its header in words, with the unit where 
     "cos_to_clean": "cosine distance to clean", "relative": "dispersion relative to one checkpoint of one run", "size": "averaged",
     "measure_a": "measure a", "measure_b": "measure b", "spearman": "Spearman ρ", "init_seed": "head seed", "data_seed": "data seed",
     "dropout_seed": "dropout seed", "n_probes": "probes", "loss": "training loss", "perturb_k": "perturbed copies per probe",
-    "perturb_kinds": "perturbations", "eval_acc": "held-out accuracy", "train_loss": "training loss", "eval_loss": "held-out loss"}
+    "perturb_kinds": "perturbations", "eval_acc": "held-out accuracy", "train_loss": "training loss", "eval_loss": "held-out loss",
+    "arm": "arm", "trainable_share": "share of parameters trained", "eval_acc_ci": "95% CI of accuracy", "drift_ci": "95% CI of drift",
+    "k90_directions": "directions for 90% of the change", "k90_range": "directions, range over seeds", "top_direction_share": "top direction's share",
+    "n_seeds_full": "seeds (full fine-tuning)", "acc_diff": "accuracy difference (LoRA − full)", "acc_diff_ci": "95% CI of accuracy difference",
+    "drift_diff_lora": "drift difference (LoRA − full)", "drift_diff_ci": "95% CI of drift difference", "drift_ratio": "drift ratio (LoRA / full)",
+    "k90_ratio": "ratio of directions (LoRA / full)", "auc": "AUC", "low": "95% CI low", "high": "95% CI high", "n_failed": "failing runs",
+    "n_ok": "other runs", "ci_method": "interval method", "training_truncated": "training texts truncated (per run)",
+    "probes_truncated": "probes truncated", "max_length": "token limit (training)", "probe_max_length": "token limit (probes)",
+    "parameters.n_params": "parameters", "parameters.n_trainable_params": "trainable parameters", "parameters.trainable_share": "share of parameters trained"}
 
 def plain_column(name: object) -> str:
     "A column's header in words: `COLUMN_NAMES`, else the name with underscores as spaces and `lr`/`ci`/`msd`/`pvalue`/`cum` spelled out."
@@ -108,20 +117,26 @@ def plain_column(name: object) -> str:
 
 def _header(c) -> str: return html.escape(plain_column(c))
 
-def method_line(df: pd.DataFrame) -> str:  # '' when the table states no method
-    "The line under a table that says how its intervals were computed: the table's `attrs['ci_method']` (set by the function that computed them)."
+_INTERVAL_COLUMN = re.compile(r"(^|_)ci(_|$)|(^|_)(low|high)$")   # ci_low, drift_ci, share_high, low: columns holding an interval
+
+def method_line(df: pd.DataFrame) -> str:  # '' when the table holds no interval
+    "The line under a table that says how its intervals were computed: the table's `attrs['ci_method']` or its one `ci_method` value (set by the function that computed them); a table with interval columns and no method says so."
     m = df.attrs.get("ci_method") if hasattr(df, "attrs") else None
-    return f"Intervals: {m}" if m else ""
+    if not m and "ci_method" in df and df["ci_method"].nunique() == 1: m = str(df["ci_method"].iloc[0])
+    if m: return f"Intervals: {m}"
+    if "ci_method" in df: return ""                          # it varies by row: the column says it
+    return "Intervals: 95%; the method was not recorded with this table" if any(_INTERVAL_COLUMN.search(str(c)) for c in df.columns) else ""
 
 def table_html(df: pd.DataFrame, caption: str | None = None, digits: int = 3) -> str:
     "A table as HTML for reading: formatted cells, no index, headers in words (`plain_column`), an optional caption, and the interval method under it."
+    meth = method_line(df)
+    if "ci_method" in df and df["ci_method"].nunique() == 1: df = df.drop(columns="ci_method")   # said once, under the table
     f = format_table(df.reset_index(drop=True), digits)
     num = [pd.api.types.is_numeric_dtype(df[c]) for c in df.columns]
     head = "".join(f"<th>{_header(c)}</th>" for c in f.columns)
     body = "".join("<tr>" + "".join(f'<td class="{"num" if n else "txt"}">{html.escape(v)}</td>' for v, n in zip(row, num)) + "</tr>"
                    for row in f.itertuples(index=False))
     cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
-    meth = method_line(df)
     return (f'<div class="table-wrap"><table class="embvar">{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
             + (f'<p class="method">{html.escape(meth)}</p>' if meth else "") + "</div>")
 
@@ -243,8 +258,28 @@ def study_description(spec: dict) -> str:
     return prof + (" with " + (", ".join(ov[:-1]) + " and " + ov[-1] if len(ov) > 1 else ov[0]) if ov else "")
 
 # %% ../nbs/21_report.ipynb #a189cf49
+def probes_used(config: dict) -> str:
+    "Where a run's probes came from, as the training code used them: 'held-out rows of bundled (split train), set aside before training', 'rows of reviews.csv (split test) that are not training texts', 'the built-in probe set', or the file."
+    p, ds = str(config.get("probes", "builtin")), config.get("dataset")
+    name = lambda x: Path(str(x)).name if isinstance(x, str) and ("/" in x or os.sep in x) else str(x)
+    if p == "builtin": return "the built-in probe set"
+    if p == "heldout":   # rows of the run's own dataset and split, set aside before any run's train/eval subsets (train.prepare_data)
+        return f"held-out rows of {name(ds)} (split {config.get('split', 'train')}), set aside before training"
+    if p.startswith("heldout:"):
+        _, src, split = (p.split(":") + ["", ""])[:3]
+        return f"rows of {name(src or ds)} (split {split or 'test'}) that are not training texts"
+    return f"the probe file {name(p)}"
+
+def lora_words(config: dict) -> str | None:
+    "A run's LoRA adapter in one cell ('r=64, alpha 128, dropout 0, on query, value'), None for full fine-tuning."
+    lo = config.get("lora") or ({"r": config["lora_r"], "alpha": config.get("lora_alpha"), "dropout": config.get("lora_dropout"),
+                                 "targets": config.get("lora_targets")} if config.get("lora_r") else None)
+    if not lo: return None
+    t = lo.get("targets"); t = ", ".join(t) if isinstance(t, (list, tuple)) else (t or "PEFT's default modules")
+    return f"r={lo['r']}, alpha {format_value(lo.get('alpha'))}, dropout {format_value(lo.get('dropout'))}, on {t}"
+
 def header(study: Study) -> RawHTML:
-    "A definition list: date, version, commit, profile (or the grouping of a report from run folders), model, data (content hash), runs."
+    "A definition list: date, version, commit, profile (or the grouping of a report from run folders), model, data (content hash), probes as used, runs: each from the run configs."
     runs, gi = list(study._runs.values()), git_info()
     commit = (gi["git_commit"] or "")[:10] or "not a git checkout"
     state = "" if gi["git_dirty"] is None else (", uncommitted changes" if gi["git_dirty"] else ", clean")
@@ -255,6 +290,7 @@ def header(study: Study) -> RawHTML:
     items = {"rendered": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
              "embvar-study": f"{package_version('embvar_study')} (commit {commit}{state})", **what,
              "model": _per_run([r.config.get("model") for r in runs]), "data": _per_run([_data(r.config) for r in runs]),
+             "probes": _per_run([probes_used(r.config) if "probes" in r.config else None for r in runs]),
              "runs": n + (f", {failed} failed" if failed else "")}
     rows = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(v))}</dd>" for k, v in items.items())
     return RawHTML(f'<dl class="report-meta">{rows}</dl>')
@@ -298,6 +334,7 @@ def section_drift(study: Study, experiment: str = "lr_sweep", by: str = "lr", pa
         out.append(Figure(fig, "drift_and_loss", _drift_caption(s, by, fig)))
     if part in ("all", "table"):
         t = _last_rows(s, by)[[by, "step", "n_seeds", "drift", "ci_low", "ci_high", "sd_seeds", "probe_q10", "probe_median", "probe_q90"]]
+        if by == "factor": t = t.assign(factor=t["factor"].map(lambda v: P.group_label("factor", v)))   # arms in words (LoRA r=64)
         t.attrs = dict(s.attrs)
         out.append(Table(t.rename(columns={"factor": study.spec.get("group_by", "group")}),   # a report from run folders: its grouping key
                          "Drift at the last step: mean over seeds and probes with its 95% interval, spread over seeds, and quantiles over probes"))
@@ -496,6 +533,10 @@ def section_geometry(study: Study, **o) -> list:
            + "; ".join(f"lr {format_lr(r.lr)} {format_value(r.effective_rank)}" for r in t[t["when"] == "last"].itertuples()) + ".")
     return [Table(t, "Mean over seeds of the spectrum summaries at the first and last step"), Figure(P.plot_spectra(eig), "spectra", alt)]
 
+def _perturb_ends(pt: pd.DataFrame) -> pd.DataFrame:  # index (kind, lr), columns first/last
+    "Mean cosine distance to the clean embedding at the last layer, first and last checkpoint, per perturbation and learning rate."
+    return pt[pt["layer"] == pt["layer"].max()].pivot_table(index=["kind", "lr"], columns="when", values="cos_to_clean")
+
 def section_perturbation(study: Study, **o) -> list:
     "Input perturbations: distance of perturbed copies to the clean embedding per layer, first vs last step."
     from embvar_study import analysis as A, plots as P
@@ -504,7 +545,9 @@ def section_perturbation(study: Study, **o) -> list:
     top.columns = [f"lr {format_lr(lr)}, {w}" for lr, w in top.columns]
     alt = ("What to see: whether training makes the model more sensitive to its input's noise (a solid last-checkpoint line above the "
            "dotted first-checkpoint line of its colour) and in which layers; mean cosine distance of perturbed copies to the clean embedding, "
-           "one panel per learning rate, one colour per perturbation.")
+           "one panel per learning rate, one colour per perturbation. Last layer, first to last checkpoint (one run per rate, no interval): "
+           + "; ".join(f"{kind} at lr {format_lr(lr)} {format_value(r.get('first'))} to {format_value(r.get('last'))}"
+                       for (kind, lr), r in _perturb_ends(pt).iterrows()) + ".")
     return [Figure(P.plot_perturbation(pt), "perturbation", alt), Table(top.reset_index(), "Last layer: mean cosine distance of perturbed copies to the clean embedding")]
 
 def reference_lr(study: Study, experiment: str = "lr_sweep") -> float:
@@ -578,7 +621,11 @@ def section_early_warning(study: Study, **o) -> list:
     out = [f"Threshold **{format_value(th.value)}** (source: {th.source}; {th.note})."
            + (f" {len(shown)} runs fall into {len(grouped)} distinct outcomes; runs with the same outcome share a row." if len(grouped) < len(shown) else ""),
            Table(grouped, "Per run: the step drift first crosses the threshold, the step the run shows failing, the lead time, and its outcome")]
-    try: out.append(Table(EW.outcome_auc_table(ew, n_resamples=o["n_resamples"]), "How well drift at an early step separates runs that end up failing (AUC, 95% interval)"))
+    try:
+        auc = EW.outcome_auc_table(ew, n_resamples=o["n_resamples"])
+        rows = collapse_identical(auc.assign(step=auc["step"].astype(str)), label="step", drop=())   # steps with the same AUC and interval: one row
+        out.append(Table(rows.drop(columns="runs").rename(columns={"step": "steps"}) if len(rows) < len(auc) else auc, "How well drift at an early step separates runs that end up failing (AUC, 95% interval)"
+                         + (f"; the {len(auc)} tracked steps give {len(rows)} distinct result{'s' if len(rows) != 1 else ''}, steps with the same result share a row" if len(rows) < len(auc) else "")))
     except (NotComputed, ValueError) as e: out.append(note_md(f"AUC not computed: {e}"))
     return out
 
@@ -623,12 +670,25 @@ def section_pooling(study: Study, **o) -> list:
                   + (f"; — where the within-run variance is 0 ({', '.join(empty)}: every probe has the same vector there)" if empty else "")),
             Table(rho.reset_index().rename(columns={"pooling": "Spearman"}), "Rank correlation of the layer profiles of drift between poolings")]
 
+_LORA_KEY = re.compile(r"^lora([._]|$)")
+
 def section_provenance(study: Study, **o) -> list:
-    "Every run's configuration and environment: what all share, what varies, which environments."
+    "Every run's configuration and environment: what all share, what varies (a LoRA adapter as one column, the probes as used), which environments, and truncation per experiment."
     from embvar_study import analysis as A
-    shared, varying, envs = (t.map(_decoded) for t in A.provenance_tables(study.all_runs()))
-    return [Table(shared, "Settings every run shares"), Table(varying, "Settings that vary, one row per run"),
-            Table(envs[~envs["key"].isin(["platform"])], "Environments the runs ran in (distinct values)")]
+    rs = study.all_runs()
+    shared, varying, envs = (t.map(_decoded) for t in A.provenance_tables(rs))
+    probes, lora = [probes_used(r.config) for r in rs.runs], [lora_words(r.config) for r in rs.runs]
+    drop = lambda k: bool(_LORA_KEY.match(k)) or k.startswith("resolved.probes.split")   # said once below, as used
+    shared = shared[~shared["setting"].map(drop)]
+    varying = varying[[c for c in varying.columns if not drop(c)]]
+    for key, vals in (("probes as used", probes), ("LoRA", lora)):
+        if len(set(vals)) == 1: shared = pd.concat([shared, pd.DataFrame({"setting": [key], "value": [vals[0]]})], ignore_index=True)
+        else: varying.insert(1, key, vals)
+    out = [Table(shared, "Settings every run shares"), Table(varying, "Settings that vary, one row per run"),
+           Table(envs[~envs["key"].isin(["platform"])], "Environments the runs ran in (distinct values)")]
+    tt = truncation_table(study)
+    if len(tt): out.append(Table(tt, "Texts longer than the token limit, truncated: per experiment (its distinct runs) and over all runs"))
+    return out
 
 def _decoded(v: object) -> object:
     "A provenance cell as a value: a JSON list string as a list, 'None' as None, 'True' as True (shown as 'a, b', '—', 'yes')."
@@ -677,7 +737,10 @@ def section_runs_seeds(study: Study, **o) -> list:
         pairs.append(A.pairwise_table(grp, o["layer"], o["pooling"]).assign(group=g))
     if not disp: raise NotComputed("no group holds 2 or more runs: seed variance needs runs that differ only in their seeds")
     pt = pd.concat(pairs, ignore_index=True)
-    alt = "Line chart of each group's seed dispersion against the step, solid raw and dashed after Procrustes alignment."
+    ends = {k: v.iloc[-1] for k, v in disp.items()}
+    alt = ("What to see: how far apart the runs of each group end and how much of it alignment removes (the gap between the solid raw "
+           "and dashed aligned lines). At the last step: " + "; ".join(
+               f"{k}: raw {format_value(e['raw_dispersion'])}, aligned {format_value(e['aligned_dispersion'])}" for k, e in ends.items()) + ".")
     return [Figure(P.plot_seed_variance(disp), "seed_dispersion", alt),
             Table(pt[["group", "run_a", "run_b", "raw_msd", "aligned_msd", "cka", "rsa", "knn_overlap"]], "Every pair of runs within a group at the last common step")]
 
@@ -766,35 +829,70 @@ def _seed_finding(study: Study, o: dict) -> list[dict]:
     return [_finding("seed_rotation", f"Runs that differ only in the head seed end {format_value(d['raw_dispersion'])} apart (mean squared distance to their mean, "
                      f"{len(g)} runs); Procrustes alignment removes {100 * share:.0f}% of that: {kind}.", share, None, "rotation" if share > 0.5 else "not rotation")]
 
+def _lora_finding(study: Study, o: dict) -> list[dict]:
+    from embvar_study import analysis as A
+    rs = study.runs("lora", min_runs=2)
+    lc = memo(study, ("lora_comparisons", o["layer"], o["pooling"], o["n_resamples"]),
+              lambda: A.lora_comparisons(rs, o["layer"], o["pooling"], n_resamples=o["n_resamples"]))
+    vs = {v for _, v, _ in lora_verdicts(lc)}
+    verdict = next((v for v in ("smaller", "larger", "unclear", "unequal accuracy", "no interval") if v in vs), "none")
+    return [_finding("lora", lora_finding(lc), None, None, verdict)]
+
 def key_findings(study: Study, **o) -> list[dict]:  # [{key, text, value, ci, verdict}]
     "The report's computed findings as data: each a plain sentence with its number and interval, from the study's tables (what the README quotes); a part that cannot be computed is left out."
     o = _opts(**o); out = []
-    for part in (_lr_findings, _schedule_findings, _collapse_finding, _seed_finding):
+    for part in (_lr_findings, _schedule_findings, _collapse_finding, _seed_finding, _lora_finding):
         try: out += part(study, o)
         except NotComputed: pass
     return out
 
+FINDING_ORDER = ("lr_effect", "drift_lr", "schedule", "collapse", "seed_rotation", "lora")   # one bullet each, in this order
+
 def findings(study: Study, **o) -> str:  # Markdown
-    "The conclusions in plain words, one bullet each, from `key_findings`: at most 5 (the learning rate's effect, the schedule, the collapse test, the seeds, then the drift per rate)."
+    "The conclusions in plain words from `key_findings`, one bullet per kind (at most 5: the learning rate's effect with the drift per rate, the schedule at every rate, the collapse test, the seeds, LoRA), the sentences of a kind joined; diverged and alarm-stopped runs said first."
     fs = key_findings(study, **o)
     if not fs: raise NotComputed("no experiment of this study gives a finding: the learning-rate sweep, the schedule or the seed sweep is needed")
-    order = ["lr_effect", "schedule", "collapse", "seed_rotation", "drift_lr"]
-    picked = sorted(fs, key=lambda f: next(i for i, k in enumerate(order + [""]) if f["key"].startswith(k)))
-    top = [f for f in picked if not f["key"].startswith("drift_lr")][:4] or picked[:4]
-    drift = [f for f in picked if f["key"].startswith("drift_lr")]
-    if drift and len(top) < 5: top.append({"text": " ".join(f["text"] for f in drift)})
+    kind = lambda f: next(k for k in FINDING_ORDER if f["key"].startswith(k))
+    groups = {k: [f["text"] for f in fs if kind(f) == k] for k in FINDING_ORDER}
+    if groups["lr_effect"]: groups["lr_effect"] += groups.pop("drift_lr")   # the rates' own drifts belong to the rate's effect
+    top = [{"text": " ".join(t)} for t in groups.values() if t][:5]
     if (stopped := alarm_note(study)): top.insert(0, {"text": stopped})
     dv = study.diverged()
     if len(dv):   # said first: these runs are left out of everything that follows
         top.insert(0, {"text": f"**{len(dv)} run{'s' if len(dv) != 1 else ''} diverged** and {'are' if len(dv) != 1 else 'is'} left out of every table "
                        "and figure but the early-warning analysis (which needs its failing runs): " + "; ".join(
                            f"{r.run} of {r.experiment} at step {r.step}" + (f" ({r.because})" if r.because else "") for r in dv.itertuples()) + "."})
-    return "\n".join(f"- {f['text']}" for f in top[:5 + bool(len(dv)) + bool(stopped)])
+    return "\n".join(f"- {f['text']}" for f in top)
 
 # %% ../nbs/21_report.ipynb #a1f7f138
 def _range_words(values: list, unit: str = "") -> str:
     v = sorted(set(values)); u = f" {unit}" if unit else ""
     return f"{v[0]}{u}" if len(v) == 1 else f"{v[0]} to {v[-1]}{u}"
+
+def _truncated(counts: list, totals: list) -> str:
+    "'0 to 3 of 192 per run' (or 'none of 128'): truncated texts over runs, of how many."
+    if not counts: return "not recorded"
+    c = "none" if max(counts) == 0 else _range_words(counts)
+    return f"{c} of {_range_words(totals)}" + (" per run" if len(set(counts)) > 1 else "")
+
+def _truncation_row(name: str, runs: list) -> dict | None:
+    d = [((r.marker.get("derived") or {}), r.config) for r in runs]
+    tr = [(x["train_truncated"], x.get("n_train")) for x, _ in d if x.get("train_truncated") is not None]
+    pr = [(x["probes_truncated"], x.get("n_probes")) for x, _ in d if x.get("probes_truncated") is not None]
+    if not tr and not pr: return None
+    return {"experiment": name, "runs": len(runs), "training_truncated": _truncated([a for a, _ in tr], [b for _, b in tr]),
+            "probes_truncated": _truncated([a for a, _ in pr], [b for _, b in pr]),
+            "max_length": _per_run([c.get("max_length") for _, c in d]), "probe_max_length": _per_run([c.get("probe_max_length") for _, c in d])}
+
+def truncation_table(study: Study) -> pd.DataFrame:  # experiment, runs, training_truncated, probes_truncated, max_length, probe_max_length
+    "Per experiment (its distinct runs) and over all runs: how many training texts and probes were longer than the token limits and truncated, from each run's COMPLETE."
+    rows = []
+    for e in study.experiments:
+        try: rows.append(_truncation_row(e, study.runs(e, diverged=True).runs))
+        except NotComputed: continue
+    try: rows.append(_truncation_row("all runs", study.all_runs().runs))
+    except NotComputed: pass
+    return pd.DataFrame([r for r in rows if r], columns=["experiment", "runs", "training_truncated", "probes_truncated", "max_length", "probe_max_length"])
 
 def limitations(study: Study, **o) -> str:  # Markdown
     "What limits this study, from its runs: the model, steps and data per run, seeds per setting, truncated texts (from each run's COMPLETE), and where it differs from the reference."
@@ -808,19 +906,17 @@ def limitations(study: Study, **o) -> str:  # Markdown
     steps = [int(r.marker.get("total_steps") or r.steps.max()) for r in runs]
     ntr = [d.get("n_train") for d in ((r.marker.get("derived") or {}) for r in runs) if d.get("n_train") is not None]
     out.append(f"**Training**: {_range_words(steps, 'optimizer steps')} per run" + (f" on {_range_words(ntr, 'training texts')}" if ntr else "")
-               + f", batch {_per_run([r.config.get('batch_size') for r in runs])}; drift after longer training is not measured here.")
+               + f", batch {_per_run([r.config.get('batch_size') for r in runs])}; drift after more than {max(steps)} steps is not measured here.")
     seeds = []
     for e, by in (("lr_sweep", "lr"), ("schedule", ["lr", "schedule"])):
         try: n = study.runs(e).table.groupby(by).size()
         except NotComputed: continue
         seeds.append(f"{_range_words(n.tolist())} seed{'s' if n.max() != 1 else ''} per {'learning rate' if by == 'lr' else 'rate and schedule'} in the {'learning-rate sweep' if e == 'lr_sweep' else 'schedule experiment'}")
     if seeds: out.append("**Seeds**: " + "; ".join(seeds) + ": every interval rests on that many independent runs.")
-    d = [(r.marker.get("derived") or {}, r.config) for r in runs]
-    tr = [(x.get("train_truncated"), x.get("n_train"), c.get("max_length")) for x, c in d if x.get("train_truncated") is not None]
-    pr = [(x.get("probes_truncated"), x.get("n_probes"), c.get("probe_max_length")) for x, c in d if x.get("probes_truncated") is not None]
-    bits = [f"{_range_words([t for t, _, _ in v])} of {_range_words([n for _, n, _ in v])} {w} longer than {_range_words([L for _, _, L in v])} tokens were truncated"
-            for v, w in ((tr, "training texts"), (pr, "probes")) if v]
-    if bits: out.append("**Truncation** (per run): " + "; ".join(bits) + ".")
+    t = _truncation_row("all runs", runs)
+    if t: out.append(f"**Truncation** (texts longer than the token limit, {t['max_length']} tokens for training and {t['probe_max_length']} for probes, "
+                     f"are cut to it): training texts {t['training_truncated']}, probes {t['probes_truncated']}; a cut text's embedding is of its "
+                     "first tokens only (per experiment in the appendix's provenance).")
     try: out.append("**Reference**: " + _differences(A.setup_table(study.runs("lr_sweep"))))
     except NotComputed: pass
     return "\n".join(f"- {x}" for x in out)
@@ -830,7 +926,11 @@ def section_experiment(study: Study, experiment: str, **o) -> list:
     "An experiment's design in words and one row per run: its design values, status, final drift and losses."
     from embvar_study import analysis as A
     o = _opts(**o); rs = study.runs(experiment)
-    rt = A.runs_table(rs).assign(run=rs.labels())
+    from embvar_study.plots import arm_label
+    labels = rs.labels()
+    if "factor" in rs.table and len(set(labels)) < len(labels) and rs.table["factor"].nunique() > 1:   # arms the labels do not tell apart (LoRA ranks)
+        labels = [f"{arm_label(f)} · {l}" for f, l in zip(rs.table["factor"], labels)]
+    rt = A.runs_table(rs).assign(run=labels)
     c = _curves(study, experiment, o)
     rt["final_drift"] = rt["run_id"].map(c.groupby("run_id")["drift"].last())
     m = study.manifests[experiment]
@@ -838,49 +938,89 @@ def section_experiment(study: Study, experiment: str, **o) -> list:
     text = f"**Design:** {study.design(experiment)}; {len(m)} grid points, {len(rs)} distinct complete runs" + (
         f", {fails['run_id'].nunique()} failed" if len(fails) else "") + "."
     cols = ["run", "run_id", "status", "last_step", "final_drift", "loss_first", "loss_last", "eval_acc_last"]
-    return [text, Table(rt[cols], "One row per run: final drift (last layer, mean pooling) and training loss at the start and end (mean of 5 steps)")]
+    return [text, Table(rt[cols], f"One row per run: final drift ({'last layer' if o['layer'] == -1 else 'layer ' + str(o['layer'])}, {o['pooling']} pooling) and training loss at the start and end (mean of 5 steps)")]
 
 # %% ../nbs/21_report.ipynb #1d3ace74
 def _pp(v: float) -> str: return f"{100 * v:+.1f}"   # an accuracy difference in percentage points
 
-def lora_answer(lc: pd.DataFrame) -> str:  # Markdown
-    "Whether each LoRA arm drifts less than full fine-tuning at equal accuracy, in words, from `analysis.lora_comparisons`."
-    q = "**Does LoRA drift less than full fine-tuning at equal held-out accuracy?**"
-    parts = []
+def lora_verdicts(lc: pd.DataFrame) -> list[tuple[str, str, str]]:  # [(arm label, verdict, words)]
+    "Per LoRA arm, from `analysis.lora_comparisons`: 'smaller', 'larger' or 'unclear' (drift at indistinguishable accuracy), 'unequal accuracy', or 'no interval'; with the numbers in words."
+    from embvar_study.plots import arm_label
+    out = []
     for r in lc.itertuples():
         (alo, ahi), (dlo, dhi) = r.acc_diff_ci, r.drift_diff_ci
         acc = f"accuracy {_pp(r.acc_diff)} points [{_pp(alo)}, {_pp(ahi)}]"
         drift = f"drift {r.drift_ratio:.2f}x full fine-tuning's ({format_value(r.drift_diff)} [{format_value(dlo)}, {format_value(dhi)}])"
-        if not (np.isfinite(alo) and np.isfinite(dlo)):
-            parts.append(f"{r.arm}: not answerable with {r.n_seeds} seed(s) (no interval from one seed); {acc}, {drift}"); continue
-        if not alo <= 0 <= ahi:
-            parts.append(f"{r.arm}: not at equal accuracy, it ends {'higher' if r.acc_diff > 0 else 'lower'} ({acc}), so its {drift} "
-                         f"is that of a model that learned {'more' if r.acc_diff > 0 else 'less'}")
-        elif dhi < 0: parts.append(f"{r.arm}: yes, at indistinguishable {acc} its {drift}, clearly less")
-        elif dlo > 0: parts.append(f"{r.arm}: no, at indistinguishable {acc} its {drift}, clearly more")
-        else: parts.append(f"{r.arm}: not clearly, at indistinguishable {acc} its {drift}; the drift difference's CI contains 0")
+        if not (np.isfinite(alo) and np.isfinite(dlo)): v, w = "no interval", f"not answerable with {r.n_seeds} seed(s) (no interval); {acc}, {drift}"
+        elif not alo <= 0 <= ahi:
+            v, w = "unequal accuracy", (f"not at equal accuracy, it ends {'higher' if r.acc_diff > 0 else 'lower'} ({acc}), so its {drift} "
+                                        f"is that of a model that learned {'more' if r.acc_diff > 0 else 'less'}")
+        elif dhi < 0: v, w = "smaller", f"yes, at indistinguishable {acc} its {drift}, clearly less"
+        elif dlo > 0: v, w = "larger", f"no, at indistinguishable {acc} its {drift}, clearly more"
+        else: v, w = "unclear", f"not clearly, at indistinguishable {acc} its {drift}; the drift difference's CI contains 0"
+        out.append((arm_label(r.arm), v, w))
+    return out
+
+def lora_answer(lc: pd.DataFrame) -> str:  # Markdown
+    "Whether each LoRA arm drifts less than full fine-tuning at equal accuracy, in words, from `analysis.lora_comparisons`."
+    q = "**Does LoRA drift less than full fine-tuning at equal held-out accuracy?**"
+    parts = [f"{a}: {w}" for a, _, w in lora_verdicts(lc)]
     return f"{q} " + "; ".join(parts) + "." if parts else f"{q} No LoRA arm to compare."
 
+def lora_finding(lc: pd.DataFrame) -> str:  # one sentence
+    "The answer as one conclusion: LoRA's drift at equal accuracy is smaller, not smaller, not shown different, or not testable (no arm at full fine-tuning's accuracy), naming the arms behind it."
+    vs = lora_verdicts(lc)
+    if not vs: return "No LoRA arm to compare with full fine-tuning."
+    by = lambda *keys: "; ".join(f"{a}: {w}" for a, v, w in vs if v in keys)
+    if any(v == "smaller" for _, v, _ in vs): return f"At equal held-out accuracy LoRA's drift is smaller than full fine-tuning's ({by('smaller')})."
+    if any(v == "larger" for _, v, _ in vs): return f"At equal held-out accuracy LoRA's drift is not smaller than full fine-tuning's ({by('larger')})."
+    if any(v == "unclear" for _, v, _ in vs): return f"Not shown that LoRA's drift at equal held-out accuracy differs from full fine-tuning's ({by('unclear')})."
+    if all(v == "no interval" for _, v, _ in vs): return f"Not testable whether LoRA drifts less at equal accuracy: no interval ({by('no interval')})."
+    return ("Not testable here whether LoRA drifts less at equal held-out accuracy: no LoRA arm reaches full fine-tuning's accuracy ("
+            + by("unequal accuracy", "no interval") + ").")
+
 # %% ../nbs/21_report.ipynb #2d288b22
+def _iv_cell(v: float, lo: float, hi: float) -> str:
+    "A value with its interval in one cell: '0.0248 [0.0153, 0.0351]' ('—' for a missing interval)."
+    return f"{format_value(v)} {_iv(lo, hi)}" if np.isfinite(lo) and np.isfinite(hi) else f"{format_value(v)} [—]"
+
+def lora_layer_table(study: Study, **o) -> pd.DataFrame:  # one row per layer, one column per arm
+    "Drift from step 0 at the last step of every layer per arm, with its interval over seeds (the drift summary's, one layer at a time)."
+    from embvar_study.plots import arm_label
+    o = _opts(**o); rs = study.runs("lora", min_runs=2)
+    layers = range(min(r.shape[0] for r in rs.runs))          # (L+1, N, d): layer 0 = embeddings
+    rows, method = [], None
+    for l in layers:
+        s = _last_rows(_summary(study, "lora", "factor", {**o, "layer": l}), "factor")
+        method = method or s.attrs.get("ci_method") or (s["ci_method"].iloc[0] if "ci_method" in s else None)
+        rows.append({"layer": l, **{f"drift, {arm_label(r.factor)}": _iv_cell(r.drift, r.ci_low, r.ci_high) for r in s.itertuples()}})
+    out = pd.DataFrame(rows)
+    if method: out.attrs["ci_method"] = method
+    return out
+
 def section_lora(study: Study, **o) -> list:
-    "LoRA (each rank) against full fine-tuning: the answer, accuracy, drift and directions of change per arm, drift per layer."
+    "LoRA (each rank) against full fine-tuning: the answer, per arm accuracy and drift with intervals and the directions of change, each arm against full fine-tuning, drift per layer with intervals."
     from embvar_study import analysis as A
+    from embvar_study.plots import arm_label
     o = _opts(**o); rs = study.runs("lora", min_runs=2)
     lt = memo(study, ("lora_table", o["layer"], o["pooling"], o["n_resamples"]),
               lambda: A.lora_table(rs, o["layer"], o["pooling"], n_resamples=o["n_resamples"]))
     lc = memo(study, ("lora_comparisons", o["layer"], o["pooling"], o["n_resamples"]),
               lambda: A.lora_comparisons(rs, o["layer"], o["pooling"], n_resamples=o["n_resamples"]))
-    lt_ = memo(study, ("layers", "lora", "factor"), lambda: A.layer_drift_table(rs, "factor", poolings=(o["pooling"],)))
-    last = lt_[lt_["step"] == lt_.groupby("factor")["step"].transform("max")]
-    wide = last.pivot_table(index="layer", columns="factor", values="drift").reset_index()
-    wide.columns = ["layer", *[f"drift, {c}" for c in wide.columns[1:]]]
+    arms = lt.assign(arm=lt["arm"].map(arm_label), k90_range=[f"{a} to {b}" if a != b else str(a) for a, b in zip(lt["k90_min"], lt["k90_max"])])
+    arms = arms[[c for c in ("arm", "lr", "n_seeds", "trainable_share", "eval_acc", "eval_acc_ci", "drift", "drift_ci", "k90_directions", "k90_range",
+                             "participation_ratio", "top_direction_share", "ci_method") if c in arms]]   # the rank is in the arm's name
+    arms.attrs = dict(lt.attrs)
+    cmp_ = lc.assign(arm=lc["arm"].map(arm_label)).rename(columns={"drift_diff": "drift_diff_lora", "n_seeds": "n_seeds"})
+    cmp_.attrs = dict(lc.attrs)
+    layers = lora_layer_table(study, **o)
     return [lora_answer(lc),
-            Table(lt, "Per arm: learning rate, LoRA rank, share of parameters trained, final held-out accuracy and final drift "
-                      "(last layer) with 95% CIs (seeds as the unit), and how many directions carry 90% of the change E_T - E_0 "
-                      "(mean over seeds, range) with its participation ratio and the top direction's share"),
-            Table(lc, "Each LoRA arm against full fine-tuning: differences LoRA - full of final accuracy and drift (95% bootstrap CI over "
-                      "seeds), ratio of drifts and of the number of directions"),
-            Table(wide, f"Drift from step 0 of every layer at the last step ({o['pooling']} pooling, mean over seeds; layer 0 = embeddings)")]
+            Table(arms, "Per arm: learning rate, seeds, share of parameters trained, final held-out accuracy and final drift "
+                        f"({'last layer' if o['layer'] == -1 else 'layer ' + str(o['layer'])}, {o['pooling']} pooling) with 95% intervals (seeds as the unit), and how many directions carry 90% of "
+                        "the change E_T − E_0 (mean over seeds, range) with its participation ratio and the top direction's share"),
+            Table(cmp_, "Each LoRA arm against full fine-tuning: differences LoRA − full of final accuracy and drift (95% intervals over seeds), "
+                        "ratio of drifts and of the number of directions"),
+            Table(layers, f"Drift from step 0 of every layer at the last step ({o['pooling']} pooling, mean over seeds with its 95% interval; layer 0 = embeddings)")]
 
 # %% ../nbs/21_report.ipynb #8c6aeb1a
 def json_list(value: list | str) -> list:

@@ -18,7 +18,7 @@ from .runs import (Run, RunWriter, load_run, config_hash, atomic_write_json, ato
 __all__ = ['LOCK_ENV', 'STUDY_FILE', 'RUNS_REPORT_MARK', 'MANIFEST_COLUMNS', 'DESIGN_COLUMNS', 'EXPERIMENT_FACTORS',
            'NotComputed', 'study_lock', 'lock_env', 'write_study_spec', 'read_study_spec', 'check_out_folder',
            'manifest_path', 'write_manifest', 'load_manifest', 'config_value', 'format_lr', 'synthetic_study', 'RunSet',
-           'Study', 'check_study', 'load_study', 'study_from_runs']
+           'Study', 'check_study', 'load_study', 'arm_label', 'study_from_runs']
 
 # %% ../nbs/14_study.ipynb #19b2c9c2
 class NotComputed(Exception):
@@ -518,10 +518,18 @@ def _seed_sweep_words(t: pd.DataFrame, m: pd.DataFrame) -> str:   # from the man
     return (f"at lr {format_lr(t['lr'].iloc[0])}: head seeds {vals('init_seed')} (data seed fixed), data seeds "
             f"{vals('data_seed')} (head seed fixed), and {int((m['factor'] == 'replicate').sum())} identical-seed replicates")
 
+def arm_label(value: object) -> str:
+    "An experiment's arm in words: 'full' -> 'full fine-tuning', 'lora_r64' -> 'LoRA r=64'; any other value as it is."
+    m = re.fullmatch(r"lora_r(\d+)", str(value))
+    return f"LoRA r={m.group(1)}" if m else "full fine-tuning" if str(value) == "full" else str(value)
+
 def _design_words(experiment: str, t: pd.DataFrame, m: pd.DataFrame) -> str:
     if experiment == "crossed":
         return f"{t['init_seed'].nunique()} head seeds x {t['data_seed'].nunique()} data seeds at lr {format_lr(t['lr'].iloc[0])}"
     if experiment == "seed_sweep": return _seed_sweep_words(t, m)
+    if "factor" in t and t["factor"].nunique() > 1 and set(map(arm_label, t["factor"])) != set(map(str, t["factor"])):   # named arms (full, lora_r8): each with its rate
+        arms = [f"{arm_label(f)} at lr {', '.join(format_lr(x) for x in sorted(g['lr'].unique()))} ({_seeds(g['seed'].nunique())})" for f, g in t.groupby("factor", sort=True)]
+        return f"{len(arms)} arms: " + "; ".join(arms)
     if experiment == "schedule": return f"{_lrs_words(t)} x schedules {', '.join(sorted(t['schedule'].unique()))} x {_seeds(t['seed'].nunique())}"
     if "lr" in t and t["lr"].nunique() > 1:
         per = t.groupby("lr").size()

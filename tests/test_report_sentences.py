@@ -1,0 +1,108 @@
+"""Every sentence of the Conclusions is computed: a study whose effect is reversed or absent says the opposite or 'Not shown';
+the README quotes the committed quick report's computed findings (compared, not hard-coded)."""
+import html, json, re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from embvar_study import report as R
+from embvar_study.runs import RunWriter
+from embvar_study.study import (load_study, write_manifest, write_study_spec, config_hash, _synthetic_config, _synthetic_path,
+                                _synthetic_design)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _study(tmp: Path, path_lr: dict, path_schedule: dict | None = None, steps: int = 6, n: int = 12) -> Path:
+    """lr_sweep and schedule runs whose configs say (lr, schedule) but whose embeddings move as (path_lr[lr], path_schedule[schedule]) would:
+    the effect in the data is chosen by the test, the labels stay those of a real study."""
+    rng = np.random.default_rng(0); base = rng.normal(size=(2, n, 6)) + 3.0
+    probes = pd.DataFrame({"text": [f"p{i}" for i in range(n)], "sentiment": [0, 1] * (n // 2)})
+    design = {e: v for e, v in _synthetic_design((5e-5, 5e-4), (0, 1, 2), 3).items() if e in ("lr_sweep", "schedule")}
+    done = {}
+    for e, points in design.items():
+        rows = []
+        for factor, c in points:
+            key = json.dumps(c, sort_keys=True)
+            if key not in done:
+                moved = {**c, "lr": path_lr[c["lr"]], "schedule": (path_schedule or {}).get(c["schedule"], c["schedule"])}
+                lrs, cum, emb = _synthetic_path(moved, base, steps)
+                with RunWriter(tmp / "runs" / config_hash(c), c, probes) as w:
+                    for s in range(steps + 1):
+                        if s % 3 == 0 or s == steps: w.save_embeddings(s, {"mean": emb(s), "cls": emb(s)})
+                        w.log(step=s, flush=False, lr=float(lrs[s - 1]) if s else 0.0, train_loss=0.69 - 10 * cum[s] if s else None)
+                    w.finish(derived={"n_probes": n})
+                done[key] = w.config_hash
+            rows.append({"factor": factor, **{k: c[k] for k in ("lr", "schedule", "seed", "init_seed", "data_seed", "replicate")},
+                         "run_id": done[key], "path": f"runs/{done[key]}", "status": "completed", "error": "", "seconds": 0.0, "node": ""})
+        write_manifest(tmp, e, rows)
+    write_study_spec(tmp, {"profile": "synthetic", "overrides": {}, "experiments": list(design),
+                           "resolved": {"base": _synthetic_config(5e-5, 0, 3), "lrs": [5e-5, 5e-4], "seeds": [0, 1, 2], "ref_lr": 5e-5,
+                                        "schedules": ["linear", "constant"]}})
+    return tmp
+
+
+def _kf(study_dir):
+    return {f["key"]: f for f in R.key_findings(load_study(study_dir), n_resamples=50)}
+
+
+def test_lr_effect_as_measured(tmp_path):
+    up = _kf(_study(tmp_path / "up", {5e-5: 5e-5, 5e-4: 5e-4}))
+    down = _kf(_study(tmp_path / "down", {5e-5: 5e-4, 5e-4: 5e-5}))      # the high rate's runs move as the low rate's did
+    flat = _kf(_study(tmp_path / "flat", {5e-5: 2e-4, 5e-4: 2e-4}))      # both move alike: no effect
+    assert up["lr_effect"]["verdict"] == "larger" and up["lr_effect"]["text"].startswith("A higher learning rate moves the embeddings further")
+    assert down["lr_effect"]["verdict"] == "smaller" and "moves the embeddings less here" in down["lr_effect"]["text"]
+    assert "further" not in down["lr_effect"]["text"]
+    assert flat["lr_effect"]["verdict"] == "overlap" and flat["lr_effect"]["text"].startswith("Not shown that the learning rate changes final drift")
+    # each rate's own number is the one measured, whatever the direction
+    assert up["drift_lr_5e-4"]["value"] > up["drift_lr_5e-5"]["value"] and down["drift_lr_5e-4"]["value"] < down["drift_lr_5e-5"]["value"]
+
+
+def test_schedule_effect_as_measured(tmp_path):
+    more = _kf(_study(tmp_path / "more", {5e-5: 5e-5, 5e-4: 5e-4}))
+    less = _kf(_study(tmp_path / "less", {5e-5: 5e-5, 5e-4: 5e-4}, {"constant": "linear", "linear": "constant"}))
+    none = _kf(_study(tmp_path / "none", {5e-5: 5e-5, 5e-4: 5e-4}, {"constant": "linear"}))
+    k = "schedule_constant_5e-4"
+    assert more[k]["verdict"] == "larger" and "ends with more drift than the linear one" in more[k]["text"]
+    assert less[k]["verdict"] == "smaller" and "ends with less drift than the linear one" in less[k]["text"]
+    assert none[k]["verdict"] == "overlap" and none[k]["text"].startswith("Not shown that the schedule changes drift at lr 5e-4")
+
+
+def test_conclusions_follow_the_findings(tmp_path):
+    down = load_study(_study(tmp_path / "down", {5e-5: 5e-4, 5e-4: 5e-5}))
+    text = R.findings(down, n_resamples=50)
+    bullets = [b for b in text.split("\n") if b.startswith("- ")]
+    assert 1 <= len(bullets) <= 5
+    assert "moves the embeddings less here" in bullets[0] and "At lr 5e-4 the probes' drift" in bullets[0]   # the rates' drifts with the effect
+    assert all(f["text"] in text for f in R.key_findings(down, n_resamples=50))                             # every finding said, none invented
+
+
+def _visible(html_text: str) -> str:
+    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", html_text))).strip()
+
+
+def test_readme_quotes_the_quick_reports_findings():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    report = ROOT / "reports" / "quick" / "report.html"
+    if not report.is_file(): pytest.skip("reports/quick/report.html is not committed in this checkout")
+    sec = re.search(r"^## What the studies show\n(.*?)(?=^## )", readme, flags=re.S | re.M)
+    assert sec, "README.md has no 'What the studies show' section"
+    quotes = [re.sub(r"\s+", " ", l[2:]).strip() for l in sec.group(1).splitlines() if l.startswith("- ")]
+    assert quotes, "the README's 'What the studies show' quotes no finding"
+    page = report.read_text(encoding="utf-8")
+    concl = re.search(r'<h2 id="Conclusions">(.*?)<h2 ', page, flags=re.S)
+    assert concl, "the quick report has no Conclusions section"
+    said = [_visible(li) for li in re.findall(r"<li>(.*?)</li>", concl.group(1), flags=re.S)]
+    missing = [q for q in quotes if not any(_visible(q.replace("**", "")) in s for s in said)]
+    assert not missing, f"README quotes findings that reports/quick/report.html's Conclusions do not say: {missing}"
+
+
+def test_arms_in_words():
+    from embvar_study.study import _design_words, arm_label
+    t = pd.DataFrame({"factor": ["full", "full", "lora_r8", "lora_r8"], "lr": [5e-5, 5e-5, 5e-4, 5e-4], "seed": [0, 1, 0, 1]})
+    assert _design_words("lora", t, t) == "2 arms: full fine-tuning at lr 5e-5 (2 seeds); LoRA r=8 at lr 5e-4 (2 seeds)"
+    runs = t.assign(factor=["1e-4", "1e-4", "3e-4", "3e-4"])        # a runs report's grouping is not an arm
+    assert _design_words("runs", runs, runs).startswith("2 learning rates")
+    assert [arm_label(v) for v in ("full", "lora_r64", "x")] == ["full fine-tuning", "LoRA r=64", "x"]
