@@ -147,7 +147,9 @@ def reference_table(rs: RunSet, layer: int = -1, pooling: str = "mean", *, n_res
                     "drift_first": first["drift"], "drift_first_ci": (first["ci_low"], first["ci_high"]),
                     "drift_last": last["drift"], "drift_last_ci": (last["ci_low"], last["ci_high"]),
                     "loss": f"{r['loss_first'].mean():.3f} to {r['loss_last'].mean():.3f}"})
-    return pd.DataFrame(out)
+    t = pd.DataFrame(out)
+    t.attrs["ci_method"] = f"{summ.attrs['ci_method']} (this study's rows; the reference states no interval)"   # drift_summary's method, not retyped
+    return t
 
 # %% ../nbs/16_analysis.ipynb #57ab57ed
 def layer_drift_table(rs: RunSet, by: str = "lr", poolings: tuple[str, ...] = ("mean", "cls")) -> pd.DataFrame:  # group, pooling, layer, step, drift
@@ -388,11 +390,11 @@ def lora_comparisons(rs: RunSet, layer: int = -1, pooling: str = "mean", *, n_re
         acc, dr = difference_interval(v["acc"], full["acc"]), difference_interval(d, fd)   # Welch t over seeds (NaN below 2 per arm)
         out.append({"arm": arm, "n_seeds": len(d), "n_seeds_full": len(fd),
                     "acc_diff": float(v["acc"].mean() - full["acc"].mean()), "acc_diff_ci": (acc["low"], acc["high"]),
-                    "drift_diff": float(d.mean() - fd.mean()), "drift_diff_ci": (dr["low"], dr["high"]), "ci_method": dr["note"],
+                    "drift_diff": float(d.mean() - fd.mean()), "drift_diff_ci": (dr["low"], dr["high"]), "ci_method": (acc["note"], dr["note"]),
                     "drift_ratio": float(d.mean() / fd.mean()) if fd.mean() > 0 else np.nan,
                     "k90_ratio": float(v["spectrum"]["k"].mean() / full["spectrum"]["k"].mean())})
     t = pd.DataFrame(out)
-    t.attrs["ci_method"] = "; ".join(dict.fromkeys(t.pop("ci_method"))) + " (accuracy and drift, each arm against full)"
+    t.attrs["ci_method"] = "; ".join(dict.fromkeys(n for notes in t.pop("ci_method") for n in notes)) + " (accuracy and drift, each arm against full)"
     return t
 
 # %% ../nbs/16_analysis.ipynb #6e75027d

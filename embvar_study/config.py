@@ -186,12 +186,14 @@ class TrainConfig:
         "What the run's dataset, model and probes are, by content (paths kept for the record): see `data`, `models`."
         with as_field("dataset"): dataset = source_fingerprint(self.dataset, split=self.split)
         with as_field("model"): model = model_fingerprint(self.model)
-        with as_field("probes"): probes = probes_fingerprint(self.probes, dataset=self.dataset)
+        with as_field("probes"): probes = probes_fingerprint(self.probes, dataset=self.dataset, split=self.split)
         return {"dataset": dataset, "model": model, "probes": probes}
 
     def identity(self) -> dict:
         "What makes the run this run: every field but `device`, with data, model and probes by content (not path), and the tracker."
         d = {**self.to_dict(), **_without_paths(self.resolved()), "tracker": self.tracker()}
+        if self.probes == "heldout":   # runs with held-out probes keep the ids they had when the fingerprint recorded split 'test' (split is in the config anyway)
+            d["probes"] = _without_paths(probes_fingerprint("heldout", dataset=self.dataset, split="test"))
         if self.alarm is None: d.pop("alarm")   # runs without an alarm keep the ids they had before the field existed
         if self.threads == 1: d.pop("threads")  # likewise runs at one thread (the count every run had in a worker of a 2-core machine)
         return d

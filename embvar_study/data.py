@@ -540,11 +540,13 @@ def parse_heldout(spec: str,                # "heldout", "heldout:SOURCE" or "he
 def probes_fingerprint(probes: str | os.PathLike, # "builtin", a probe file, or "heldout[:SOURCE[:SPLIT]]"
                        *,
                        dataset: str | None = None,  # the run's dataset (for a bare "heldout")
+                       split: str = "train",        # the run's dataset split (for a bare "heldout": its probes are rows of it)
                       ) -> dict:                  # {"kind": "builtin"|"file"|"heldout", ...}: JSON-able identity of the probes
-    "Identity of a probe set from its content: the built-in resource, a probe file, or held-out rows of a dataset."
+    "Identity of a probe set from its content: the built-in resource, a probe file, or held-out rows of a dataset (for a bare `heldout`: of the run's own dataset and split, as `train.prepare_data` sets them aside)."
     if isinstance(probes, str) and probes == "builtin": return {"kind": "builtin", "sha256": file_sha256(_resource("probes.csv"))}
     if isinstance(probes, str) and probes.split(":")[0] == "heldout":
-        source, split = parse_heldout(probes, dataset=dataset)
+        source, split = parse_heldout(probes, dataset=dataset) if probes != "heldout" else (parse_heldout(probes, dataset=dataset)[0], split)
+        if not isinstance(split, str) or not split: raise ValueError(f"split: expected a non-empty str, got {split!r}")
         return {"kind": "heldout", "source": source_fingerprint(source, split=split), "split": split}
     if _is_file_source(probes): return _file_fingerprint(probes, "probes", "'builtin' or 'heldout:SOURCE[:SPLIT]'")
     missing = isinstance(probes, (str, os.PathLike)) and (os.sep in os.fspath(probes) or Path(os.fspath(probes)).suffix != "")

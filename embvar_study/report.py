@@ -17,12 +17,12 @@ from .runs import atomic_write_bytes, package_version, git_info
 
 # %% auto #0
 __all__ = ['COLUMN_NAMES', 'COLLAPSE_GAP', 'FINDING_ORDER', 'format_value', 'format_sci', 'format_table', 'plain_column',
-           'method_line', 'table_html', 'Figure', 'figure_png', 'figure_html', 'RawHTML', 'Table', 'note_html',
-           'note_md', 'to_html', 'diverged_note', 'section_items', 'show', 'memo', 'study_description', 'probes_used',
-           'lora_words', 'header', 'section_drift', 'headline', 'section_reference', 'section_schedule',
-           'collapse_verdict', 'collapse_answer', 'section_effects', 'section_layers', 'section_seed_variance',
-           'section_pairs', 'section_noise_floor', 'section_geometry', 'section_perturbation', 'reference_lr',
-           'section_mitigation', 'section_components', 'collapse_identical', 'section_early_warning',
+           'method_line', 'interval_refused', 'interval_words', 'table_html', 'Figure', 'figure_png', 'figure_html',
+           'RawHTML', 'Table', 'note_html', 'note_md', 'to_html', 'diverged_note', 'section_items', 'show', 'memo',
+           'study_description', 'probes_used', 'lora_words', 'header', 'section_drift', 'headline', 'section_reference',
+           'section_schedule', 'collapse_verdict', 'collapse_answer', 'section_effects', 'section_layers',
+           'section_seed_variance', 'section_pairs', 'section_noise_floor', 'section_geometry', 'section_perturbation',
+           'reference_lr', 'section_mitigation', 'section_components', 'collapse_identical', 'section_early_warning',
            'section_agreement', 'section_pooling', 'section_provenance', 'alarm_note', 'section_runs_overview',
            'section_runs_seeds', 'section_runs_noise_floor', 'compare_intervals', 'key_findings', 'findings',
            'truncation_table', 'limitations', 'section_experiment', 'lora_verdicts', 'lora_answer', 'lora_finding',
@@ -81,7 +81,8 @@ COLUMN_NAMES = {   # a table column -> its header in words, with the unit where 
     "aligned_msd": "aligned mean squared distance", "cos_dist": "cosine distance", "pairwise_cos_dist": "mean pairwise cosine distance",
     "cka": "linear CKA", "cka_debiased": "linear CKA (debiased)", "rsa": "RSA (Spearman)", "knn_overlap": "k-NN overlap (k=10)",
     "raw_dispersion": "raw dispersion (mean squared distance)", "aligned_dispersion": "aligned dispersion (mean squared distance)",
-    "removed_by_alignment": "share removed by alignment", "pvalue": "p-value (permutation)", "pvalue_holm": "p-value (Holm-adjusted)",
+    "removed_by_alignment": "share removed by alignment", "pvalue": "p-value (t test)", "pvalue_permutation": "p-value (exact permutation)",
+    "pvalue_permutation_min": "smallest possible permutation p-value", "d_low": "95% CI low of d", "d_high": "95% CI high of d", "pvalue_holm": "p-value (Holm-adjusted)",
     "cohens_d": "Cohen's d", "hedges_g": "Hedges' g", "diff": "difference in drift", "diff_low": "95% CI low", "diff_high": "95% CI high",
     "mean_a": "mean drift a", "mean_b": "mean drift b", "n_a": "seeds a", "n_b": "seeds b", "intra_inter_ratio": "within/between-class variance ratio",
     "top_eigen_ratio": "top eigenvalue's share", "effective_rank": "effective rank", "participation_ratio": "participation ratio",
@@ -126,6 +127,14 @@ def method_line(df: pd.DataFrame) -> str:  # '' when the table holds no interval
     if m: return f"Intervals: {m}"
     if "ci_method" in df: return ""                          # it varies by row: the column says it
     return "Intervals: 95%; the method was not recorded with this table" if any(_INTERVAL_COLUMN.search(str(c)) for c in df.columns) else ""
+
+def interval_refused(df: pd.DataFrame, low: str, high: str) -> bool:  # True: every bound NaN
+    "Whether the analysis refused every interval of a table (NaN bounds; its reason is in `attrs['ci_method']`, the line under the table)."
+    return len(df) > 0 and bool(df[low].isna().all() and df[high].isna().all())
+
+def interval_words(df: pd.DataFrame, low: str, high: str, given: str = "95% interval") -> str:
+    "What a caption says of a table's intervals: `given`, or that they were refused and where the reason is."
+    return "no interval: refused, the line under the table says why" if interval_refused(df, low, high) else given
 
 def table_html(df: pd.DataFrame, caption: str | None = None, digits: int = 3) -> str:
     "A table as HTML for reading: formatted cells, no index, headers in words (`plain_column`), an optional caption, and the interval method under it."
@@ -395,7 +404,7 @@ def section_schedule(study: Study, **o) -> list:
             Table(se, "Final drift per learning rate and schedule (95% interval), its ratio to the linear schedule's, the cumulative learning rate and the loss drop"),
             Table(_collapse_for_reading(ct), "Every two groups: the range of cumulative learning rate both cover at tracked steps ('no overlap' where "
                   "their ranges are disjoint: nothing to compare, so no gap), and the gap between their mean drift curves there as a fraction of "
-                  "the drift (95% interval, seeds resampled); beside it, the same fraction at the same steps")]
+                  f"the drift{'' if _gaps_have_intervals(ct) else ' (no interval: the line under the table says why)'}; beside it, the same fraction at the same steps")]
 
 def _collapse_for_reading(ct: pd.DataFrame) -> pd.DataFrame:
     "collapse_table with the common cumulative-lr range as one cell, 'no overlap' where the two groups' ranges are disjoint."
@@ -408,10 +417,21 @@ COLLAPSE_GAP = 0.10   # two curves are "one curve" where they differ by at most 
 
 def _pct(v: float) -> str: return f"{100 * v:.0f}%"
 
-def collapse_verdict(ct: pd.DataFrame) -> str:  # 'yes', 'no', 'unclear' or 'untestable'
-    "The collapse test's verdict from collapse_table: every comparable gap's interval within `COLLAPSE_GAP` (yes), one above it (no), else unclear."
+def _gaps_have_intervals(ct: pd.DataFrame) -> bool:
+    "Whether any comparable gap of collapse_table carries an interval (collapse_table refuses them at 3-10 seeds: NaN bounds)."
+    comp = ct[ct["gap_cum_lr"].notna()]
+    return bool((comp["gap_cum_lr_low"].notna() & comp["gap_cum_lr_high"].notna()).any())
+
+def _no_gap_interval_reason(ct: pd.DataFrame) -> str:
+    "Why the gaps carry no interval, from the table's own `attrs['ci_method']` (the analysis' words, not retyped)."
+    m = str(ct.attrs.get("ci_method") or "").strip()
+    return m.removeprefix("no interval for the gaps:").strip() or "the table records no method for the gaps"
+
+def collapse_verdict(ct: pd.DataFrame) -> str:  # 'yes', 'no', 'unclear', 'no interval' or 'untestable'
+    "The collapse test's verdict from collapse_table: every comparable gap's interval within `COLLAPSE_GAP` (yes), one above it (no), no gap with an interval ('no interval'), else unclear."
     comp = ct[ct["gap_cum_lr"].notna()]
     if comp.empty: return "untestable"
+    if not _gaps_have_intervals(ct): return "no interval"
     if (comp["gap_cum_lr_high"] <= COLLAPSE_GAP).all(): return "yes"
     if (comp["gap_cum_lr_low"] > COLLAPSE_GAP).any(): return "no"
     return "unclear"
@@ -420,12 +440,15 @@ def collapse_answer(ct: pd.DataFrame) -> str:  # Markdown
     "The answer to 'do the curves fall onto one curve of the cumulative learning rate?', in words, from collapse_table."
     q = "**Do the curves of every rate and schedule fall onto one curve against the cumulative learning rate?**"
     comp, apart = ct[ct["gap_cum_lr"].notna()], ct[~(ct["cum_lr_high"] > ct["cum_lr_low"])]   # curve_gap's rule for no overlap
-    pairs = "; ".join(f"{r.group_a} vs {r.group_b}: {_pct(r.gap_cum_lr)} [{_pct(r.gap_cum_lr_low)}, {_pct(r.gap_cum_lr_high)}] "
-                      f"against the cumulative learning rate, {_pct(r.gap_step)} against the step" for r in comp.itertuples())
+    pairs = "; ".join(f"{r.group_a} vs {r.group_b}: {_pct(r.gap_cum_lr)}"
+                      + (f" [{_pct(r.gap_cum_lr_low)}, {_pct(r.gap_cum_lr_high)}]" if np.isfinite(r.gap_cum_lr_low) and np.isfinite(r.gap_cum_lr_high) else "")
+                      + f" against the cumulative learning rate, {_pct(r.gap_step)} against the step" for r in comp.itertuples())
     verdict = {"untestable": "Not answerable from these runs: no two groups cover a common range of cumulative learning rate at tracked steps.",
                "yes": f"Yes, where it can be tested: wherever two groups cover the same cumulative learning rate, their drift curves agree within {_pct(COLLAPSE_GAP)} ({pairs}).",
                "no": f"No: at the same cumulative learning rate, some curves differ by more than {_pct(COLLAPSE_GAP)} of the drift ({pairs}).",
-               "unclear": f"Not clearly: the gaps' intervals straddle {_pct(COLLAPSE_GAP)}, the agreement we call one curve ({pairs})."}[collapse_verdict(ct)]
+               "unclear": f"Not clearly: the gaps' intervals straddle {_pct(COLLAPSE_GAP)}, the agreement we call one curve ({pairs}).",
+               "no interval": f"Not shown either way: the gaps carry no interval ({_no_gap_interval_reason(ct)}; the line under the table says so), "
+                              f"so a gap cannot be held against the {_pct(COLLAPSE_GAP)} we call one curve. The gaps as measured: {pairs}."}[collapse_verdict(ct)]
     rest = (" These pairs cover disjoint ranges of cumulative learning rate at tracked steps, so they cannot be compared without "
             f"extrapolating and are not: {'; '.join(f'{r.group_a} vs {r.group_b}' for r in apart.itertuples())}." if len(apart) else "")
     return f"{q} {verdict}{rest}"
@@ -436,7 +459,8 @@ def section_effects(study: Study, **o) -> list:
     from embvar_study import analysis as A
     o = _opts(**o)
     return [Table(A.lr_effects(study.runs("lr_sweep"), o["layer"], o["pooling"]),
-                  "Final drift between learning rates: difference with bootstrap CI, Cohen's d, Hedges' g, permutation p-value")]
+                  "Final drift between learning rates: the difference with its t interval, Cohen's d and Hedges' g with a noncentral-t interval, "
+                  "the t-test p-value, the exact permutation p-value and its floor (the smallest it can be with these seeds)")]
 
 def section_layers(study: Study, experiment: str = "lr_sweep", by: str = "lr", **o) -> list:
     "Drift of every layer and step per group (learning rate), for mean and CLS pooling (those stored)."
@@ -577,6 +601,7 @@ def section_components(study: Study, **o) -> list:
     o = _opts(**o); rs = study.runs("crossed", min_runs=4)
     kw = dict(layer=o["layer"], pooling=o["pooling"], n_resamples=o["n_resamples"])
     a = components_table(rs, measure="final_drift", **kw); b = components_table(rs, measure="aligned_distance", **kw)
+    ia, ib = (interval_words(t, "share_low", "share_high") for t in (a, b))
     w = np.concatenate([(t["share_high"] - t["share_low"]).to_numpy() for t in (a, b)])
     width = float(np.nanmean(w)) if np.isfinite(w).any() else np.nan     # NaN: components_table refused the intervals
     big = a.loc[a["share"].idxmax()]
@@ -585,8 +610,8 @@ def section_components(study: Study, **o) -> list:
             "the shares carry no interval (too few seed levels; the reason is under the tables).")
     return [f"Design: {study.design('crossed')}, one run per cell. The largest share of final drift's variance is {big.component} "
             f"({_pct(big.share)}{iv}); {tail}",
-            Table(a[["component", "estimate", "share", "share_low", "share_high"]], "(a) Final drift per probe: variance components and shares (95% interval)"),
-            Table(b[["component", "estimate", "share", "share_low", "share_high"]], "(b) Aligned embeddings: variance components and shares (95% interval)")]
+            Table(a[["component", "estimate", "share", "share_low", "share_high"]], f"(a) Final drift per probe: variance components and shares ({ia})"),
+            Table(b[["component", "estimate", "share", "share_low", "share_high"]], f"(b) Aligned embeddings: variance components and shares ({ib})")]
 
 def collapse_identical(df: pd.DataFrame,         # a table with one row per run
                        label: str = "run",       # the column naming each row (joined in the collapsed rows)
@@ -624,7 +649,7 @@ def section_early_warning(study: Study, **o) -> list:
     try:
         auc = EW.outcome_auc_table(ew, n_resamples=o["n_resamples"])
         rows = collapse_identical(auc.assign(step=auc["step"].astype(str)), label="step", drop=())   # steps with the same AUC and interval: one row
-        out.append(Table(rows.drop(columns="runs").rename(columns={"step": "steps"}) if len(rows) < len(auc) else auc, "How well drift at an early step separates runs that end up failing (AUC, 95% interval)"
+        out.append(Table(rows.drop(columns="runs").rename(columns={"step": "steps"}) if len(rows) < len(auc) else auc, f"How well drift at an early step separates runs that end up failing (AUC, {interval_words(auc, 'low', 'high')})"
                          + (f"; the {len(auc)} tracked steps give {len(rows)} distinct result{'s' if len(rows) != 1 else ''}, steps with the same result share a row" if len(rows) < len(auc) else "")))
     except (NotComputed, ValueError) as e: out.append(note_md(f"AUC not computed: {e}"))
     return out
@@ -641,12 +666,15 @@ def section_agreement(study: Study, **o) -> list:
     used = f"resamples_used_of_{o['n_resamples']}"
     a = agree[["measure_a", "measure_b", "spearman", "ci_low", "ci_high", "n_valid"]].rename(columns={"n_valid": used}).sort_values("spearman")
     a.attrs = dict(agree.attrs)
+    refused = interval_refused(a, "ci_low", "ci_high")
+    if refused: a = a.drop(columns=used)   # no bootstrap was run: no resamples to count
     summary = (f"Over {len(a)} pairs of measures the Spearman correlation across run pairs runs from {format_value(a['spearman'].min())} "
                f"({a.iloc[0]['measure_a']} vs {a.iloc[0]['measure_b']}) to {format_value(a['spearman'].max())}, median {format_value(a['spearman'].median())}.")
     shown = a if len(a) <= 6 else a.head(5)
     return [summary, Table(shown, ("The least-agreeing pairs of measures" if len(shown) < len(a) else "Every pair of measures")
-                           + f": Spearman correlation over the run pairs (95% interval, runs resampled); resamples used: of the {o['n_resamples']} "
-                           "bootstrap resamples, those in which both measures vary over the drawn pairs (the others have no correlation)"),
+                           + (f": Spearman correlation over the run pairs ({interval_words(a, 'ci_low', 'ci_high')})" if refused else
+                              f": Spearman correlation over the run pairs (95% interval, runs resampled); resamples used: of the {o['n_resamples']} "
+                              "bootstrap resamples, those in which both measures vary over the drawn pairs (the others have no correlation)")),
             Table(tab.reset_index(), "Live invariance table: each transform applied to one run, each measure recomputed"),
             f"The live table matches theory in **{int(inv['agrees'].sum())}/{len(inv)}** entries."]
 
@@ -814,6 +842,9 @@ def _collapse_finding(study: Study, o: dict) -> list[dict]:
     words = {"yes": f"Against the cumulative learning rate the drift curves of every rate and schedule fall onto one curve: the largest gap is {_pct(comp['gap_cum_lr'].max()) if len(comp) else ''} of the drift (within {_pct(COLLAPSE_GAP)}).",
              "no": f"Drift is not set by the cumulative learning rate alone: at equal cumulative learning rate some curves differ by more than {_pct(COLLAPSE_GAP)} of the drift (largest gap {_pct(comp['gap_cum_lr'].max()) if len(comp) else ''}).",
              "unclear": f"Not shown whether drift is set by the cumulative learning rate alone: the gaps' intervals straddle {_pct(COLLAPSE_GAP)}.",
+             "no interval": (f"Not shown whether drift is set by the cumulative learning rate alone: the gaps between curves carry no interval "
+                             f"(the line under the collapse table says why); the largest gap measured is {_pct(comp['gap_cum_lr'].max()) if len(comp) else ''} of the drift, "
+                             f"against the {_pct(COLLAPSE_GAP)} we call one curve."),
              "untestable": "Not testable whether drift is set by the cumulative learning rate alone: no two groups cover a common range of it."}[verdict]
     worst = comp.loc[comp["gap_cum_lr"].idxmax()] if len(comp) else None
     return [_finding("collapse", words, None if worst is None else worst["gap_cum_lr"],

@@ -447,6 +447,21 @@ def test_probes_fingerprint(tmp_path):
         probes_fingerprint(tmp_path)
 
 
+def test_heldout_probes_record_the_split_they_are_drawn_from(tmp_path):
+    # a bare `heldout` probe set is rows of the run's own dataset and split (train.prepare_data); the record names that split
+    from embvar_study.config import TrainConfig
+    from embvar_study.train import prepare_data
+    rows = load_texts("bundled")
+    f = tmp_path / "d.csv"
+    rows.assign(text=rows["text"] + " (own file)").to_csv(f, index=False)
+    cfg = TrainConfig(model="tiny-distilbert", dataset=str(f), split="train", probes="heldout", n_train=32, n_eval=16, n_probes=8)
+    _, _, probes = prepare_data(cfg)
+    assert set(probes["text"]) <= set(load_texts(str(f), split=cfg.split)["text"])   # drawn from this split of this file
+    rec = cfg.resolved()["probes"]
+    assert rec == {"kind": "heldout", "source": source_fingerprint(f, split=cfg.split), "split": cfg.split}
+    assert rec["split"] != "test"
+
+
 def test_folder_sha256(tmp_path):
     (tmp_path / "m" / "sub").mkdir(parents=True)
     (tmp_path / "m" / "config.json").write_text("{}")
