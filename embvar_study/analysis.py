@@ -394,7 +394,9 @@ def lora_comparisons(rs: RunSet, layer: int = -1, pooling: str = "mean", *, n_re
                     "drift_ratio": float(d.mean() / fd.mean()) if fd.mean() > 0 else np.nan,
                     "k90_ratio": float(v["spectrum"]["k"].mean() / full["spectrum"]["k"].mean())})
     t = pd.DataFrame(out)
-    t.attrs["ci_method"] = "; ".join(dict.fromkeys(n for notes in t.pop("ci_method") for n in notes)) + " (accuracy and drift, each arm against full)"
+    notes = t.pop("ci_method")
+    each = lambda k: "; ".join(dict.fromkeys(n[k] for n in notes)) + (" (per arm, in the table's order)" if len(set(n[k] for n in notes)) > 1 else "")
+    t.attrs["ci_method"] = f"accuracy: {each(0)}; drift: {each(1)} (each arm against full fine-tuning)"
     return t
 
 # %% ../nbs/16_analysis.ipynb #6e75027d
