@@ -209,7 +209,7 @@ def _weighted_side(X, w, alphas, keep=0.99):
     "One set X (N, d) in each resample (multiplicities w (b, N)): its rows centred on the resample and scaled by sqrt(w), their SVD, rank and SVCCA masks, whitened rows per alpha."
     N, d = X.shape
     c = np.sqrt(w)[:, :, None] * (X[None] - (w @ X / w.sum(axis=1, keepdims=True))[:, None])   # (b, N, d): c^T c is the resample's scatter
-    U, s, Vt = np.linalg.svd(c, full_matrices=False)
+    U, s, Vt = _svd(c)
     j = np.arange(s.shape[1])
     full = s > s[:, :1] * max(N, d) * np.finfo(np.float64).eps              # `metrics._basis`'s rank cut
     v = np.where(full, s ** 2, 0.0)
@@ -229,24 +229,32 @@ def _mean_top(rho, m):
     "(b,) mean of the m (b,) largest of each row of rho (b, k), sorted descending."
     return np.where(np.arange(rho.shape[1])[None] < m[:, None], rho, 0.0).sum(axis=1) / m
 
+def _svd(M, compute_uv=True):
+    "Batched `np.linalg.svd(M, full_matrices=False)`; when LAPACK's gesdd does not converge (e.g. many singular values at 1, N < dx + dy), that batch is redone matrix by matrix with gesvd."
+    try: return np.linalg.svd(M, full_matrices=False, compute_uv=compute_uv)
+    except np.linalg.LinAlgError:
+        import scipy.linalg as sl
+        out = [sl.svd(m, full_matrices=False, compute_uv=compute_uv, lapack_driver="gesvd") for m in M]
+        return tuple(np.stack(p) for p in zip(*out)) if compute_uv else np.stack(out)
+
 def _weighted_scores(x, y, ms):
     "{measure: (b,)} the covariance-family measures of one layer pair in each resample, from two `_weighted_side`s."
     out = {}
     M = np.swapaxes(x["U"], 1, 2) @ y["U"]                                  # (b, kx, ky): qx^T qy of the full-rank bases
     m = np.minimum(x["full"].sum(axis=1), y["full"].sum(axis=1))
-    if "cca" in ms: out["cca"] = _mean_top(np.clip(np.linalg.svd(M, compute_uv=False), 0, 1), m)
+    if "cca" in ms: out["cca"] = _mean_top(np.clip(_svd(M, compute_uv=False), 0, 1), m)
     if "svcca" in ms:
         Mk = M * x["kept"][:, :, None] * y["kept"][:, None, :]
-        out["svcca"] = _mean_top(np.clip(np.linalg.svd(Mk, compute_uv=False), 0, 1), np.minimum(x["kept"].sum(1), y["kept"].sum(1)))
+        out["svcca"] = _mean_top(np.clip(_svd(Mk, compute_uv=False), 0, 1), np.minimum(x["kept"].sum(1), y["kept"].sum(1)))
     if "pwcca" in ms:
-        P, rho, _ = np.linalg.svd(M, full_matrices=False)
+        P, rho, _ = _svd(M)
         h = np.abs(np.swapaxes(P, 1, 2) @ (x["s"][:, :, None] * x["Vt"])).sum(axis=-1)   # |h^T c_x| summed over X's dimensions
         wt = np.where(np.arange(h.shape[1])[None] < m[:, None], h, 0.0)
         out["pwcca"] = (wt * np.clip(rho, 0, 1)).sum(axis=1) / wt.sum(axis=1)
     for name, a in _ALPHA.items():
         if name not in ms: continue
         A, Bm = x[a], y[a]
-        nuc = np.linalg.svd(np.swapaxes(A, 1, 2) @ Bm, compute_uv=False).sum(axis=1)
+        nuc = _svd(np.swapaxes(A, 1, 2) @ Bm, compute_uv=False).sum(axis=1)
         na, nb = (A * A).sum(axis=(1, 2)), (Bm * Bm).sum(axis=(1, 2))
         out[name] = (np.arccos(np.clip(nuc / np.sqrt(na * nb), -1, 1)) if name != "procrustes_euclidean"
                      else np.sqrt(np.clip(na + nb - 2 * nuc, 0, None) / A.shape[1]))
