@@ -242,12 +242,13 @@ def _weighted_scores(x, y, ms):
     out = {}
     M = np.swapaxes(x["U"], 1, 2) @ y["U"]                                  # (b, kx, ky): qx^T qy of the full-rank bases
     m = np.minimum(x["full"].sum(axis=1), y["full"].sum(axis=1))
-    if "cca" in ms: out["cca"] = _mean_top(np.clip(_svd(M, compute_uv=False), 0, 1), m)
+    if "pwcca" in ms: P, rho, _ = _svd(M)                                   # one SVD of M serves CCA and PWCCA
+    else: rho = _svd(M, compute_uv=False) if "cca" in ms else None
+    if "cca" in ms: out["cca"] = _mean_top(np.clip(rho, 0, 1), m)
     if "svcca" in ms:
         Mk = M * x["kept"][:, :, None] * y["kept"][:, None, :]
         out["svcca"] = _mean_top(np.clip(_svd(Mk, compute_uv=False), 0, 1), np.minimum(x["kept"].sum(1), y["kept"].sum(1)))
     if "pwcca" in ms:
-        P, rho, _ = _svd(M)
         h = np.abs(np.swapaxes(P, 1, 2) @ (x["s"][:, :, None] * x["Vt"])).sum(axis=-1)   # |h^T c_x| summed over X's dimensions
         wt = np.where(np.arange(h.shape[1])[None] < m[:, None], h, 0.0)
         out["pwcca"] = (wt * np.clip(rho, 0, 1)).sum(axis=1) / wt.sum(axis=1)
