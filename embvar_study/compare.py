@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Sequence
 import numpy as np
 import pandas as pd
-from .metrics import MEASURES, _RSA_RANK_MAX_N, _common_count
+from .metrics import MEASURES, _RSA_RANK_MAX_N
 from ._batching import _top_k
 from .checks import as_float_array
 
@@ -150,50 +150,122 @@ class CompareResult(pd.DataFrame):
 
 # %% ../nbs/23_compare.ipynb #b00t0001
 _GRAM_MAX_N = 4096   # the batched bootstrap of the CKA measures holds N x N Gram matrices up to this N
+_CHUNK_BYTES = 2 ** 29   # memory budget of one chunk of resamples in the covariance family (512 MiB)
 
-def _boot_masks(N, n_resamples, seed):
-    "(B, N) 0/1 masks of each resample's distinct probes; the indices are drawn at once as a (B, N) array."
+def _boot_counts(N, n_resamples, seed):
+    "(B, N) multiplicity of each probe in each resample; the N indices of every resample are drawn at once as a (B, N) array."
     idx = np.random.default_rng(seed).integers(0, N, size=(n_resamples, N))
-    m = np.zeros((n_resamples, N)); np.put_along_axis(m, idx, 1.0, axis=1)
-    return m
+    return np.bincount((idx + N * np.arange(n_resamples)[:, None]).ravel(), minlength=n_resamples * N).reshape(n_resamples, N).astype(np.float64)
 
-def _gram_side(X, m, flags):
-    "What the masked HSIC needs of one set X (N, d): its Gram matrix K of centred rows, m @ K, and HSIC(X, X) per mask for each debiased flag."
+def _gram_side(X, w, flags):
+    "What the weighted HSIC needs of one set X (N, d): its Gram matrix K of centred rows, w @ K, and HSIC(X, X) per resample for each debiased flag."
     c = X - X.mean(axis=0)
     K = c @ c.T
-    kr = m @ K
-    return K, kr, {d: _masked_hsic(K, K, kr, kr, m, d) for d in flags}
+    kr = w @ K
+    return K, kr, {d: _masked_hsic(K, K, kr, kr, w, d) for d in flags}
 
-def _masked_hsic(K, L, kr, lr, m, debiased):
-    "(B,) HSIC numerator <HKH, HLH> over each mask's probes (debiased as `metrics._debias` if asked), from K, L (N, N)."
-    n = m.sum(axis=1)
-    ks, ls = (m * kr).sum(axis=1), (m * lr).sum(axis=1)
-    v = (m @ (K * L) * m).sum(axis=1) - 2 / n * (m * kr * lr).sum(axis=1) + ks * ls / n ** 2
+def _masked_hsic(K, L, kr, lr, w, debiased):
+    "(B,) HSIC numerator <HKH, HLH> of each resample (multiplicities w (B, N); debiased as `metrics._debias` if asked), from K, L (N, N)."
+    n = w.sum(axis=1)
+    ks, ls = (w * kr).sum(axis=1), (w * lr).sum(axis=1)
+    v = (w @ (K * L) * w).sum(axis=1) - 2 / n * (w * kr * lr).sum(axis=1) + ks * ls / n ** 2
     if not debiased: return v
-    r = np.diag(K)[None] - 2 * kr / n[:, None] + (ks / n ** 2)[:, None]     # squared norms of the rows centred on the mask
+    r = np.diag(K)[None] - 2 * kr / n[:, None] + (ks / n ** 2)[:, None]     # squared norms of the rows centred on the resample
     q = np.diag(L)[None] - 2 * lr / n[:, None] + (ls / n ** 2)[:, None]
-    return v - n / (n - 2) * (m * r * q).sum(axis=1) + (m * r).sum(axis=1) * (m * q).sum(axis=1) / ((n - 1) * (n - 2))
+    return v - n / (n - 2) * (w * r * q).sum(axis=1) + (w * r).sum(axis=1) * (w * q).sum(axis=1) / ((n - 1) * (n - 2))
 
-_BATCHED = {"linear_cka": False, "debiased_cka": True}   # measures bootstrapped by Gram-matrix masks: name -> debiased
+_BATCHED = {"linear_cka": False, "debiased_cka": True}   # measures bootstrapped by weighted Gram matrices: name -> debiased
 
 _KNN, _KNN_K = {"mutual_knn": "mutual", "jaccard_knn": "jaccard"}, 5   # k-NN measures bootstrapped by masks (k as in MEASURES)
 
-def _masked_knn(X, m, k):
-    "(B, N, k) each probe's k cosine-nearest neighbours among each mask's probes (self excluded), B in blocks of about 16M scores."
+def _masked_knn(X, w, k):
+    "(B, N, k) each probe's k cosine-nearest other probes among each resample's probes (self excluded), B in blocks of about 16M scores."
     u = X / np.linalg.norm(X, axis=1, keepdims=True)
     S = u @ u.T
     np.fill_diagonal(S, -np.inf)
-    B, N = m.shape
-    if int(m.sum(axis=1).min()) - 1 < k:
-        raise ValueError(f"n_resamples: a resample kept {int(m.sum(axis=1).min())} distinct probes, too few for k = {k} neighbours; use more probes")
+    B, N = w.shape
+    kept = int((w > 0).sum(axis=1).min())
+    if kept - 1 < k:
+        raise ValueError(f"n_resamples: a resample kept {kept} distinct probes, too few for k = {k} neighbours; use more probes")
     step = max(1, 2 ** 24 // (N * N))
-    return np.concatenate([_top_k(np.where(m[s:s + step, None, :] > 0, S[None], -np.inf), k) for s in range(0, B, step)])
+    return np.concatenate([_top_k(np.where(w[s:s + step, None, :] > 0, S[None], -np.inf), k) for s in range(0, B, step)])
 
-def _masked_knn_scores(ia, ib, m, k):
-    "{'mutual': (B,), 'jaccard': (B,)} means over each mask's probes of |N_X & N_Y| / k and the Jaccard overlap."
-    c = _common_count(ia, ib, m.shape[1]).astype(np.float64)
-    n = m.sum(axis=1)
-    return {"mutual": (m * c / k).sum(axis=1) / n, "jaccard": (m * c / (2 * k - c)).sum(axis=1) / n}
+def _slots(idx, w, k):
+    "(B, N, k) how many of the k neighbour slots each listed probe fills: its copies, in order of nearness, until k are filled."
+    c = np.take_along_axis(w[:, None, :], idx, axis=-1)
+    return np.clip(k - (np.cumsum(c, axis=-1) - c), 0, c)
+
+def _masked_knn_scores(ia, ib, w, k):
+    "{'mutual': (B,), 'jaccard': (B,)} multiplicity-weighted means of |N_X & N_Y| / k and the Jaccard overlap (copies of a probe are not its neighbours)."
+    sa, sb = _slots(ia, w, k), _slots(ib, w, k)
+    c = ((ia[..., :, None] == ib[..., None, :]) * np.minimum(sa[..., :, None], sb[..., None, :])).sum(axis=(-2, -1))
+    n = w.sum(axis=1)
+    return {"mutual": (w * c / k).sum(axis=1) / n, "jaccard": (w * c / (2 * k - c)).sum(axis=1) / n}
+
+_COV = {"cca", "svcca", "pwcca", "procrustes_angular", "procrustes_euclidean", "shape_angular_alpha0", "linreg_r2_xy", "linreg_r2_yx"}
+_ALPHA = {"procrustes_angular": 1.0, "procrustes_euclidean": 1.0, "shape_angular_alpha0": 0.0}
+
+def _weighted_side(X, w, alphas, keep=0.99):
+    "One set X (N, d) in each resample (multiplicities w (b, N)): its rows centred on the resample and scaled by sqrt(w), their SVD, rank and SVCCA masks, whitened rows per alpha."
+    N, d = X.shape
+    c = np.sqrt(w)[:, :, None] * (X[None] - (w @ X / w.sum(axis=1, keepdims=True))[:, None])   # (b, N, d): c^T c is the resample's scatter
+    U, s, Vt = _svd(c)
+    j = np.arange(s.shape[1])
+    full = s > s[:, :1] * max(N, d) * np.finfo(np.float64).eps              # `metrics._basis`'s rank cut
+    v = np.where(full, s ** 2, 0.0)
+    cut = ((np.cumsum(v, axis=1) / v.sum(axis=1, keepdims=True) < keep) & full).sum(axis=1) + 1
+    kept = j[None] < np.minimum(full.sum(axis=1), cut)[:, None]              # SVCCA's top directions holding `keep` of the variance
+    out = dict(c=c, U=U * full[:, None, :], s=s * full, Vt=Vt, full=full, kept=kept, tot=(c * c).sum(axis=(1, 2)))
+    for a in alphas:
+        if a >= 1: out[a] = c; continue
+        lam, V = np.linalg.eigh(np.swapaxes(c, 1, 2) @ c)                  # `metrics._whiten`, batched
+        lam = np.clip(lam, 1e-7, None)
+        g = a + (1 - a) * lam ** -0.5
+        g = g * np.sqrt(lam.sum(axis=1, keepdims=True) / (a ** 2 * lam + 2 * a * (1 - a) * lam ** 0.5 + (1 - a) ** 2).sum(axis=1, keepdims=True))
+        out[a] = c @ ((V * g[:, None, :]) @ np.swapaxes(V, 1, 2))
+    return out
+
+def _mean_top(rho, m):
+    "(b,) mean of the m (b,) largest of each row of rho (b, k), sorted descending."
+    return np.where(np.arange(rho.shape[1])[None] < m[:, None], rho, 0.0).sum(axis=1) / m
+
+def _svd(M, compute_uv=True):
+    "Batched `np.linalg.svd(M, full_matrices=False)`; when LAPACK's gesdd does not converge (e.g. many singular values at 1, N < dx + dy), that batch is redone matrix by matrix with gesvd."
+    try: return np.linalg.svd(M, full_matrices=False, compute_uv=compute_uv)
+    except np.linalg.LinAlgError:
+        import scipy.linalg as sl
+        out = [sl.svd(m, full_matrices=False, compute_uv=compute_uv, lapack_driver="gesvd") for m in M]
+        return tuple(np.stack(p) for p in zip(*out)) if compute_uv else np.stack(out)
+
+def _weighted_scores(x, y, ms):
+    "{measure: (b,)} the covariance-family measures of one layer pair in each resample, from two `_weighted_side`s."
+    out = {}
+    M = np.swapaxes(x["U"], 1, 2) @ y["U"]                                  # (b, kx, ky): qx^T qy of the full-rank bases
+    m = np.minimum(x["full"].sum(axis=1), y["full"].sum(axis=1))
+    if "pwcca" in ms: P, rho, _ = _svd(M)                                   # one SVD of M serves CCA and PWCCA
+    else: rho = _svd(M, compute_uv=False) if "cca" in ms else None
+    if "cca" in ms: out["cca"] = _mean_top(np.clip(rho, 0, 1), m)
+    if "svcca" in ms:
+        Mk = M * x["kept"][:, :, None] * y["kept"][:, None, :]
+        out["svcca"] = _mean_top(np.clip(_svd(Mk, compute_uv=False), 0, 1), np.minimum(x["kept"].sum(1), y["kept"].sum(1)))
+    if "pwcca" in ms:
+        h = np.abs(np.swapaxes(P, 1, 2) @ (x["s"][:, :, None] * x["Vt"])).sum(axis=-1)   # |h^T c_x| summed over X's dimensions
+        wt = np.where(np.arange(h.shape[1])[None] < m[:, None], h, 0.0)
+        out["pwcca"] = (wt * np.clip(rho, 0, 1)).sum(axis=1) / wt.sum(axis=1)
+    for name, a in _ALPHA.items():
+        if name not in ms: continue
+        A, Bm = x[a], y[a]
+        nuc = _svd(np.swapaxes(A, 1, 2) @ Bm, compute_uv=False).sum(axis=1)
+        na, nb = (A * A).sum(axis=(1, 2)), (Bm * Bm).sum(axis=(1, 2))
+        out[name] = (np.arccos(np.clip(nuc / np.sqrt(na * nb), -1, 1)) if name != "procrustes_euclidean"
+                     else np.sqrt(np.clip(na + nb - 2 * nuc, 0, None) / A.shape[1]))
+    for name, (p, t) in {"linreg_r2_xy": (x, y), "linreg_r2_yx": (y, x)}.items():
+        if name in ms: out[name] = ((np.swapaxes(p["U"], 1, 2) @ t["c"]) ** 2).sum(axis=(1, 2)) / t["tot"]
+    return out
+
+def _cov_chunk(N, d, n_sides):
+    "Resamples per chunk: the rows, SVD factors and products of `n_sides` sets stay within `_CHUNK_BYTES`."
+    return max(1, _CHUNK_BYTES // (8 * (n_sides * (3 * N * d + 2 * d * d) + 4 * d * d)))
 
 # %% ../nbs/23_compare.ipynb #f5b83a75
 def compare(a: object,  # (layers, N, da) array, (model, tokenizer), a model alias / folder / Hub id, or a run folder at a step "runs/x@step=24"
@@ -215,37 +287,58 @@ def compare(a: object,  # (layers, N, da) array, (model, tokenizer), a model ali
     la, lb = _pick(A.shape[0], layers, "a"), _pick(B.shape[0], layers, "b")
     N = A.shape[1]
     ms = _measures_for(measures, N)
-    masks = _boot_masks(N, n_resamples, seed)
-    rows_of = [np.flatnonzero(r) for r in masks]              # the loop path: each resample's distinct probes
-    batched = [m for m in ms if m in _BATCHED or m in _KNN] if N <= _GRAM_MAX_N and n_resamples else []
+    w = _boot_counts(N, n_resamples, seed)
+    gram = N <= _GRAM_MAX_N and n_resamples > 0
+    batched = [m for m in ms if (m in _BATCHED or m in _KNN) and gram] + [m for m in ms if m in _COV and n_resamples]
+    # the rest is computed per resample: RSA and CKNNA on each resample's distinct probes, CKA above N = 4096 on its rows (copies kept)
+    rows_of = {m: ([np.repeat(np.arange(N), r.astype(int)) for r in w] if m in _BATCHED else [np.flatnonzero(r) for r in w])
+               for m in ms if m not in batched}
     knn = any(m in _KNN for m in batched)
     alpha = (1 - confidence) / 2
-    q = lambda boot: np.quantile(boot, [alpha, 1 - alpha]) if len(boot) else (np.nan, np.nan)
+    def q(boot, value):                     # the bootstrap's spread placed around the estimate (median-centred percentiles)
+        if not len(boot): return np.nan, np.nan
+        lo, med, hi = np.quantile(boot, [alpha, 0.5, 1 - alpha])
+        return value + lo - med, value + hi - med
     flags = {_BATCHED[m] for m in batched if m in _BATCHED}
+    cov = [m for m in batched if m in _COV]
+    acc = {}
+    if cov:                                  # the covariance family, in chunks of resamples within _CHUNK_BYTES
+        alphas = {_ALPHA[m] for m in cov if m in _ALPHA}
+        step = _cov_chunk(N, max(A.shape[2], B.shape[2]), len(lb) + 1)
+        for s in range(0, n_resamples, step):
+            ws = w[s:s + step]
+            ys = {j: _weighted_side(B[j], ws, alphas) for j in lb}
+            for i in la:
+                x = _weighted_side(A[i], ws, alphas)
+                for j in lb:
+                    for m, v in _weighted_scores(x, ys[j], cov).items(): acc.setdefault((i, j, m), []).append(v)
     keep_b = len(lb) * (N * N + n_resamples * N) * 8 <= 2 ** 29      # cache b's Gram terms when they fit in 512 MiB
     gb, gk = {}, {}
     rows = []
     for i in la:
-        K, kr, sx = _gram_side(A[i], masks, flags) if flags else (None, None, None)
-        ia = _masked_knn(A[i], masks, _KNN_K) if knn else None
+        K, kr, sx = _gram_side(A[i], w, flags) if flags else (None, None, None)
+        ia = _masked_knn(A[i], w, _KNN_K) if knn else None
         for j in lb:
-            boots = {}
+            boots = {m: np.concatenate(acc[i, j, m]) for m in cov}
             if flags:
-                L, lr, sy = gb[j] if j in gb else _gram_side(B[j], masks, flags)
+                L, lr, sy = gb[j] if j in gb else _gram_side(B[j], w, flags)
                 if keep_b: gb[j] = (L, lr, sy)
-                for d in flags:
+                for m in (m for m in batched if m in _BATCHED):
+                    d = _BATCHED[m]
                     with np.errstate(invalid="ignore", divide="ignore"):
                         ok = (sx[d] > 0) & (sy[d] > 0)
-                        boots[d] = np.where(ok, _masked_hsic(K, L, kr, lr, masks, d) / np.sqrt(abs(sx[d] * sy[d])), np.nan)
+                        boots[m] = np.where(ok, _masked_hsic(K, L, kr, lr, w, d) / np.sqrt(abs(sx[d] * sy[d])), np.nan)
             if knn:
-                ib = gk[j] if j in gk else _masked_knn(B[j], masks, _KNN_K)
+                ib = gk[j] if j in gk else _masked_knn(B[j], w, _KNN_K)
                 if keep_b: gk[j] = ib
-                boots.update(_masked_knn_scores(ia, ib, masks, _KNN_K))
+                sc = _masked_knn_scores(ia, ib, w, _KNN_K)
+                boots.update({m: sc[_KNN[m]] for m in batched if m in _KNN})
             for m in ms:
                 f = MEASURES[m].fn
-                boot = boots[_BATCHED[m] if m in _BATCHED else _KNN[m]] if m in batched else np.array([float(f(A[i][r], B[j][r])) for r in rows_of])
-                lo, hi = q(boot)
-                rows.append(dict(layer_a=i, layer_b=j, measure=m, value=float(f(A[i], B[j])), ci_low=float(lo), ci_high=float(hi)))
+                boot = boots[m] if m in boots else np.array([float(f(A[i][r], B[j][r])) for r in rows_of[m]])
+                value = float(f(A[i], B[j]))
+                lo, hi = q(boot, value)
+                rows.append(dict(layer_a=i, layer_b=j, measure=m, value=value, ci_low=float(lo), ci_high=float(hi)))
     return CompareResult(pd.DataFrame(rows))
 
 # %% ../nbs/23_compare.ipynb #f6059f1c
