@@ -268,6 +268,13 @@ def _cov_chunk(N, d, n_sides):
     return max(1, _CHUNK_BYTES // (8 * (n_sides * (3 * N * d + 2 * d * d) + 4 * d * d)))
 
 # %% ../nbs/23_compare.ipynb #f5b83a75
+# RSA and CKNNA compare pairs of probes: a resampled probe adds zero-distance pairs to both RDMs (or kernels), and
+# the intervals from resampling distinct probes covered 0.87 of the expected value in simulation (rank RSA): refused.
+_NO_INTERVAL = {m: "refused: a probe bootstrap of a pairwise measure (RDM pairs, mutual-neighbour kernels) under-covers "
+                   "(0.87 for rank RSA in simulation)" for m in MEASURES if m.startswith("rsa") or m == "cknna"}
+_CI_METHOD = ("probe bootstrap with multiplicity counts, median-centred percentiles: an interval for the measure's "
+              "expected value at N probes (coverage 0.95-0.98 in simulation)")
+
 def compare(a: object,  # (layers, N, da) array, (model, tokenizer), a model alias / folder / Hub id, or a run folder at a step "runs/x@step=24"
             b: object,  # the same kinds, for the second model
             probes: Sequence | pd.DataFrame | None = None,  # probe texts (str, {"id","text"} dicts, (id, text) or a frame); None: arrays, or a run's own probes
@@ -277,7 +284,7 @@ def compare(a: object,  # (layers, N, da) array, (model, tokenizer), a model ali
             confidence: float = 0.95,  # interval coverage
             seed: int = 0,  # seed of the bootstrap
             pooling: str = "mean",  # pooling of the embeddings (a run's saved pooling, or the one used to embed)
-           ) -> CompareResult:  # tidy table: layer_a, layer_b, measure, value, ci_low, ci_high
+           ) -> CompareResult:  # tidy table: layer_a, layer_b, measure, value, ci_low, ci_high, ci_method
     "Every measure between every layer of `a` and every layer of `b`, with probe-bootstrap intervals (probes matched by id)."
     unknown = [m for m in (measures or []) if m not in MEASURES]
     if unknown: raise ValueError(f"measures: unknown {unknown}; expected names from {sorted(MEASURES)}")
@@ -290,9 +297,10 @@ def compare(a: object,  # (layers, N, da) array, (model, tokenizer), a model ali
     w = _boot_counts(N, n_resamples, seed)
     gram = N <= _GRAM_MAX_N and n_resamples > 0
     batched = [m for m in ms if (m in _BATCHED or m in _KNN) and gram] + [m for m in ms if m in _COV and n_resamples]
+    refused = {m for m in ms if m in _NO_INTERVAL}      # pairwise measures: no probe-bootstrap interval (see _NO_INTERVAL)
     # the rest is computed per resample: RSA and CKNNA on each resample's distinct probes, CKA above N = 4096 on its rows (copies kept)
     rows_of = {m: ([np.repeat(np.arange(N), r.astype(int)) for r in w] if m in _BATCHED else [np.flatnonzero(r) for r in w])
-               for m in ms if m not in batched}
+               for m in ms if m not in batched and m not in refused}
     knn = any(m in _KNN for m in batched)
     alpha = (1 - confidence) / 2
     def q(boot, value):                     # the bootstrap's spread placed around the estimate (median-centred percentiles)
@@ -335,10 +343,11 @@ def compare(a: object,  # (layers, N, da) array, (model, tokenizer), a model ali
                 boots.update({m: sc[_KNN[m]] for m in batched if m in _KNN})
             for m in ms:
                 f = MEASURES[m].fn
-                boot = boots[m] if m in boots else np.array([float(f(A[i][r], B[j][r])) for r in rows_of[m]])
                 value = float(f(A[i], B[j]))
-                lo, hi = q(boot, value)
-                rows.append(dict(layer_a=i, layer_b=j, measure=m, value=value, ci_low=float(lo), ci_high=float(hi)))
+                if m in refused or not n_resamples: lo, hi = np.nan, np.nan
+                else: lo, hi = q(boots[m] if m in boots else np.array([float(f(A[i][r], B[j][r])) for r in rows_of[m]]), value)
+                rows.append(dict(layer_a=i, layer_b=j, measure=m, value=value, ci_low=float(lo), ci_high=float(hi),
+                                 ci_method=_NO_INTERVAL.get(m, "none (n_resamples=0)") if (m in refused or not n_resamples) else _CI_METHOD))
     return CompareResult(pd.DataFrame(rows))
 
 # %% ../nbs/23_compare.ipynb #f6059f1c
@@ -372,7 +381,10 @@ def write_compare_html(t: CompareResult,  # the table of `compare`
         png, w, h = figure_png(fig); plt.close(fig)
         parts.append(f'<figure><img width="{w}" height="{h}" alt="{html.escape(cap)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
                      f"<figcaption>{html.escape(cap)}</figcaption></figure>")
-    parts.append(f'<div class="table-wrap">{table_html(pd.DataFrame(t), caption="every layer pair and measure")}</div>')
+    tab = pd.DataFrame(t)
+    methods = (tab.groupby("ci_method", sort=False)["measure"].unique() if "ci_method" in tab else pd.Series(dtype=object))
+    parts.append(f'<div class="table-wrap">{table_html(tab.drop(columns=["ci_method"], errors="ignore"), caption="every layer pair and measure")}</div>')
+    parts += [f"<p class='method'>Intervals of {html.escape(', '.join(ms))}: {html.escape(m)}.</p>" for m, ms in methods.items()]
     d = Path(out); d.mkdir(parents=True, exist_ok=True)
     atomic_write_text(d / "compare.csv", pd.DataFrame(t).to_csv(index=False))
     page = (f"<!doctype html><html><head><meta charset='utf-8'><meta name='viewport' content='width=device-width'>"
