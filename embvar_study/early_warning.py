@@ -26,8 +26,8 @@ __all__ = ['AUC_MIN_PER_CLASS', 'STABILITY_FRACTIONS', 'TRAINER_SIGNALS', 'DRIFT
            'heldout_chance', 'stability_failed', 'run_signals', 'stability_signals', 'cv_scores',
            'stability_signal_sets', 'stability_scores', 'delong_paired', 'paired_auc_difference', 'stability_auc_table',
            'stability_differences', 'stability_alarms', 'lead_times', 'live_drift_alarm', 'live_alarm_summary',
-           'drift_verdict', 'stability_answer', 'roc_points', 'plot_stability_roc', 'plot_lead_times',
-           'stability_section']
+           'drift_verdict', 'stability_answer', 'stability_sentence', 'stability_finding', 'roc_points',
+           'plot_stability_roc', 'plot_lead_times', 'stability_section']
 
 # %% ../nbs/18_early_warning.ipynb #0e4b9f4a
 _SAME_FOR_REPLICATES = ("lr", "schedule", "init_seed", "data_seed", "dropout_seed")
@@ -759,6 +759,42 @@ def stability_answer(diffs: pd.DataFrame,     # stability_differences(...)
         lr = a.xs("learning rate", level="signal").sort_index().iloc[0]
         summary += f" For reference, the learning rate alone, known before training, has AUC {lr['auc']:.2f} {_iv(lr['low'], lr['high'])}."
     return ("**Does drift warn earlier than the loss?** " if question else "") + "; ".join(p[0].upper() + p[1:] if i == 0 else p for i, p in enumerate(parts)) + ". " + summary
+
+# %% ../nbs/18_early_warning.ipynb #5ab1f002
+def stability_sentence(diffs: pd.DataFrame,   # stability_differences(...)
+                       aucs: pd.DataFrame,    # stability_auc_table(...)
+                       *,
+                       signal: str = "drift, best layer",  # the drift signal the finding is about
+                      ) -> dict:              # text, value (the difference), ci (low, high; NaN when refused), verdict, fraction
+    "One sentence: does drift warn earlier than the trainer's signals? The paired difference at the earliest fraction, its verdict from the interval ('undecided' where refused) and the direction at every fraction."
+    d = diffs[diffs["signal"] == signal].sort_values("fraction")
+    if not len(d): raise NotComputed(f"no paired difference for {signal!r}")
+    r = d.iloc[0]; a = aucs.set_index(["fraction", "signal"])
+    da, ob = a.loc[(r["fraction"], signal)], a.loc[(r["fraction"], r["best_other"].split(":")[0])]
+    ok = math.isfinite(r["low"]) and math.isfinite(r["high"])
+    v = drift_verdict(r["low"], r["high"]) if ok else "undecided"
+    lead = {"better": "Drift warns earlier than the trainer's signals", "worse": "Drift warns later than the trainer's signals",
+            "no better": "Drift does not warn earlier than the trainer's signals",
+            "undecided": "Whether drift warns earlier than the trainer's signals is undecided"}[v]
+    up, down = int((d["diff"] > 0).sum()), int((d["diff"] < 0).sum())
+    iv = _iv(r["low"], r["high"]) if ok else f"(SE {r['se']:.2f}; no interval keeps its coverage for a paired AUC difference with {int(da['n_failed'])} failed and {int(da['n_ok'])} successful runs)"
+    text = (f"{lead}: at {r['fraction']:.0%} of training (step {int(r['step'])}) the paired difference AUC({signal}) - AUC(best trainer's signal, "
+            f"chosen on the other seeds) is {r['diff']:+.2f} {iv}, with AUCs {da['auc']:.2f} {_iv(da['low'], da['high'])} and "
+            f"{ob['auc']:.2f} {_iv(ob['low'], ob['high'])}; over the {len(d)} fractions the estimate favours drift at {up} and the trainer's signal at {down}.")
+    return {"text": text, "value": float(r["diff"]), "ci": (float(r["low"]), float(r["high"])), "verdict": v, "fraction": float(r["fraction"])}
+
+def stability_finding(study: object,          # a loaded study with the stability experiment
+                      *,
+                      pooling: str = "mean",  # stored pooling
+                      signal: str = "drift, best layer",  # the drift signal the finding is about
+                     ) -> dict:               # as stability_sentence
+    "`stability_sentence` computed from a study's stability runs, with the failure rule recorded in study.json."
+    rs = study.runs("stability", min_runs=4, diverged=True)
+    failure = (study.spec.get("resolved") or {}).get("failure")
+    if not failure: raise NotComputed("study.json records no failure rule (resolved.failure): the stability profile fixes it before the runs")
+    sc = stability_scores(stability_signals(rs, failure, pooling=pooling))
+    return stability_sentence(stability_differences(sc), stability_auc_table(sc), signal=signal)
+
 
 # %% ../nbs/18_early_warning.ipynb #19985566
 def roc_points(score: ArrayLike,   # (n,) score per run (higher: more likely failed)

@@ -142,3 +142,16 @@ def test_paired_difference_against_delong_reference():
     assert np.isnan(d["low"]) and np.isnan(d["high"]) and d["method"].startswith("no interval")
     with pytest.raises(NotComputed, match="at least 2 failed"): paired_auc_difference(a, b, np.arange(20) < 1)
     assert auc_ci(a, y).auc == d["auc_a"]
+
+
+def test_stability_finding_reverses_with_the_data():
+    "The Conclusions' sentence (report.key_findings' stability part): planted in drift it leans to drift, planted in the loss to the trainer's signal."
+    from embvar_study.early_warning import stability_sentence
+    out = {}
+    for planted in ("drift_3", "train_loss"):
+        sc = stability_scores(_signals(planted, seed=1))
+        out[planted] = stability_sentence(stability_differences(sc), stability_auc_table(sc))
+    fwd, rev = out["drift_3"], out["train_loss"]
+    assert fwd["value"] > 0 > rev["value"] and fwd["verdict"] == rev["verdict"] == "undecided"        # the paired interval is refused
+    assert "favours drift at 4 and the trainer's signal at 0" in fwd["text"] and "favours drift at 0 and the trainer's signal at 4" in rev["text"]
+    assert f"is {fwd['value']:+.2f} (SE" in fwd["text"] and "with 18 failed and 18 successful runs" in fwd["text"]
