@@ -638,12 +638,12 @@ def stability_auc_table(scores: pd.DataFrame,     # stability_scores(...)
                         n_resamples: int = 2000, seed: int | np.random.Generator | None = 0, confidence: float = 0.95,
                        ) -> pd.DataFrame:         # fraction, step, signal, auc, low, high, n_failed, n_ok, failed_runs_are, layers_chosen
     "AUC of every cross-validated signal for failure at every fraction, with Newcombe's score interval over runs (`auc_ci`)."
-    rows = []
+    rows, methods = [], []
     for (f, name), s in scores.groupby(["fraction", "signal"], sort=False):
         r = auc_ci(s["score"].to_numpy(), s["failed"].to_numpy(bool), n_resamples=n_resamples, seed=seed, confidence=confidence)
         rows.append({"fraction": f, "step": int(s["step"].max()), "signal": name, "auc": r.auc, "low": r.low, "high": r.high,
-                     "n_failed": r.n_failed, "n_ok": r.n_ok, "failed_runs_are": _direction(s), "layers_chosen": _chosen(s)})
-    out = pd.DataFrame(rows); out.attrs["notes"] = scores.attrs.get("notes", [])
+                     "n_failed": r.n_failed, "n_ok": r.n_ok, "failed_runs_are": _direction(s), "layers_chosen": _chosen(s)}); methods.append(r.method.split(" (")[0])
+    out = pd.DataFrame(rows); out.attrs["notes"] = scores.attrs.get("notes", []); out.attrs["ci_method"] = "; ".join(dict.fromkeys(methods))
     return out
 
 def stability_differences(scores: pd.DataFrame,   # stability_scores(...)

@@ -1165,7 +1165,7 @@ def doc_title(title: str, profile: str = "") -> str:
 
 # %% ../nbs/21_report.ipynb #2f00b35b
 def _not_computed_list(body: str) -> tuple[str, list[tuple[str, str]]]:  # (body without them, [(section, reason)])
-    "Sections (h2/h3) that hold only 'Not computed' notes and prose are taken out; every note becomes (section title, reason)."
+    "Sections (h2/h3) that hold only 'Not computed' notes and prose are taken out (a section with a computed output, a figure or a table stays, without its notes); every note becomes (section title, reason)."
     parts = re.split(r'(?=<h[23] id=")', body); kept, notes = [], []
     strip = lambda s: html.unescape(re.sub(r"<[^>]+>", "", s)).strip()
     for p in parts:
@@ -1174,7 +1174,9 @@ def _not_computed_list(body: str) -> tuple[str, list[tuple[str, str]]]:  # (body
         m = re.match(r'<h([23]) id="[^"]*">(.*?)(?:<a class="anchor-link"[^>]*>.*?</a>)?</h\1>', p, flags=re.S)
         title = strip(m.group(2)) if m else "Report"
         notes += [(title, strip(re.sub(r"<strong>Not computed:</strong>", "", f))) for f in found]
-        if "<img" in p or "<table" in p: kept.append(re.sub(r'<p class="not-computed">.*?</p>', "", p, flags=re.S))
+        rest = re.sub(r'<p class="not-computed">.*?</p>', "", p, flags=re.S)
+        computed = any(strip(o) for o in re.findall(r'<div class="output_html[^"]*"[^>]*>(.*?)</div>', rest, flags=re.S))   # e.g. the findings beside a missing headline
+        if "<img" in p or "<table" in p or computed: kept.append(rest)
         elif not m: kept.append(re.sub(r'<p class="not-computed">.*?</p>', "", p, flags=re.S))
     return "".join(kept), notes
 
