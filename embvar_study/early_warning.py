@@ -322,14 +322,14 @@ def _drift_at(steps: np.ndarray, drift: np.ndarray, k: int) -> float:  # drift a
 def drift_predicts_outcome(table_or_runs: pd.DataFrame | RunSet,  # early_warning_table(...) or a RunSet
                            *,
                            step: int,                   # k: drift at this step (last tracked step <= k per run)
-                           n_resamples: int = 2000,     # bootstrap resamples
+                           n_resamples: int = 2000,     # passed to auc_ci (closed-form interval: unused)
                            seed: int | np.random.Generator | None = 0,  # bootstrap seed
                            confidence: float = 0.95,    # nominal coverage
                            layer: int = -1, pooling: str = "mean",  # used when given runs
                            rule: str = "accuracy",      # failure rule, used when given runs
                            **rule_kw: float,            # chance, delta, loss_delta, window (when given runs)
                           ) -> OutcomeAUC:
-    "ROC AUC of drift at step k for the runs' final outcome, with a stratified bootstrap CI over runs."
+    "ROC AUC of drift at step k for the runs' final outcome, with Newcombe's score CI over runs (`auc_ci`)."
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0: raise ValueError(f"step: expected a non-negative int, got {step!r}")
     tab = _outcome_frame(table_or_runs, layer, pooling, rule, **rule_kw) if isinstance(table_or_runs, RunSet) else _check_table(table_or_runs, "table_or_runs")
     x = np.array([_drift_at(s, d, step) for s, d in zip(tab["steps"], tab["drift"])])
@@ -343,7 +343,7 @@ def _check_table(table, name: str = "table") -> pd.DataFrame:
 # %% ../nbs/18_early_warning.ipynb #59d8f06a
 def outcome_auc_table(table: pd.DataFrame,        # early_warning_table(...)
                       *,
-                      n_resamples: int = 2000,    # bootstrap resamples per step
+                      n_resamples: int = 2000,    # passed to auc_ci (closed-form interval: unused)
                       seed: int | np.random.Generator | None = 0,  # bootstrap seed
                       confidence: float = 0.95,   # nominal coverage
                      ) -> pd.DataFrame:           # step, auc, low, high, n_failed, n_ok (one row per common step after the first)
