@@ -869,24 +869,29 @@ def _lora_finding(study: Study, o: dict) -> list[dict]:
     verdict = next((v for v in ("smaller", "larger", "unclear", "unequal accuracy", "no interval") if v in vs), "none")
     return [_finding("lora", lora_finding(lc), None, None, verdict)]
 
+def _stability_finding(study: Study, o: dict) -> list[dict]:
+    from embvar_study import early_warning as EW
+    f = memo(study, ("stability_finding", o["pooling"]), lambda: EW.stability_finding(study, pooling=o["pooling"]))
+    return [_finding("stability", f["text"], f["value"], f["ci"], f["verdict"])]
+
 def key_findings(study: Study, **o) -> list[dict]:  # [{key, text, value, ci, verdict}]
     "The report's computed findings as data: each a plain sentence with its number and interval, from the study's tables (what the README quotes); a part that cannot be computed is left out."
     o = _opts(**o); out = []
-    for part in (_lr_findings, _schedule_findings, _collapse_finding, _seed_finding, _lora_finding):
+    for part in (_lr_findings, _schedule_findings, _collapse_finding, _seed_finding, _lora_finding, _stability_finding):
         try: out += part(study, o)
         except NotComputed: pass
     return out
 
-FINDING_ORDER = ("lr_effect", "drift_lr", "schedule", "collapse", "seed_rotation", "lora")   # one bullet each, in this order
+FINDING_ORDER = ("lr_effect", "drift_lr", "schedule", "collapse", "seed_rotation", "lora", "stability")   # one bullet each, in this order
 
 def findings(study: Study, **o) -> str:  # Markdown
-    "The conclusions in plain words from `key_findings`, one bullet per kind (at most 5: the learning rate's effect with the drift per rate, the schedule at every rate, the collapse test, the seeds, LoRA), the sentences of a kind joined; diverged and alarm-stopped runs said first."
+    "The conclusions in plain words from `key_findings`, one bullet per kind (at most 6: the learning rate's effect with the drift per rate, the schedule at every rate, the collapse test, the seeds, LoRA, the stability alarm), the sentences of a kind joined; diverged and alarm-stopped runs said first."
     fs = key_findings(study, **o)
     if not fs: raise NotComputed("no experiment of this study gives a finding: the learning-rate sweep, the schedule or the seed sweep is needed")
     kind = lambda f: next(k for k in FINDING_ORDER if f["key"].startswith(k))
     groups = {k: [f["text"] for f in fs if kind(f) == k] for k in FINDING_ORDER}
     if groups["lr_effect"]: groups["lr_effect"] += groups.pop("drift_lr")   # the rates' own drifts belong to the rate's effect
-    top = [{"text": " ".join(t)} for t in groups.values() if t][:5]
+    top = [{"text": " ".join(t)} for t in groups.values() if t][:6]
     if (stopped := alarm_note(study)): top.insert(0, {"text": stopped})
     dv = study.diverged()
     if len(dv):   # said first: these runs are left out of everything that follows
@@ -1191,7 +1196,7 @@ def doc_title(title: str, profile: str = "") -> str:
 
 # %% ../nbs/21_report.ipynb #2f00b35b
 def _not_computed_list(body: str) -> tuple[str, list[tuple[str, str]]]:  # (body without them, [(section, reason)])
-    "Sections (h2/h3) that hold only 'Not computed' notes and prose are taken out; every note becomes (section title, reason)."
+    "Sections (h2/h3) that hold only 'Not computed' notes and prose are taken out (a section with a computed output, a figure or a table stays, without its notes); every note becomes (section title, reason)."
     parts = re.split(r'(?=<h[23] id=")', body); kept, notes = [], []
     strip = lambda s: html.unescape(re.sub(r"<[^>]+>", "", s)).strip()
     for p in parts:
@@ -1200,7 +1205,9 @@ def _not_computed_list(body: str) -> tuple[str, list[tuple[str, str]]]:  # (body
         m = re.match(r'<h([23]) id="[^"]*">(.*?)(?:<a class="anchor-link"[^>]*>.*?</a>)?</h\1>', p, flags=re.S)
         title = strip(m.group(2)) if m else "Report"
         notes += [(title, strip(re.sub(r"<strong>Not computed:</strong>", "", f))) for f in found]
-        if "<img" in p or "<table" in p: kept.append(re.sub(r'<p class="not-computed">.*?</p>', "", p, flags=re.S))
+        rest = re.sub(r'<p class="not-computed">.*?</p>', "", p, flags=re.S)
+        computed = any(strip(o) for o in re.findall(r'<div class="output_html[^"]*"[^>]*>(.*?)</div>', rest, flags=re.S))   # e.g. the findings beside a missing headline
+        if "<img" in p or "<table" in p or computed: kept.append(rest)
         elif not m: kept.append(re.sub(r'<p class="not-computed">.*?</p>', "", p, flags=re.S))
     return "".join(kept), notes
 

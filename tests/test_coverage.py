@@ -15,7 +15,7 @@ from embvar_study.agreement import AGREEMENT_MIN_RUNS, measure_agreement
 from embvar_study.align import pairwise_run_table
 from embvar_study.analysis import COLLAPSE_CI_METHOD, curve_gap
 from embvar_study.components import COMPONENTS_MIN_LEVELS, variance_components_3way
-from embvar_study.early_warning import AUC_MIN_PER_CLASS, auc_ci
+from embvar_study.early_warning import AUC_MIN_PER_CLASS, PAIRED_AUC_CI_METHOD, auc_ci, auc_score_interval, delong_paired
 from embvar_study.stats import (cluster_bootstrap_ci, difference_interval, seed_interval,
                                 standardized_difference_interval)
 
@@ -98,24 +98,69 @@ def test_standardized_difference_interval_covers(C):
     assert (agree == (difference_interval(a.T, b.T, equal_var=True)["pvalue"] < 0.05)).all()
 
 
-# ------------------------------------------------------------------ early-warning AUC: refused below 20 runs per class
-def _auc_studies(n: int, n_studies: int, seed: int, min_per_class: int, n_resamples: int = 400):
-    rng, delta = np.random.default_rng(seed), 1.0
-    truth = sps.norm.cdf(delta / math.sqrt(2))                                   # P(X > Y) for N(delta, 1) vs N(0, 1)
-    y = np.r_[np.ones(n), np.zeros(n)]
-    res = [auc_ci(np.r_[rng.normal(delta, 1, n), rng.normal(0, 1, n)], y, n_resamples=n_resamples, seed=i,
-                  min_per_class=min_per_class) for i in range(n_studies)]      # the bootstrap inside is vectorized
-    return _covered([r.low for r in res], [r.high for r in res], truth), res
+# ------------------------------------------------------------------ early-warning AUC: Newcombe's score interval from 6 runs per class
+def _binormal(n1: int, n0: int, auc: float, n: int, seed: int, rho: float | None = None, auc_b: float | None = None):
+    "n studies of n1 failed + n0 successful runs, scores N(delta, 1) vs N(0, 1) with AUC = Phi(delta / sqrt 2); optionally a second score on the same runs (correlation rho)."
+    rng, y = np.random.default_rng(seed), np.r_[np.ones(n1, bool), np.zeros(n0, bool)]
+    e = rng.standard_normal((n, n1 + n0))
+    a = e + math.sqrt(2) * sps.norm.ppf(auc) * y
+    if rho is None: return y, a
+    e2 = rho * e + math.sqrt(1 - rho ** 2) * rng.standard_normal((n, n1 + n0))
+    return y, a, e2 + math.sqrt(2) * sps.norm.ppf(auc_b) * y
 
 
-@pytest.mark.parametrize("n, n_studies", [(3, 1000), (5, 1000), (10, 1000)])
-def test_auc_interval_refused_below_20_per_class(n, n_studies):
-    assert AUC_MIN_PER_CLASS == 20
-    cover, _ = _auc_studies(n, n_studies, n, 1)                                  # what the bootstrap would give
-    _report("stratified bootstrap AUC (refused)", f"{n} + {n}", cover, n_studies)
+def _aucs(s, y):  # (n,) Mann-Whitney AUC of every study (continuous scores: no ties)
+    r = sps.rankdata(s, axis=1)
+    return (r[:, y].sum(1) - y.sum() * (y.sum() + 1) / 2) / (y.sum() * (~y).sum())
+
+
+AUC_DESIGNS = [(8, 28), (28, 8), (6, 30), (10, 10), (6, 6)]
+
+
+@pytest.mark.parametrize("n1, n0", AUC_DESIGNS)
+@pytest.mark.parametrize("auc", [0.5, 0.75, 0.9])
+def test_auc_score_interval_covers(n1, n0, auc):
+    assert min(n1, n0) >= AUC_MIN_PER_CLASS
+    y, s = _binormal(n1, n0, auc, 4000, 1000 * n1 + n0 + int(100 * auc))
+    A = _aucs(s, y)
+    lo, hi = auc_score_interval(A, n1, n0)                                       # one vectorized call for all studies
+    r = auc_ci(s[0], y)
+    assert (r.low, r.high) == pytest.approx((lo[0], hi[0])) and r.method.startswith("95% Newcombe")
+    cover = _covered(lo, hi, auc)
+    _report(f"Newcombe score AUC interval (AUC {auc})", f"{n1} + {n0}", cover, 4000)
+    assert 0.93 <= cover <= 0.97
+
+
+@pytest.mark.parametrize("n", [3, 5])
+def test_auc_interval_refused_below_6_per_class(n):
+    assert AUC_MIN_PER_CLASS == 6
+    y, s = _binormal(n, n, 0.5, 4000, n)
+    cover = _covered(*auc_score_interval(_aucs(s, y), n, n), 0.5)               # what it would give at chance
+    _report("Newcombe score AUC interval (refused)", f"{n} + {n}", cover, 4000)
     assert cover < 0.93
-    _, res = _auc_studies(n, 5, n, AUC_MIN_PER_CLASS)
-    assert all(np.isnan(r.low) and np.isnan(r.high) and r.method.startswith(f"no interval: {n} runs") for r in res)
+    r = auc_ci(s[0], y)
+    assert np.isnan(r.low) and np.isnan(r.high) and r.method.startswith(f"no interval: {n} runs")
+
+
+@pytest.mark.parametrize("n1, n0", [(8, 28), (10, 10), (6, 30)])
+def test_paired_auc_difference_intervals_cannot_cover(n1, n0):
+    "Paired DeLong (Wald) and MOVER from the two Newcombe intervals, over true AUC pairs: neither stays in [93%, 97%], so the interval is refused."
+    settings = [(0.5, 0.5, 0.5), (0.75, 0.75, 0.5), (0.9, 0.75, 0.5), (0.95, 0.85, 0.5), (0.9, 0.9, 0.8)]
+    dl, mv = [], []
+    for k, (ta, tb, rho) in enumerate(settings):
+        y, a, b = _binormal(n1, n0, ta, 2000, 7 * k + n1, rho=rho, auc_b=tb)
+        A, B, v = delong_paired(a, b, y)
+        h = sps.norm.ppf(0.975) * np.sqrt(v)
+        dl.append(_covered(A - B - h, A - B + h, ta - tb))
+        (la, ua), (lb, ub) = auc_score_interval(A, n1, n0), auc_score_interval(B, n1, n0)
+        va, vb = delong_paired(a, a * 0, y)[2], delong_paired(b, b * 0, y)[2]           # single-AUC DeLong variances
+        with np.errstate(all="ignore"): r = np.clip(np.nan_to_num((va + vb - v) / (2 * np.sqrt(va * vb))), -1, 1)
+        lo = A - B - np.sqrt(np.maximum((A - la) ** 2 + (ub - B) ** 2 - 2 * r * (A - la) * (ub - B), 0))
+        hi = A - B + np.sqrt(np.maximum((ua - A) ** 2 + (B - lb) ** 2 - 2 * r * (ua - A) * (B - lb), 0))
+        mv.append(_covered(lo, hi, ta - tb))
+    print(f"paired AUC difference, {n1} + {n0}: DeLong " + ", ".join(f"{100 * c:.1f}" for c in dl) + "; MOVER " + ", ".join(f"{100 * c:.1f}" for c in mv) + " %")
+    assert not all(0.93 <= c <= 0.97 for c in dl) and not all(0.93 <= c <= 0.97 for c in mv)
+    assert PAIRED_AUC_CI_METHOD.startswith("no interval")
 
 
 # ------------------------------------------------------------------ collapse gaps: refused at every seed count

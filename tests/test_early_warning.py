@@ -163,21 +163,19 @@ def test_auc_matches_brute_force_with_ties(scores, data):
     assert 0 <= r.low <= r.high <= 1
 
 
-def test_bootstrap_equals_a_loop_over_the_same_resamples():
+def test_score_interval_solves_newcombes_equation():
+    "The bounds are the roots of (A - t)^2 = z^2 V(t), V Hanley-McNeil's variance with N* = (n1 + n0)/2 - 1 (Newcombe 2006, method 5): scipy's brentq on each side."
+    from scipy.optimize import brentq
     rng = np.random.default_rng(0)
-    s = rng.normal(size=9)
+    s = rng.normal(size=9) + np.r_[np.ones(3), np.zeros(6)]
     y = np.array([1, 1, 1, 0, 0, 0, 0, 0, 0])
-    r = auc_ci(s, y, n_resamples=300, seed=5, min_per_class=1)
-    g = np.random.default_rng(5)
-    c1 = g.multinomial(3, np.full(3, 1 / 3), size=300)
-    c0 = g.multinomial(6, np.full(6, 1 / 6), size=300)
-    boot = []
-    for a, b in zip(c1, c0):                    # expand the resample and use scipy's U statistic
-        pos, neg = np.repeat(s[y == 1], a), np.repeat(s[y == 0], b)
-        boot.append(sps.mannwhitneyu(pos, neg).statistic / (pos.size * neg.size))
-    lo, hi = np.quantile(boot, [0.025, 0.975])
-    assert (r.low, r.high) == pytest.approx((lo, hi))
-    assert r.n_failed == 3 and r.n_ok == 6 and isinstance(r, OutcomeAUC)
+    r = auc_ci(s, y, min_per_class=1)
+    A, z, N = r.auc, sps.norm.ppf(0.975), (3 + 6) / 2 - 1
+    f = lambda t: (A - t) ** 2 - z ** 2 * t * (1 - t) / 18 * (1 + (N - 1) * ((1 - t) / (2 - t) + t / (1 + t)))
+    assert (r.low, r.high) == pytest.approx((brentq(f, 1e-12, A), brentq(f, A, 1 - 1e-12)), abs=1e-9)
+    assert r.n_failed == 3 and r.n_ok == 6 and isinstance(r, OutcomeAUC) and r.method.startswith("95% Newcombe")
+    top = auc_ci(np.r_[np.ones(6), np.zeros(6)], np.r_[np.ones(6), np.zeros(6)])   # perfect separation: not degenerate
+    assert top.auc == 1.0 and 0.5 < top.low < 1.0 and top.high == pytest.approx(1.0)
 
 
 def test_auc_one_class_message_says_so():
@@ -304,7 +302,7 @@ def test_outcome_auc_matches_brute_force_on_the_study(study):
     for _, row in tab.iterrows():
         x = np.array([d[list(s).index(row["step"])] for s, d in zip(t["steps"], t["drift"])])
         assert row["auc"] == pytest.approx(_brute_auc(x, f.astype(int)))
-        assert np.isnan(row["low"]) and np.isnan(row["high"]) and row["n_failed"] == 2 and row["n_ok"] == 6   # 2 failed: refused
+        assert np.isnan(row["low"]) and np.isnan(row["high"]) and row["n_failed"] == 2 and row["n_ok"] == 6   # 2 failed (< 6): refused
     assert tab.attrs["ci_method"].startswith("no interval: 2 runs in the smaller class")
 
 

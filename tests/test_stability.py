@@ -91,16 +91,18 @@ def _row(t, f, s): return t[np.isclose(t["fraction"], f) & (t["signal"] == s)].i
 
 def test_planted_in_drift_recovered_not_in_loss():
     sc = stability_scores(_signals("drift_3", seed=1))
-    aucs = stability_auc_table(sc, n_resamples=500)
+    aucs = stability_auc_table(sc)
     for f in STABILITY_FRACTIONS:
         best = _row(aucs, f, "drift, best layer")
         assert best["auc"] >= 0.9 and best["layers_chosen"].startswith("layer 3"), best   # the planted layer, chosen on other seeds
         loss = _row(aucs, f, "training loss")
         assert abs(loss["auc"] - 0.5) < 0.2 and loss["low"] < 0.5 < loss["high"], loss
-    diffs = stability_differences(sc, n_resamples=500)
-    assert (diffs[diffs["signal"] == "drift, best layer"]["low"] > 0).all()
+    diffs = stability_differences(sc)
+    best = diffs[diffs["signal"] == "drift, best layer"]
+    assert (best["diff"] > 2 * best["se"]).all() and best["low"].isna().all()     # the paired interval is refused (coverage)
+    assert best["best_other"].str.startswith("best trainer's signal: ").all()
     ans = stability_answer(diffs, aucs)
-    assert ans.count(", drift is better") == 4 and "worse at 0" in ans
+    assert ans.count("no verified interval, the estimate favours drift") == 4 and "worse at 0; undecided at 4" in ans and "favours drift at 4 and the trainer's signal at 0" in ans
     # the alarm on the planted layer stops the failed runs and (nearly) no successful one
     al = _row(stability_alarms(sc), 0.5, "drift, best layer")
     assert al["recall"] >= 0.8 and al["false_alarm_rate"] <= 0.2
@@ -108,37 +110,48 @@ def test_planted_in_drift_recovered_not_in_loss():
 
 def test_reversed_data_reverses_the_answer():
     sc = stability_scores(_signals("train_loss", seed=1))        # the same construction, failure planted in the loss
-    ans = stability_answer(stability_differences(sc, n_resamples=500), stability_auc_table(sc, n_resamples=500))
-    assert ans.count(", drift is worse") == 4 and ", drift is better" not in ans and "better at 0" in ans
+    ans = stability_answer(stability_differences(sc), stability_auc_table(sc))
+    assert ans.count("no verified interval, the estimate favours the trainer's signal") == 4 and "interval, the estimate favours drift" not in ans
+    assert "favours drift at 0 and the trainer's signal at 4" in ans
 
 
 def test_nothing_planted_no_signal_predicts():
     sc = stability_scores(_signals(None, seed=2))
-    aucs = stability_auc_table(sc, n_resamples=500)
+    aucs = stability_auc_table(sc)
     for s in ("drift, last layer", "drift, best layer", "training loss", "held-out loss"):
         r = _row(aucs, 0.3, s)
         assert r["low"] < 0.5 < r["high"], r                       # the interval covers chance
-    ans = stability_answer(stability_differences(sc, n_resamples=500), aucs)
-    assert ", drift is better" not in ans
+    ans = stability_answer(stability_differences(sc), aucs)
+    assert ", drift is better" not in ans and "worse at 0" in ans
 
 
-def test_paired_difference_against_independent_bootstrap():
+def test_paired_difference_against_delong_reference():
     rng = np.random.default_rng(0)
     y = np.arange(20) < 8
-    a, B = rng.normal(size=20) + y, rng.normal(size=(3, 20))
-    d = paired_auc_difference(a, B, y, n_resamples=4000, seed=1)
+    a, b = rng.normal(size=20) + y, rng.normal(size=20)
+    d = paired_auc_difference(a, b, y)
     from sklearn.metrics import roc_auc_score                       # an independent reference for the point estimates
-    assert np.isclose(d["auc_a"], roc_auc_score(y, a)) and np.isclose(d["auc_best"], max(roc_auc_score(y, b) for b in B))
-    # the interval is that of a loop over resamples drawing runs within each class
-    i1, i0 = np.flatnonzero(y), np.flatnonzero(~y)
-    def brute(s, yy):   # share of (failed, successful) pairs ordered by the score, ties 1/2
-        p, n = s[yy], s[~yy]
-        return ((p[:, None] > n[None]) + 0.5 * (p[:, None] == n[None])).mean()
-    r = np.random.default_rng(7); diffs = []
-    for _ in range(1000):
-        idx = np.concatenate([r.choice(i1, i1.size), r.choice(i0, i0.size)])
-        diffs.append(brute(a[idx], y[idx]) - max(brute(b[idx], y[idx]) for b in B))
-    lo, hi = np.quantile(diffs, [0.025, 0.975])
-    assert abs(d["low"] - lo) < 0.06 and abs(d["high"] - hi) < 0.06
-    with pytest.raises(NotComputed, match="at least 2 failed"): paired_auc_difference(a, B, np.arange(20) < 1)
-    assert auc_ci(a, y, n_resamples=10).auc == d["auc_a"]
+    assert np.isclose(d["auc_a"], roc_auc_score(y, a)) and np.isclose(d["auc_b"], roc_auc_score(y, b))
+    # DeLong's variance written out: structural components per run, covariance matrix S10/m + S01/n, var = c' S c
+    def comps(s):
+        p, q = s[y], s[~y]; psi = (p[:, None] > q[None]) + 0.5 * (p[:, None] == q[None])
+        return psi.mean(1), psi.mean(0)
+    (a10, a01), (b10, b01) = comps(a), comps(b)
+    S = np.cov(np.stack([a10, b10])) / 8 + np.cov(np.stack([a01, b01])) / 12
+    assert np.isclose(d["se"] ** 2, S[0, 0] + S[1, 1] - 2 * S[0, 1])
+    assert np.isnan(d["low"]) and np.isnan(d["high"]) and d["method"].startswith("no interval")
+    with pytest.raises(NotComputed, match="at least 2 failed"): paired_auc_difference(a, b, np.arange(20) < 1)
+    assert auc_ci(a, y).auc == d["auc_a"]
+
+
+def test_stability_finding_reverses_with_the_data():
+    "The Conclusions' sentence (report.key_findings' stability part): planted in drift it leans to drift, planted in the loss to the trainer's signal."
+    from embvar_study.early_warning import stability_sentence
+    out = {}
+    for planted in ("drift_3", "train_loss"):
+        sc = stability_scores(_signals(planted, seed=1))
+        out[planted] = stability_sentence(stability_differences(sc), stability_auc_table(sc))
+    fwd, rev = out["drift_3"], out["train_loss"]
+    assert fwd["value"] > 0 > rev["value"] and fwd["verdict"] == rev["verdict"] == "undecided"        # the paired interval is refused
+    assert "favours drift at 4 and the trainer's signal at 0" in fwd["text"] and "favours drift at 0 and the trainer's signal at 4" in rev["text"]
+    assert f"is {fwd['value']:+.2f} (SE" in fwd["text"] and "with 18 failed and 18 successful runs" in fwd["text"]
