@@ -338,25 +338,29 @@ def report_main(argv: list[str]) -> Path:
     return dest
 
 def _stale_notebooks(study_dir: Path, names: list[str], profile: str, sets: dict) -> tuple[list[str], dict]:  # (to re-execute, overrides)
-    "Experiment notebooks that papermill did not finish (missing, half-executed): re-executable when all their runs are on disk, else named."
+    "Experiment notebooks to re-execute with this code: every one whose runs are all on disk (no training); one papermill did not finish (missing, half-executed) and cannot be is an error, a finished one that cannot be is kept and named."
     from embvar_study import report as R
     from embvar_study.sweep import get_profile, plan_study
     from embvar_study.study import load_manifest, _DONE
-    stale = {e: R.notebook_state(study_dir / "notebooks" / f"{e}.ipynb") for e in names}
-    stale = {e: s for e, s in stale.items() if s != "finished"}
-    if not stale: return [], sets
-    plan = plan_study(get_profile(profile, sets), list(stale))
-    lacking = {}
-    for e in stale:
+    state = {e: R.notebook_state(study_dir / "notebooks" / f"{e}.ipynb") for e in names}
+    if not state: return [], sets
+    plan = plan_study(get_profile(profile, sets), list(state))
+    lacking, kept = {}, []
+    for e in state:
         m = load_manifest(study_dir, e) if (study_dir / "sweeps" / f"{e}.csv").is_file() else None
         done = set() if m is None else set(m[m["status"].isin(_DONE)]["run_id"])
         need = set(plan[plan["experiment"] == e]["run_id"])
-        if need - done: lacking[e] = (len(need - done), len(need))
+        if need - done:
+            if state[e] == "finished": kept.append(e)        # executed before; its runs are not all those of today's plan
+            else: lacking[e] = (len(need - done), len(need))
+    stale = {e: s for e, s in state.items() if s != "finished"}
     if lacking:
         raise StudyFailed("; ".join(f"notebook {e} is {stale[e]} and cannot be re-executed without training ({k} of its {n} runs are not "
                                     f"on disk)" for e, (k, n) in lacking.items()) + "; the report was not rendered: rerun without --only-report")
-    print(f"notebook(s) {', '.join(f'{e} ({s})' for e, s in stale.items())}: re-executed from the runs on disk (no training)")
-    return list(stale), sets
+    if kept: print(f"notebook(s) {', '.join(kept)}: kept as executed before (their runs differ from this profile's plan), not re-executed")
+    redo = [e for e in state if e not in kept]
+    if stale: print(f"notebook(s) {', '.join(f'{e} ({s})' for e, s in stale.items())}: re-executed from the runs on disk (no training)")
+    return redo, sets
 
 def _notebook_time(line: str) -> dict:
     m = re.match(r"\[\d+/\d+\] notebook (\w+): done in ([\d.]+)s", line)

@@ -151,6 +151,15 @@ def test_only_report_reexecutes_a_half_run_notebook_from_the_runs_on_disk(diverg
     assert 'id="appendix-lr_sweep"' in page
 
 
+def test_only_report_reexecutes_finished_notebooks_with_this_code(diverged_study, capsys):
+    "A finished experiment notebook is executed again by --only-report (from the runs on disk), so no page is rendered by older code."
+    nb = diverged_study / "notebooks" / "lr_sweep.ipynb"
+    d = json.loads(nb.read_text()); d["metadata"]["papermill"]["start_time"] = "2000-01-01T00:00:00"; nb.write_text(json.dumps(d))
+    main(["report", "--profile", "smoke", "--only-report", "--out", str(diverged_study)])
+    assert json.loads(nb.read_text())["metadata"]["papermill"]["start_time"] != "2000-01-01T00:00:00"
+    assert "notebook lr_sweep: done" in capsys.readouterr().out
+
+
 def test_only_report_names_a_notebook_it_cannot_reexecute_without_training(diverged_study, tmp_path, capsys):
     import shutil
     sd = tmp_path / "copy"; shutil.copytree(diverged_study, sd)
