@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools, inspect, re, string, warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -14,10 +15,12 @@ import torch
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from embvar_study.config import TrainConfig
 
 # %% auto #0
 __all__ = ['POOLINGS', 'PERTURBATIONS', 'LINEAR_KERNELS', 'KERNEL_RULE', 'count_truncated', 'length_groups', 'onednn_available',
-           'linear_kernel', 'choose_linear_kernel', 'position_limit', 'embed_texts', 'perturb_texts', 'embed_perturbed']
+           'linear_kernel', 'choose_linear_kernel', 'position_limit', 'embed_texts', 'perturb_texts', 'embed_perturbed',
+           'resolve_device', 'pinned_threads', 'run_numerics', 'numerics_differ']
 
 # %% ../nbs/07_extract.ipynb #7f4078f1
 POOLINGS = ("mean", "cls", "max", "last")  # supported pooling names ("last": the last real token, for decoders)
@@ -452,3 +455,45 @@ def embed_perturbed(model: PreTrainedModel,             # HF encoder or `...ForS
                          else _text_copies(embed, texts, kind, k, rate, seed))
     out = {p: np.ascontiguousarray(a[:, 0] if single_layer else a) for p, a in out.items()}
     return out[poolings[0]] if single_pool and not opts["return_dict"] else out
+
+# %% ../nbs/07_extract.ipynb #d048a949
+def resolve_device(device: str = "auto") -> torch.device:
+    "`auto` -> cuda when available, else cpu; a CUDA device on a machine without CUDA is refused."
+    if device == "auto": return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try: d = torch.device(device)
+    except RuntimeError: raise ValueError(f"device: expected 'auto', 'cpu' or 'cuda[:i]', got {device!r}") from None
+    if d.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} requested but CUDA is not available on this machine (use 'auto' or 'cpu')")
+    return d
+
+# %% ../nbs/07_extract.ipynb #5d6ef9b0
+@contextmanager
+def pinned_threads(n: int | None,  # torch intra-op threads inside the block (None: left as they are)
+                  ) -> Iterator[None]:
+    "torch's intra-op thread count set to `n` inside the block, restored on exit (even on error)."
+    if n is None: yield; return
+    old = torch.get_num_threads(); torch.set_num_threads(n)
+    try: yield
+    finally: torch.set_num_threads(old)
+
+def run_numerics(config: TrainConfig | dict,  # the run's parameters
+                ) -> dict:  # {"device": type, "torch_threads": n, "linear_kernels": {"train": k, "inference": k}} (CPU), {"device": type} elsewhere
+    "What a run of `config` computes with on this machine, beyond its parameters: on a CPU its thread count and linear kernels."
+    from embvar_study.config import TrainConfig                     # (here, not at the top: extract sits below config)
+    cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(config)
+    device = resolve_device(cfg.device)
+    if device.type != "cpu": return {"device": device.type}
+    return {"device": "cpu", "torch_threads": cfg.threads,
+            "linear_kernels": {m: choose_linear_kernel(m == "train")["kernel"] for m in ("train", "inference")}}
+
+def numerics_differ(run_dir: str | Path,          # a complete run folder
+                    config: TrainConfig | dict,   # the parameters a run would be computed with now
+                   ) -> str:  # '' when the same; else what the folder recorded vs what this machine would use, in words
+    "Was the run in `run_dir` computed with other numerics (device type, CPU threads, linear kernels) than a run of `config` here?"
+    from embvar_study.runs import read_marker
+    d = read_marker(run_dir).get("derived", {})
+    now = run_numerics(config)
+    then = {"device": str(d.get("device_used", now["device"])).split(":")[0], "torch_threads": d.get("torch_threads", now.get("torch_threads")),
+            "linear_kernels": {m: (v or {}).get("kernel") for m, v in d.get("linear_kernels", {}).items()} or now.get("linear_kernels")}
+    diff = [f"{k} {then[k]} (now {now[k]})" for k in now if then.get(k) != now[k]]
+    return "; ".join(diff)

@@ -4,7 +4,7 @@
 
 # %% ../nbs/11_train.ipynb #ff32e536
 from __future__ import annotations
-import contextlib, inspect, math, time, warnings
+import inspect, math, time, warnings
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -16,12 +16,13 @@ from .config import TrainConfig, SCHEDULES, DIVERGENCE_FACTOR, as_field
 from .data import load_texts, train_eval_split, load_probes, parse_heldout
 from .models import load_model_and_tokenizer, model_summary, apply_lora
 from .extract import embed_perturbed, count_truncated, position_limit, length_groups, linear_kernel, choose_linear_kernel
-from .runs import FolderLock, run_folder_state, verify_run, read_marker, CorruptRunError
+from .extract import resolve_device, pinned_threads, numerics_differ
+from .runs import FolderLock, run_folder_state, verify_run, CorruptRunError
 from .tracking import EmbeddingTracker, NonFiniteEmbeddings
 
 # %% auto #0
-__all__ = ['STEP0_CACHE', 'split_sizes', 'prepare_data', 'resolve_device', 'Batches', 'evaluate', 'forward_backward',
-           'make_optimizer', 'make_schedule', 'pinned_threads', 'run_numerics', 'numerics_differ', 'train_run']
+__all__ = ['STEP0_CACHE', 'split_sizes', 'prepare_data', 'Batches', 'evaluate', 'forward_backward', 'make_optimizer',
+           'make_schedule', 'train_run']
 
 # %% ../nbs/11_train.ipynb #d1e2f302
 def split_sizes(cfg: TrainConfig, n_rows: int) -> tuple[int, int]:  # (n_train, n_eval)
@@ -73,16 +74,6 @@ def prepare_data(cfg: TrainConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataF
     if probes is None:
         with as_field("probes"): probes = _probe_source(cfg, set(train_df["text"]))
     return train_df, eval_df, probes
-
-# %% ../nbs/11_train.ipynb #d048a949
-def resolve_device(device: str = "auto") -> torch.device:
-    "`auto` -> cuda when available, else cpu; a CUDA device on a machine without CUDA is refused."
-    if device == "auto": return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try: d = torch.device(device)
-    except RuntimeError: raise ValueError(f"device: expected 'auto', 'cpu' or 'cuda[:i]', got {device!r}") from None
-    if d.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device: {device!r} requested but CUDA is not available on this machine (use 'auto' or 'cpu')")
-    return d
 
 # %% ../nbs/11_train.ipynb #d1e2f305
 class Batches:
@@ -192,36 +183,6 @@ def _track(tracker: EmbeddingTracker, step: int, key: tuple | None) -> None:
         arrays = tracker.embed()
         if key is not None: STEP0_CACHE.clear(); STEP0_CACHE[key] = arrays
     tracker.record(step, arrays); tracker.seconds += time.perf_counter() - t
-
-# %% ../nbs/11_train.ipynb #5d6ef9b0
-@contextlib.contextmanager
-def pinned_threads(n: int | None,  # torch intra-op threads inside the block (None: left as they are)
-                  ) -> Iterator[None]:
-    "torch's intra-op thread count set to `n` inside the block, restored on exit (even on error)."
-    if n is None: yield; return
-    old = torch.get_num_threads(); torch.set_num_threads(n)
-    try: yield
-    finally: torch.set_num_threads(old)
-
-def run_numerics(config: TrainConfig | dict,  # the run's parameters
-                ) -> dict:  # {"device": type, "torch_threads": n, "linear_kernels": {"train": k, "inference": k}} (CPU), {"device": type} elsewhere
-    "What a run of `config` computes with on this machine, beyond its parameters: on a CPU its thread count and linear kernels."
-    cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(config)
-    device = resolve_device(cfg.device)
-    if device.type != "cpu": return {"device": device.type}
-    return {"device": "cpu", "torch_threads": cfg.threads,
-            "linear_kernels": {m: choose_linear_kernel(m == "train")["kernel"] for m in ("train", "inference")}}
-
-def numerics_differ(run_dir: str | Path,          # a complete run folder
-                    config: TrainConfig | dict,   # the parameters a run would be computed with now
-                   ) -> str:  # '' when the same; else what the folder recorded vs what this machine would use, in words
-    "Was the run in `run_dir` computed with other numerics (device type, CPU threads, linear kernels) than a run of `config` here?"
-    d = read_marker(run_dir).get("derived", {})
-    now = run_numerics(config)
-    then = {"device": str(d.get("device_used", now["device"])).split(":")[0], "torch_threads": d.get("torch_threads", now.get("torch_threads")),
-            "linear_kernels": {m: (v or {}).get("kernel") for m, v in d.get("linear_kernels", {}).items()} or now.get("linear_kernels")}
-    diff = [f"{k} {then[k]} (now {now[k]})" for k in now if then.get(k) != now[k]]
-    return "; ".join(diff)
 
 # %% ../nbs/11_train.ipynb #610fcac3
 def train_run(config: TrainConfig | dict,  # the run's parameters
