@@ -327,7 +327,7 @@ def report_main(argv: list[str]) -> Path:
                   "executor": a.executor, "ray_address": a.ray_address or "", "cpus_per_run": a.cpus_per_run,
                   "gpus_per_run": -1.0 if a.gpus_per_run is None else a.gpus_per_run}
         t = time.perf_counter()
-        R.execute_notebooks(run_names, study_dir, params, templates=a.templates, env=lock_env(study_dir),
+        R.execute_notebooks(run_names, study_dir, params, templates=a.templates, env=lock_env(study_dir), jobs=min(jobs, 2),
                             say=lambda line: (print(line), timing.setdefault("notebooks_s", {}).update(_notebook_time(line))))
         timing["all_notebooks_s"], t = time.perf_counter() - t, time.perf_counter()
         dest = R.render_html(study_dir, study_dir / "notebooks" / "report.ipynb",

@@ -1098,36 +1098,61 @@ def check_templates(names: list[str], templates: str | Path | None = None) -> Pa
 class NotebookFailed(RuntimeError):
     "An executed notebook raised; the message names the notebook, the cell, the error and the log."
 
-def execute_notebooks(names: list[str], study_dir: str | Path, parameters: dict, *, templates: str | Path | None = None,
-                      env: dict | None = None, say: Callable[[str], None] | None = print) -> list[Path]:  # the executed notebooks
-    "Execute the named templates with papermill into study_dir/notebooks, logging cells to study_dir/logs."
+def _execute_one(name: str, tdir: Path, study_dir: Path, parameters: dict) -> float:  # seconds it took
+    "Execute one template with papermill into study_dir/notebooks, its cells logged to study_dir/logs/<name>.log."
     import logging, papermill as pm
+    log = logging.getLogger("papermill")
+    handler = logging.FileHandler(study_dir / "logs" / f"{name}.log", mode="w", encoding="utf-8")
+    log.addHandler(handler); log.setLevel(logging.INFO); log.propagate = False
+    t = _dt.datetime.now()
+    try:
+        params = {k: v for k, v in parameters.items() if k in pm.inspect_notebook(str(tdir / f"{name}.ipynb"))}
+        pm.execute_notebook(str(tdir / f"{name}.ipynb"), str(study_dir / "notebooks" / f"{name}.ipynb"), parameters=params,
+                            progress_bar=False, log_output=True, cwd=str(study_dir), kernel_name="python3",
+                            extra_arguments=["--IPKernelApp.log_level=CRITICAL"])   # the kernel's own start-up chatter stays out of the console
+    except pm.PapermillExecutionError as e:      # the cell's traceback goes to the log the message points to
+        tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(e.traceback))
+        log.error("notebook %s failed in cell %s: %s: %s\n%s", name, e.exec_count, e.ename, e.evalue, tb)
+        raise NotebookFailed(f"notebook {name} failed in cell {e.exec_count}: {e.ename}: {e.evalue} (log: {study_dir / 'logs' / (name + '.log')})") from None
+    finally: log.removeHandler(handler); handler.close()
+    return (_dt.datetime.now() - t).total_seconds()
+
+_LAST = ("report", "runs_report")   # composed from the others' results: executed after them, alone
+
+def execute_notebooks(names: list[str], study_dir: str | Path, parameters: dict, *, templates: str | Path | None = None,
+                      env: dict | None = None, say: Callable[[str], None] | None = print,
+                      jobs: int = 1,  # experiment notebooks executed at once (each its own kernel); the report runs last, alone
+                     ) -> list[Path]:  # the executed notebooks, in the order of `names`
+    "Execute the named templates with papermill into study_dir/notebooks, logging cells to study_dir/logs; up to `jobs` experiment notebooks at once."
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    import multiprocessing
+    if isinstance(jobs, bool) or not (isinstance(jobs, int) and jobs >= 1): raise ValueError(f"jobs: expected an int >= 1, got {jobs!r}")
     study_dir, tdir = Path(study_dir), check_templates(names, templates)
     (study_dir / "notebooks").mkdir(parents=True, exist_ok=True); (study_dir / "logs").mkdir(exist_ok=True)
-    log, out, old_env = logging.getLogger("papermill"), [], {k: os.environ.get(k) for k in (env or {})}
-    os.environ.update(env or {})
+    old_env = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})                 # (a spawned worker inherits the environment as it is now)
+    first = [n for n in names if n not in _LAST]; rest = [n for n in names if n in _LAST]
+    k = 0
+    def said(name, seconds):
+        nonlocal k; k += 1
+        if say: say(f"[{k}/{len(names)}] notebook {name}: done in {seconds:.1f}s")
     try:
-        for i, name in enumerate(names, 1):
-            handler = logging.FileHandler(study_dir / "logs" / f"{name}.log", mode="w", encoding="utf-8")
-            log.addHandler(handler); log.setLevel(logging.INFO); log.propagate = False
-            t = _dt.datetime.now()
-            try:
-                params = {k: v for k, v in parameters.items() if k in pm.inspect_notebook(str(tdir / f"{name}.ipynb"))}
-                pm.execute_notebook(str(tdir / f"{name}.ipynb"), str(study_dir / "notebooks" / f"{name}.ipynb"), parameters=params,
-                                    progress_bar=False, log_output=True, cwd=str(study_dir), kernel_name="python3",
-                                    extra_arguments=["--IPKernelApp.log_level=CRITICAL"])   # the kernel's own start-up chatter stays out of the console
-            except pm.PapermillExecutionError as e:      # the cell's traceback goes to the log the message points to
-                tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(e.traceback))
-                log.error("notebook %s failed in cell %s: %s: %s\n%s", name, e.exec_count, e.ename, e.evalue, tb)
-                raise NotebookFailed(f"notebook {name} failed in cell {e.exec_count}: {e.ename}: {e.evalue} (log: {study_dir / 'logs' / (name + '.log')})") from None
-            finally: log.removeHandler(handler); handler.close()
-            if say: say(f"[{i}/{len(names)}] notebook {name}: done in {(_dt.datetime.now() - t).total_seconds():.1f}s")
-            out.append(study_dir / "notebooks" / f"{name}.ipynb")
+        if jobs > 1 and len(first) > 1:
+            with ProcessPoolExecutor(min(jobs, len(first)), mp_context=multiprocessing.get_context("spawn")) as pool:
+                futs = {pool.submit(_execute_one, n, tdir, study_dir, parameters): n for n in first}
+                try:
+                    for f in as_completed(futs): said(futs[f], f.result())
+                except BaseException:
+                    for f in futs: f.cancel()
+                    raise
+        else:
+            for n in first: said(n, _execute_one(n, tdir, study_dir, parameters))
+        for n in rest: said(n, _execute_one(n, tdir, study_dir, parameters))
     finally:
-        for k, v in old_env.items():
-            if v is None: os.environ.pop(k, None)
-            else: os.environ[k] = v
-    return out
+        for key, v in old_env.items():
+            if v is None: os.environ.pop(key, None)
+            else: os.environ[key] = v
+    return [study_dir / "notebooks" / f"{n}.ipynb" for n in names]
 
 # %% ../nbs/21_report.ipynb #fa432a3e
 def notebook_state(path: str | Path, # an executed notebook (need not exist)

@@ -27,10 +27,19 @@ class NotComputed(Exception):
 # %% ../nbs/14_study.ipynb #f962d60e
 LOCK_ENV = "EMBVAR_STUDY_LOCK"
 
+def _ancestors() -> list[int]:
+    "This process's parent, grandparent, ... (a notebook kernel runs under papermill, which may run in a worker of the holder)."
+    try:
+        import psutil                                   # (ipykernel's own dependency)
+        return [p.pid for p in psutil.Process().parents()]
+    except Exception: return [os.getppid()]
+
 def _held_by_parent(study_dir: Path) -> bool:
-    want = f"{study_dir.resolve()}:{os.getppid()}"
-    h = lock_holder(study_dir)
-    return os.environ.get(LOCK_ENV) == want and bool(h) and h.get("pid") == os.getppid()
+    "The lock is held by an ancestor of this process that passed its token (`lock_env`) down."
+    h, token = lock_holder(study_dir), os.environ.get(LOCK_ENV, "")
+    if not h or ":" not in token: return False
+    folder, pid = token.rsplit(":", 1)
+    return folder == str(study_dir.resolve()) and str(h.get("pid")) == pid and int(pid) in _ancestors()
 
 # %% ../nbs/14_study.ipynb #1d0289aa
 _HELD: set = set()   # study folders whose lock this process holds (the lock is re-entrant within a process)
