@@ -16,18 +16,19 @@ from .study import Study, NotComputed, format_lr
 from .runs import atomic_write_bytes, package_version, git_info
 
 # %% auto #0
-__all__ = ['COLUMN_NAMES', 'COLLAPSE_GAP', 'FINDING_ORDER', 'format_value', 'format_sci', 'format_table', 'plain_column',
-           'method_line', 'interval_refused', 'interval_words', 'table_html', 'Figure', 'figure_png', 'figure_html',
-           'RawHTML', 'Table', 'note_html', 'note_md', 'to_html', 'diverged_note', 'section_items', 'show', 'memo',
-           'study_description', 'probes_used', 'lora_words', 'header', 'section_drift', 'headline', 'section_reference',
-           'section_schedule', 'collapse_verdict', 'collapse_answer', 'section_effects', 'section_layers',
-           'section_seed_variance', 'section_pairs', 'section_noise_floor', 'section_geometry', 'section_perturbation',
-           'reference_lr', 'section_mitigation', 'section_components', 'collapse_identical', 'section_early_warning',
-           'section_agreement', 'section_pooling', 'section_provenance', 'alarm_note', 'section_runs_overview',
-           'section_runs_seeds', 'section_runs_noise_floor', 'compare_intervals', 'key_findings', 'findings',
-           'truncation_table', 'limitations', 'section_experiment', 'lora_verdicts', 'lora_answer', 'lora_finding',
-           'lora_layer_table', 'section_lora', 'json_list', 'project_root', 'resolve_study_dir', 'template_dir',
-           'check_templates', 'NotebookFailed', 'execute_notebooks', 'notebook_state', 'doc_title', 'render_html']
+__all__ = ['COLUMN_NAMES', 'COLLAPSE_GAP', 'FINDING_ORDER', 'LORA_EQUAL_ACCURACY', 'format_value', 'format_sci', 'format_table',
+           'plain_column', 'method_line', 'interval_refused', 'interval_words', 'table_html', 'Figure', 'figure_png',
+           'figure_html', 'RawHTML', 'Table', 'note_html', 'note_md', 'to_html', 'diverged_note', 'section_items',
+           'show', 'memo', 'study_description', 'probes_used', 'lora_words', 'header', 'section_drift', 'headline',
+           'section_reference', 'section_schedule', 'collapse_verdict', 'collapse_answer', 'section_effects',
+           'section_layers', 'section_seed_variance', 'section_pairs', 'section_noise_floor', 'section_geometry',
+           'section_perturbation', 'reference_lr', 'section_mitigation', 'section_components', 'collapse_identical',
+           'section_early_warning', 'section_agreement', 'section_pooling', 'section_provenance', 'alarm_note',
+           'section_runs_overview', 'section_runs_seeds', 'section_runs_noise_floor', 'compare_intervals',
+           'key_findings', 'findings', 'truncation_table', 'limitations', 'section_experiment', 'lora_verdicts',
+           'lora_answer', 'lora_finding', 'lora_layer_table', 'section_lora', 'json_list', 'project_root',
+           'resolve_study_dir', 'template_dir', 'check_templates', 'NotebookFailed', 'execute_notebooks',
+           'notebook_state', 'doc_title', 'render_html']
 
 # %% ../nbs/21_report.ipynb #ee566980
 def format_value(v: object, digits: int = 3) -> str:
@@ -866,7 +867,7 @@ def _lora_finding(study: Study, o: dict) -> list[dict]:
     lc = memo(study, ("lora_comparisons", o["layer"], o["pooling"], o["n_resamples"]),
               lambda: A.lora_comparisons(rs, o["layer"], o["pooling"], n_resamples=o["n_resamples"]))
     vs = {v for _, v, _ in lora_verdicts(lc)}
-    verdict = next((v for v in ("smaller", "larger", "unclear", "unequal accuracy", "no interval") if v in vs), "none")
+    verdict = next((v for v in ("smaller", "larger", "unclear", "accuracy not shown equal", "unequal accuracy", "no interval") if v in vs), "none")
     return [_finding("lora", lora_finding(lc), None, None, verdict)]
 
 def _stability_finding(study: Study, o: dict) -> list[dict]:
@@ -979,8 +980,10 @@ def section_experiment(study: Study, experiment: str, **o) -> list:
 # %% ../nbs/21_report.ipynb #1d3ace74
 def _pp(v: float) -> str: return f"{100 * v:+.1f}"   # an accuracy difference in percentage points
 
+LORA_EQUAL_ACCURACY = 0.05   # "equal accuracy" = the accuracy difference's whole interval within +-5 points (an equivalence margin)
+
 def lora_verdicts(lc: pd.DataFrame) -> list[tuple[str, str, str]]:  # [(arm label, verdict, words)]
-    "Per LoRA arm, from `analysis.lora_comparisons`: 'smaller', 'larger' or 'unclear' (drift at indistinguishable accuracy), 'unequal accuracy', or 'no interval'; with the numbers in words."
+    "Per LoRA arm, from `analysis.lora_comparisons`: 'smaller', 'larger' or 'unclear' (drift at accuracy shown equal within LORA_EQUAL_ACCURACY), 'unequal accuracy', 'accuracy not shown equal', or 'no interval'; with the numbers in words."
     from embvar_study.plots import arm_label
     out = []
     for r in lc.itertuples():
@@ -991,9 +994,12 @@ def lora_verdicts(lc: pd.DataFrame) -> list[tuple[str, str, str]]:  # [(arm labe
         elif not alo <= 0 <= ahi:
             v, w = "unequal accuracy", (f"not at equal accuracy, it ends {'higher' if r.acc_diff > 0 else 'lower'} ({acc}), so its {drift} "
                                         f"is that of a model that learned {'more' if r.acc_diff > 0 else 'less'}")
-        elif dhi < 0: v, w = "smaller", f"yes, at indistinguishable {acc} its {drift}, clearly less"
-        elif dlo > 0: v, w = "larger", f"no, at indistinguishable {acc} its {drift}, clearly more"
-        else: v, w = "unclear", f"not clearly, at indistinguishable {acc} its {drift}; the drift difference's CI contains 0"
+        elif not (-LORA_EQUAL_ACCURACY <= alo and ahi <= LORA_EQUAL_ACCURACY):
+            v, w = "accuracy not shown equal", (f"not answerable: its accuracy is not shown equal to full fine-tuning's ({acc}: the interval "
+                                                f"reaches beyond +-{100 * LORA_EQUAL_ACCURACY:.0f} points), {drift}")
+        elif dhi < 0: v, w = "smaller", f"yes, at equal {acc} (within +-{100 * LORA_EQUAL_ACCURACY:.0f}) its {drift}, clearly less"
+        elif dlo > 0: v, w = "larger", f"no, at equal {acc} (within +-{100 * LORA_EQUAL_ACCURACY:.0f}) its {drift}, clearly more"
+        else: v, w = "unclear", f"not clearly, at equal {acc} (within +-{100 * LORA_EQUAL_ACCURACY:.0f}) its {drift}; the drift difference's CI contains 0"
         out.append((arm_label(r.arm), v, w))
     return out
 
@@ -1012,6 +1018,9 @@ def lora_finding(lc: pd.DataFrame) -> str:  # one sentence
     if any(v == "larger" for _, v, _ in vs): return f"At equal held-out accuracy LoRA's drift is not smaller than full fine-tuning's ({by('larger')})."
     if any(v == "unclear" for _, v, _ in vs): return f"Not shown that LoRA's drift at equal held-out accuracy differs from full fine-tuning's ({by('unclear')})."
     if all(v == "no interval" for _, v, _ in vs): return f"Not testable whether LoRA drifts less at equal accuracy: no interval ({by('no interval')})."
+    if any(v == "accuracy not shown equal" for _, v, _ in vs):
+        return ("Not testable here whether LoRA drifts less at equal held-out accuracy: no LoRA arm is shown to reach full fine-tuning's "
+                f"accuracy within +-{100 * LORA_EQUAL_ACCURACY:.0f} points (" + by("accuracy not shown equal", "unequal accuracy", "no interval") + ").")
     return ("Not testable here whether LoRA drifts less at equal held-out accuracy: no LoRA arm reaches full fine-tuning's accuracy ("
             + by("unequal accuracy", "no interval") + ").")
 
