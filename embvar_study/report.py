@@ -23,8 +23,8 @@ __all__ = ['COLUMN_NAMES', 'COLLAPSE_GAP', 'FINDING_ORDER', 'LORA_EQUAL_ACCURACY
            'section_reference', 'section_schedule', 'collapse_verdict', 'collapse_answer', 'section_effects',
            'section_layers', 'section_seed_variance', 'section_pairs', 'section_noise_floor', 'section_geometry',
            'section_perturbation', 'reference_lr', 'section_mitigation', 'section_components', 'collapse_identical',
-           'section_early_warning', 'section_agreement', 'section_pooling', 'section_provenance', 'alarm_note',
-           'section_runs_overview', 'section_runs_seeds', 'section_runs_noise_floor', 'compare_intervals',
+           'section_early_warning', 'section_stability', 'section_agreement', 'section_pooling', 'section_provenance',
+           'alarm_note', 'section_runs_overview', 'section_runs_seeds', 'section_runs_noise_floor', 'compare_intervals',
            'key_findings', 'findings', 'truncation_table', 'limitations', 'section_experiment', 'lora_verdicts',
            'lora_answer', 'lora_finding', 'lora_layer_table', 'section_lora', 'json_list', 'project_root',
            'resolve_study_dir', 'template_dir', 'check_templates', 'NotebookFailed', 'execute_notebooks',
@@ -654,6 +654,13 @@ def section_early_warning(study: Study, **o) -> list:
                          + (f"; the {len(auc)} tracked steps give {len(rows)} distinct result{'s' if len(rows) != 1 else ''}, steps with the same result share a row" if len(rows) < len(auc) else "")))
     except (NotComputed, ValueError) as e: out.append(note_md(f"AUC not computed: {e}"))
     return out
+
+# %% ../nbs/21_report.ipynb #531a3139
+def section_stability(study: Study, **o) -> list:
+    "Does drift warn earlier than the loss? The stability experiment's answer (`early_warning.stability_section`), in the main body."
+    from embvar_study import early_warning as EW
+    o = _opts(**o); study.runs("stability", min_runs=2, diverged=True)     # NotComputed (one line) when the experiment was not run
+    return EW.stability_section(study, layer=o["layer"], pooling=o["pooling"], n_resamples=o["n_resamples"])
 
 # %% ../nbs/21_report.ipynb #114b9959
 def section_agreement(study: Study, **o) -> list:
