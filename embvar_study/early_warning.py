@@ -627,10 +627,12 @@ def _direction(s: pd.DataFrame) -> str:  # how the failed runs differ, from the 
     up = int((signs > 0).sum())
     return "higher" if up == len(signs) else "lower" if up == 0 else f"mixed ({up} of {len(signs)} folds higher)"
 
+_SIGNAL_WORDS = {"train_loss": "training loss", "grad_norm": "gradient norm", "eval_acc": "held-out accuracy", "eval_loss": "held-out loss"}
+
 def _chosen(s: pd.DataFrame) -> str:  # the layers chosen over the folds, most often first
     c = s.drop_duplicates("seed")["chosen"]; c = c[c != ""]
     if not len(c): return ""
-    vc = c.str.replace("drift_", "layer ", regex=False).value_counts()
+    vc = c.str.replace("drift_", "layer ", regex=False).replace(_SIGNAL_WORDS).value_counts()
     return ", ".join(f"{k} ({v}/{len(c)})" for k, v in vc.items())
 
 def stability_auc_table(scores: pd.DataFrame,     # stability_scores(...)
@@ -889,7 +891,8 @@ def stability_section(study: object,           # a loaded study with the stabili
     return [counts, answer, method, *notes,
             Table(show(aucs[["fraction", "step", "signal", "auc", "low", "high", "n_failed", "n_ok", "failed_runs_are", "layers_chosen"]]),
                   "AUC of each signal for failure at 10/20/30/50% of training (cross-validated over seeds; 95% interval)"),
-            Table(show(diffs), "Paired difference AUC(drift) - AUC(best trainer's signal, chosen on the other seeds among training loss, gradient norm, held-out accuracy and loss), paired DeLong SE; no interval (see the method)"),
+            Table(show(diffs.rename(columns={"best_other": "best trainer's signal (chosen per seed)", "auc_best_other": "its AUC",
+                                             "diff": "AUC difference", "se": "SE (paired DeLong)"})), "Paired difference AUC(drift) - AUC(best trainer's signal, chosen on the other seeds among training loss, gradient norm, held-out accuracy and loss), paired DeLong SE; no interval (see the method)"),
             Figure(plot_stability_roc(sc, roc_at), "stability_roc", f"ROC curves of the drift and trainer's signals at {roc_at[0]:.0%} and {roc_at[1]:.0%} of training"),
             Table(show(alarms[["fraction", "step", "signal", "failed_stopped", "successful_stopped", "steps_saved", "steps_saved_on_failed",
                                "lead_median", "lead_min", "lead_max"]]),
