@@ -29,10 +29,13 @@ LOCK_ENV = "EMBVAR_STUDY_LOCK"
 
 def _ancestors() -> list[int]:
     "This process's parent, grandparent, ... (a notebook kernel runs under papermill, which may run in a worker of the holder)."
-    try:
-        import psutil                                   # (ipykernel's own dependency)
-        return [p.pid for p in psutil.Process().parents()]
-    except Exception: return [os.getppid()]
+    out, pid = [], os.getppid()
+    try:                                                # Linux: walk /proc's parent links up to init
+        while pid > 1 and pid not in out:
+            out.append(pid)
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        return out
+    except (OSError, ValueError, IndexError): return out or [os.getppid()]   # elsewhere: the parent only
 
 def _held_by_parent(study_dir: Path) -> bool:
     "The lock is held by an ancestor of this process that passed its token (`lock_env`) down."

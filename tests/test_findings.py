@@ -50,7 +50,8 @@ def test_drift_grows_with_the_rate_and_the_findings_say_so(forward):
         assert fs[f"schedule_constant_{lr}"]["verdict"] == "larger" and "more drift than the linear one" in fs[f"schedule_constant_{lr}"]["text"]
     ct = A.collapse_table(forward.runs("schedule"), n_resamples=N)
     comp = ct[ct["gap_cum_lr"].notna()]
-    want = "yes" if (comp["gap_cum_lr_high"] <= 0.10).all() else "no" if (comp["gap_cum_lr_low"] > 0.10).any() else "unclear"
+    want = ("no interval" if comp["gap_cum_lr_high"].isna().all()        # the gaps' intervals are refused (see collapse_table's ci_method)
+            else "yes" if (comp["gap_cum_lr_high"] <= 0.10).all() else "no" if (comp["gap_cum_lr_low"] > 0.10).any() else "unclear")
     assert fs["collapse"]["verdict"] == want                      # the 10% rule, read off the collapse table
     assert ("fall onto one curve" in fs["collapse"]["text"]) == (want == "yes")
     assert fs["collapse"]["value"] == pytest.approx(comp["gap_cum_lr"].max())
@@ -68,7 +69,7 @@ def test_a_reversed_effect_gives_the_opposite_sentence(tmp_path):
     assert le["verdict"] == "smaller" and le["text"].startswith("A higher learning rate moves the embeddings less")
     assert le["value"] < 1
     assert fs["schedule_constant_5e-4"]["verdict"] == "larger"   # the constant runs were left alone: now far above the linear ones
-    assert fs["collapse"]["verdict"] in ("no", "unclear") and "fall onto one curve" not in fs["collapse"]["text"]
+    assert fs["collapse"]["verdict"] in ("no", "unclear", "no interval") and "fall onto one curve" not in fs["collapse"]["text"]
     assert "moves the embeddings less" in findings(st, n_resamples=N)
 
 
