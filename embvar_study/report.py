@@ -16,19 +16,19 @@ from .study import Study, NotComputed, format_lr
 from .runs import atomic_write_bytes, package_version, git_info
 
 # %% auto #0
-__all__ = ['COLUMN_NAMES', 'COLLAPSE_GAP', 'FINDING_ORDER', 'LORA_EQUAL_ACCURACY', 'format_value', 'format_sci', 'format_table',
-           'plain_column', 'method_line', 'interval_refused', 'interval_words', 'table_html', 'Figure', 'figure_png',
-           'figure_html', 'RawHTML', 'Table', 'note_html', 'note_md', 'to_html', 'diverged_note', 'section_items',
-           'show', 'memo', 'study_description', 'probes_used', 'lora_words', 'header', 'section_drift', 'headline',
-           'section_reference', 'section_schedule', 'collapse_verdict', 'collapse_answer', 'section_effects',
-           'section_layers', 'section_seed_variance', 'section_pairs', 'section_noise_floor', 'section_geometry',
-           'section_perturbation', 'reference_lr', 'section_mitigation', 'section_components', 'collapse_identical',
-           'section_early_warning', 'section_stability', 'section_agreement', 'section_pooling', 'section_provenance',
-           'alarm_note', 'section_runs_overview', 'section_runs_seeds', 'section_runs_noise_floor', 'compare_intervals',
-           'key_findings', 'findings', 'truncation_table', 'limitations', 'section_experiment', 'lora_verdicts',
-           'lora_answer', 'lora_finding', 'lora_layer_table', 'section_lora', 'json_list', 'project_root',
-           'resolve_study_dir', 'template_dir', 'check_templates', 'NotebookFailed', 'execute_notebooks',
-           'notebook_state', 'doc_title', 'render_html']
+__all__ = ['COLUMN_NAMES', 'COLLAPSE_GAP', 'NOT_APPLICABLE', 'FINDING_ORDER', 'LORA_EQUAL_ACCURACY', 'format_value', 'format_sci',
+           'format_table', 'plain_column', 'method_line', 'interval_refused', 'interval_words', 'table_html', 'Figure',
+           'figure_png', 'figure_html', 'RawHTML', 'Table', 'note_html', 'note_md', 'to_html', 'diverged_note',
+           'section_items', 'show', 'memo', 'study_description', 'probes_used', 'lora_words', 'header', 'section_drift',
+           'headline', 'section_reference', 'section_schedule', 'collapse_verdict', 'collapse_answer',
+           'section_effects', 'section_layers', 'section_seed_variance', 'section_pairs', 'section_noise_floor',
+           'section_geometry', 'section_perturbation', 'reference_lr', 'section_mitigation', 'section_components',
+           'collapse_identical', 'section_early_warning', 'section_stability', 'section_agreement', 'section_pooling',
+           'section_provenance', 'alarm_note', 'section_runs_overview', 'section_runs_seeds',
+           'section_runs_noise_floor', 'compare_intervals', 'key_findings', 'findings', 'truncation_table',
+           'limitations', 'section_experiment', 'lora_verdicts', 'lora_answer', 'lora_finding', 'lora_layer_table',
+           'section_lora', 'json_list', 'project_root', 'resolve_study_dir', 'template_dir', 'check_templates',
+           'NotebookFailed', 'execute_notebooks', 'notebook_state', 'doc_title', 'render_html']
 
 # %% ../nbs/21_report.ipynb #ee566980
 def format_value(v: object, digits: int = 3) -> str:
@@ -656,10 +656,14 @@ def section_early_warning(study: Study, **o) -> list:
     return out
 
 # %% ../nbs/21_report.ipynb #531a3139
+NOT_APPLICABLE = '<p class="not-applicable"></p>'   # a section's output when the study does not ask its question: the section is dropped
+
 def section_stability(study: Study, **o) -> list:
     "Does drift warn earlier than the loss? The stability experiment's answer (`early_warning.stability_section`), in the main body."
     from embvar_study import early_warning as EW
-    o = _opts(**o); study.runs("stability", min_runs=2, diverged=True)     # NotComputed (one line) when the experiment was not run
+    o = _opts(**o)
+    if "stability" not in study.experiments: return [NOT_APPLICABLE]      # not this study's question: the section is left out, not listed
+    study.runs("stability", min_runs=2, diverged=True)                     # NotComputed (one line) when its runs are missing
     return EW.stability_section(study, layer=o["layer"], pooling=o["pooling"], n_resamples=o["n_resamples"])
 
 # %% ../nbs/21_report.ipynb #114b9959
@@ -1241,6 +1245,7 @@ def _not_computed_list(body: str) -> tuple[str, list[tuple[str, str]]]:  # (body
     parts = re.split(r'(?=<h[23] id=")', body); kept, notes = [], []
     strip = lambda s: html.unescape(re.sub(r"<[^>]+>", "", s)).strip()
     for p in parts:
+        if NOT_APPLICABLE in p and '<p class="not-computed">' not in p and "<img" not in p and "<table" not in p: continue
         found = re.findall(r'<p class="not-computed">(.*?)</p>', p, flags=re.S)
         if not found: kept.append(p); continue
         m = re.match(r'<h([23]) id="[^"]*">(.*?)(?:<a class="anchor-link"[^>]*>.*?</a>)?</h\1>', p, flags=re.S)
