@@ -662,7 +662,7 @@ def section_stability(study: Study, **o) -> list:
     "Does drift warn earlier than the loss? The stability experiment's answer (`early_warning.stability_section`), in the main body."
     from embvar_study import early_warning as EW
     o = _opts(**o)
-    if "stability" not in study.experiments: return [NOT_APPLICABLE]      # not this study's question: the section is left out, not listed
+    if "stability" not in study.experiments: return [RawHTML(NOT_APPLICABLE)]      # not this study's question: the section is left out, not listed
     study.runs("stability", min_runs=2, diverged=True)                     # NotComputed (one line) when its runs are missing
     return EW.stability_section(study, layer=o["layer"], pooling=o["pooling"], n_resamples=o["n_resamples"])
 
