@@ -507,8 +507,9 @@ def section_seed_variance(study: Study, **o) -> list:
     fig = P.plot_seed_variance(disp, cols)
     big = last.loc[last["raw_dispersion"].idxmax()]
     alt = (f"What to see: how far apart the runs end and how much of it alignment removes (the gap between solid and dashed lines); "
-           f"largest at the end: {big.runs}, raw {format_value(big.raw_dispersion)}, aligned {format_value(big.aligned_dispersion)}. "
-           + "; ".join(f"{r.runs}: raw {format_value(r.raw_dispersion)}, aligned {format_value(r.aligned_dispersion)}" for r in last.itertuples()) + "."
+           f"largest at the end: {big.runs}, raw {format_value(big.raw_dispersion)}, aligned {format_value(big.aligned_dispersion)}"
+           + "".join(f"; {r.runs}: raw {format_value(r.raw_dispersion)}, aligned {format_value(r.aligned_dispersion)}"
+                     for r in last.itertuples() if r.runs != big.runs) + "."
            + (" The axis is logarithmic: the curves differ more than 10x." if fig.axes[0].get_yscale() == "log" else ""))
     return [Figure(fig, "seed_dispersion", alt),
             Table(last, "At the last step: raw and aligned dispersion, mean pairwise cosine distance, share removed by alignment")]

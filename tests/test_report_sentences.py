@@ -1,5 +1,5 @@
 """Every sentence of the Conclusions is computed: a study whose effect is reversed or absent says the opposite or 'Not shown';
-the README quotes the committed quick report's computed findings (compared, not hard-coded)."""
+the README quotes the committed reports' computed findings (compared, not hard-coded)."""
 import html, json, re
 from pathlib import Path
 
@@ -83,20 +83,38 @@ def _visible(html_text: str) -> str:
     return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", html_text))).strip()
 
 
-def test_readme_quotes_the_quick_reports_findings():
+def _readme_quotes() -> dict[str, list[str]]:
+    """The bullets of the README's 'What the studies show', grouped by the committed report they quote: a block of bullets
+    belongs to the last `reports/NAME/report.html` the text names before it."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    report = ROOT / "reports" / "quick" / "report.html"
-    if not report.is_file(): pytest.skip("reports/quick/report.html is not committed in this checkout")
     sec = re.search(r"^## What the studies show\n(.*?)(?=^## )", readme, flags=re.S | re.M)
     assert sec, "README.md has no 'What the studies show' section"
-    quotes = [re.sub(r"\s+", " ", l[2:]).strip() for l in sec.group(1).splitlines() if l.startswith("- ")]
-    assert quotes, "the README's 'What the studies show' quotes no finding"
+    quotes, name = {}, None
+    for line in sec.group(1).splitlines():
+        if line.startswith("- "):
+            assert name, f"a README bullet names no report before it: {line[:80]}"
+            quotes.setdefault(name, []).append(re.sub(r"\s+", " ", line[2:]).strip())
+        elif named := re.findall(r"reports/(\w+)/report\.html", line):
+            name = named[-1]
+    return quotes
+
+
+def _conclusions(report: Path) -> list[str]:
     page = report.read_text(encoding="utf-8")
     concl = re.search(r'<h2 id="Conclusions">(.*?)<h2 ', page, flags=re.S)
-    assert concl, "the quick report has no Conclusions section"
-    said = [_visible(li) for li in re.findall(r"<li>(.*?)</li>", concl.group(1), flags=re.S)]
-    missing = [q for q in quotes if not any(_visible(q.replace("**", "")) in s for s in said)]
-    assert not missing, f"README quotes findings that reports/quick/report.html's Conclusions do not say: {missing}"
+    assert concl, f"{report} has no Conclusions section"
+    return [_visible(li) for li in re.findall(r"<li>(.*?)</li>", concl.group(1), flags=re.S)]
+
+
+def test_readme_quotes_the_reports_findings():
+    quotes = _readme_quotes()
+    assert "quick" in quotes, "the README's 'What the studies show' quotes no finding of the quick report"
+    for name, said_in_readme in quotes.items():
+        report = ROOT / "reports" / name / "report.html"
+        if not report.is_file(): pytest.skip(f"reports/{name}/report.html is not committed in this checkout")
+        said = _conclusions(report)
+        missing = [q for q in said_in_readme if not any(_visible(q.replace("**", "")) in s for s in said)]
+        assert not missing, f"README quotes findings that reports/{name}/report.html's Conclusions do not say: {missing}"
 
 
 def test_arms_in_words():
@@ -106,3 +124,15 @@ def test_arms_in_words():
     runs = t.assign(factor=["1e-4", "1e-4", "3e-4", "3e-4"])        # a runs report's grouping is not an arm
     assert _design_words("runs", runs, runs).startswith("2 learning rates")
     assert [arm_label(v) for v in ("full", "lora_r64", "x")] == ["full fine-tuning", "LoRA r=64", "x"]
+
+
+def test_seed_dispersion_caption_names_each_group_once_with_its_computed_values(tmp_path):
+    "The caption leads with the group that ends most dispersed, then the others, each once, with the table's numbers."
+    study = load_study(_study(tmp_path, {5e-5: 5e-5, 5e-4: 5e-4}))
+    fig, table = R.section_seed_variance(study)
+    last = table.df.set_index("runs")
+    big = last["raw_dispersion"].idxmax()
+    assert fig.alt.count("all seeds, lr") == len(last) == 2
+    assert f"largest at the end: {big}, raw {R.format_value(last.loc[big, 'raw_dispersion'])}" in fig.alt
+    for runs, row in last.iterrows():
+        assert f"aligned {R.format_value(row['aligned_dispersion'])}" in fig.alt
