@@ -12,7 +12,7 @@ from matplotlib.ticker import FormatStrFormatter
 
 from typing import Iterable
 
-from .study import format_lr, arm_label   # arm_label: the figures name arms with it
+from .study import format_lr, arm_label, value_label   # the figures name arms and perturbations in words
 
 # %% auto #0
 __all__ = ['CANONICAL_LRS', 'FIXED_COLOURS', 'SCHEDULE_STYLES', 'group_label', 'palette', 'tracked_ticks', 'spread',
@@ -186,7 +186,7 @@ def plot_perturbation(pt: pd.DataFrame) -> plt.Figure:  # analysis.perturbation_
     cols = palette(kinds)
     for ax, lr in zip(axes[0], lrs):
         for (kind, when), t in pt[pt["lr"] == lr].groupby(["kind", "when"]):
-            ax.plot(t["layer"], t["cos_to_clean"], color=cols[kind], ls="-" if when == "last" else ":", marker="o", ms=3, label=f"{kind} ({when})")
+            ax.plot(t["layer"], t["cos_to_clean"], color=cols[kind], ls="-" if when == "last" else ":", marker="o", ms=3, label=f"{value_label(kind)} ({when})")
         ax.set(title=group_label("lr", lr), xlabel="layer (0 = embeddings)", ylabel="cosine distance to the clean embedding")
         ax.set_xticks(sorted(pt["layer"].unique())); ax.legend(frameon=False, fontsize=7)
     log_if_spread(axes[0][0], pt.groupby("kind")["cos_to_clean"].max())

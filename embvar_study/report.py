@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from .study import Study, NotComputed, format_lr
+from .study import Study, NotComputed, format_lr, value_label
 from .runs import atomic_write_bytes, package_version, git_info
 
 # %% auto #0
@@ -572,8 +572,9 @@ def section_perturbation(study: Study, **o) -> list:
     alt = ("What to see: whether training makes the model more sensitive to its input's noise (a solid last-checkpoint line above the "
            "dotted first-checkpoint line of its colour) and in which layers; mean cosine distance of perturbed copies to the clean embedding, "
            "one panel per learning rate, one colour per perturbation. Last layer, first to last checkpoint (one run per rate, no interval): "
-           + "; ".join(f"{kind} at lr {format_lr(lr)} {format_value(r.get('first'))} to {format_value(r.get('last'))}"
+           + "; ".join(f"{value_label(kind)} at lr {format_lr(lr)} {format_value(r.get('first'))} to {format_value(r.get('last'))}"
                        for (kind, lr), r in _perturb_ends(pt).iterrows()) + ".")
+    top.index = top.index.map(value_label); top.index.name = "perturbation"
     return [Figure(P.plot_perturbation(pt), "perturbation", alt), Table(top.reset_index(), "Last layer: mean cosine distance of perturbed copies to the clean embedding")]
 
 def reference_lr(study: Study, experiment: str = "lr_sweep") -> float:
@@ -592,7 +593,7 @@ def section_mitigation(study: Study, **o) -> list:
     except NotComputed: pass
     mt = A.mitigation_table(pool, o["layer"], o["pooling"])
     best = mt.loc[mt["relative"].idxmin()]
-    alt = (f"What to see: how fast the seed dispersion falls with averaging; lowest: {best.method} of {best.size} leaves "
+    alt = (f"What to see: how fast the seed dispersion falls with averaging; lowest: {best.method} of {best['size']} leaves "
            f"{_pct(best.relative)} of one checkpoint's. " + "; ".join(f"{r.method} of {r.size}: {format_value(r.relative)}" for r in mt.itertuples()) + ".")
     return [Figure(P.plot_mitigation(mt), "mitigation", alt), Table(mt, f"Seed dispersion after averaging, {len(pool)} distinct runs at lr {format_lr(ref)}")]
 
@@ -606,6 +607,7 @@ def section_components(study: Study, **o) -> list:
     ia, ib = (interval_words(t, "share_low", "share_high") for t in (a, b))
     w = np.concatenate([(t["share_high"] - t["share_low"]).to_numpy() for t in (a, b)])
     width = float(np.nanmean(w)) if np.isfinite(w).any() else np.nan     # NaN: components_table refused the intervals
+    a, b = (t.assign(component=t["component"].map(value_label)) for t in (a, b))
     big = a.loc[a["share"].idxmax()]
     iv = f" [{_pct(big.share_low)}, {_pct(big.share_high)}]" if pd.notna(big.share_low) else ""
     tail = (f"the shares' 95% intervals are on average {_pct(width)} wide." if np.isfinite(width) else

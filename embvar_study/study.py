@@ -16,9 +16,10 @@ from .runs import (Run, RunWriter, load_run, config_hash, atomic_write_json, ato
 
 # %% auto #0
 __all__ = ['LOCK_ENV', 'STUDY_FILE', 'RUNS_REPORT_MARK', 'MANIFEST_COLUMNS', 'DESIGN_COLUMNS', 'EXPERIMENT_FACTORS',
-           'NotComputed', 'study_lock', 'lock_env', 'write_study_spec', 'read_study_spec', 'check_out_folder',
-           'manifest_path', 'write_manifest', 'load_manifest', 'config_value', 'format_lr', 'synthetic_study', 'RunSet',
-           'Study', 'check_study', 'load_study', 'arm_label', 'study_from_runs']
+           'VALUE_WORDS', 'NotComputed', 'study_lock', 'lock_env', 'write_study_spec', 'read_study_spec',
+           'check_out_folder', 'manifest_path', 'write_manifest', 'load_manifest', 'config_value', 'format_lr',
+           'synthetic_study', 'RunSet', 'Study', 'check_study', 'load_study', 'arm_label', 'value_label',
+           'study_from_runs']
 
 # %% ../nbs/14_study.ipynb #19b2c9c2
 class NotComputed(Exception):
@@ -534,6 +535,13 @@ def arm_label(value: object) -> str:
     "An experiment's arm in words: 'full' -> 'full fine-tuning', 'lora_r64' -> 'LoRA r=64'; any other value as it is."
     m = re.fullmatch(r"lora_r(\d+)", str(value))
     return f"LoRA r={m.group(1)}" if m else "full fine-tuning" if str(value) == "full" else str(value)
+
+VALUE_WORDS = {"token_dropout": "token dropout", "typo": "typos", "mc_dropout": "MC dropout", "init_seed": "head seed",
+               "data_seed": "data seed", "dropout_seed": "dropout seed"}   # a value the analysis names by its config key -> words
+
+def value_label(value: object) -> str:
+    "A perturbation kind or variance component in words: 'mc_dropout' -> 'MC dropout', 'init_seed:probe' -> 'head seed × probe'; any other value as it is."
+    return " × ".join(VALUE_WORDS.get(p, p) for p in str(value).split(":"))
 
 def _design_words(experiment: str, t: pd.DataFrame, m: pd.DataFrame) -> str:
     if experiment == "crossed":

@@ -136,3 +136,67 @@ def test_seed_dispersion_caption_names_each_group_once_with_its_computed_values(
     assert f"largest at the end: {big}, raw {R.format_value(last.loc[big, 'raw_dispersion'])}" in fig.alt
     for runs, row in last.iterrows():
         assert f"aligned {R.format_value(row['aligned_dispersion'])}" in fig.alt
+
+
+_NUMBER = r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w.])"
+
+
+def _readme_tables(heading: str) -> dict[str, list[str]]:
+    "Table rows of the README section starting at `heading` (up to the next `## `), grouped by the report named last before them."
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    sec = re.search(r"^(" + re.escape(heading) + r".*?)(?=^## )", readme, flags=re.S | re.M)
+    assert sec, f"README.md has no section {heading!r}"
+    rows, name = {}, None
+    for line in sec.group(1).splitlines():
+        if line.startswith("|") and not re.match(r"^\|[-| :]+\|$", line):
+            if name: rows.setdefault(name, []).append(line)
+        elif named := re.findall(r"reports/(\w+)/report\.html", line):
+            name = named[-1]
+        elif re.search(r"`(tests|benchmarks)/\w+\.py`", line):
+            name = None                       # numbers from a test or benchmark follow, not a report's
+    return rows
+
+
+@pytest.mark.parametrize("heading", ["## What the studies show", "### Does drift warn earlier than the loss?"])
+def test_readme_tables_show_the_reports_numbers(heading):
+    "Every number in a README table that follows a committed report's name is a number that report shows (or its rounding)."
+    tables = _readme_tables(heading)
+    assert tables, f"no table under {heading!r} follows a report's name"
+    for name, rows in tables.items():
+        report = ROOT / "reports" / name / "report.html"
+        if not report.is_file(): pytest.skip(f"reports/{name}/report.html is not committed in this checkout")
+        shown = set(re.findall(_NUMBER, _visible(re.sub(r'src="data:[^"]+"', "", report.read_text(encoding="utf-8")))))
+        rounded = {d: {f"{float(x):.{d}f}" for x in shown} for d in range(1, 5)}   # the README may round a shown number
+        def is_shown(n: str) -> bool:
+            d = len(n.split(".")[1]) if "." in n and "e" not in n else 0
+            return n in shown or (0 < d < 5 and n in rounded[d])
+        missing = [(row[:60], n) for row in rows for n in re.findall(_NUMBER, row) if not is_shown(n)]
+        assert not missing, f"README numbers that reports/{name}/report.html does not show: {missing[:10]}"
+
+
+def test_mitigation_caption_names_the_lowest_rows_own_size(tmp_path):
+    "The caption's 'lowest' is the table's row with the smallest relative dispersion: its method and its own size (not a column count)."
+    study = load_study(_study(tmp_path, {5e-5: 5e-5, 5e-4: 5e-4}))
+    fig, table = R.section_mitigation(study)
+    best = table.df.loc[table.df["relative"].idxmin()]
+    assert f"lowest: {best['method']} of {best['size']} leaves" in fig.alt
+    assert table.df["size"].nunique() > 1 and len(table.df) != best["size"]    # the test can tell a row's size from the row count
+
+
+def test_perturbations_and_components_are_named_in_words(tmp_path):
+    "Perturbation kinds and variance components reach the reader as words, in tables, captions and figure legends."
+    from embvar_study.study import synthetic_study, value_label
+    from embvar_study.config import PERTURB_KINDS
+    study = load_study(synthetic_study(tmp_path / "s"))
+    fig, table = R.section_perturbation(study)
+    raw = [k for k in PERTURB_KINDS if "_" in k]
+    shown = [fig.alt, " ".join(map(str, table.df.iloc[:, 0])),
+             " ".join(t.get_text() for ax in fig.fig.axes if ax.get_legend() for t in ax.get_legend().get_texts())]
+    for text in shown:
+        assert not any(k in text for k in raw), text
+    assert value_label("mc_dropout") in shown[0] or value_label("token_dropout") in shown[0]
+    sentence, a, b = R.section_components(study)
+    for text in (sentence, " ".join(a.df["component"]), " ".join(b.df["component"])):
+        assert "init_seed" not in text and "data_seed" not in text, text
+    assert "head seed × data seed" in " ".join(a.df["component"])
+    assert a.df.attrs.get("ci_method") or R.method_line(a.df)        # the interval method still travels with the table
