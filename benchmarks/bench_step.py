@@ -2,6 +2,7 @@
 micro-batches, the measured linear kernel), in one run of this script:
 
 - the single-thread fp32 matmul rate of each kernel path (F.linear/MKL, oneDNN) and bf16, on a transformer block's shapes;
+- a step under bf16 autocast (`--precision bf16`), whose speed depends on the CPU's native bf16 support;
 - the FLOPs of a step as run (torch.utils.flop_counter), the FLOPs on real tokens only, the padding share;
 - per optimizer step (forward + backward + AdamW) on the quick profile's real batches: seconds, speed-up, and the achieved
   real-token GFLOP/s as a fraction of the fastest fp32 matmul rate measured here.
@@ -77,16 +78,17 @@ print(f"FLOPs per step (forward + backward): padded {f_pad / 1e9:.2f} G, micro-b
 # 3. steps, interleaved
 opt = make_optimizer(model, 5e-5, 0.01)
 kern = choose_linear_kernel(train=True)
-variants = {"before: padded, F.linear": (padded, "default"), "after: micro-batches, F.linear": (micro, "default")}
-if onednn_available(): variants["after: micro-batches, oneDNN"] = (micro, "onednn")
-variants[f"after: micro-batches, chosen kernel ({kern['kernel']})"] = (micro, kern["kernel"])
+variants = {"before: padded, F.linear": (padded, "default", "fp32"), "after: micro-batches, F.linear": (micro, "default", "fp32")}
+if onednn_available(): variants["after: micro-batches, oneDNN"] = (micro, "onednn", "fp32")
+variants[f"after: micro-batches, chosen kernel ({kern['kernel']})"] = (micro, kern["kernel"], "fp32")
+variants["after: micro-batches, bf16 autocast (--precision bf16)"] = (micro, "default", "bf16")
 times = {k: [] for k in variants}
 model.train()
 for _ in range(a.repeats):
-    for k, (batches, kernel) in variants.items():
+    for k, (batches, kernel, precision) in variants.items():
         t = time.perf_counter()
         for b in batches:
-            with linear_kernel(kernel): forward_backward(model, b, torch.device("cpu"), "fp32")
+            with linear_kernel(kernel): forward_backward(model, b, torch.device("cpu"), precision)
             opt.step(); opt.zero_grad(set_to_none=True)
         times[k].append((time.perf_counter() - t) / len(batches))
 base = st.median(times["before: padded, F.linear"])

@@ -27,5 +27,6 @@ def test_bench_step_reports_padding_flops_and_ratios():
     assert "padding share" in out and "real tokens only" in out and "fastest fp32 matmul measured here" in out
     rows = [l for l in out.splitlines() if l.startswith(("before:", "after:"))]
     assert rows[0].split()[-3] == "1.00x" and len(rows) >= 3, out
+    assert any("bf16 autocast" in l for l in rows), out            # the bf16 step, timed in the same run
     h = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_step.py"), "--help"], capture_output=True, text=True)
     assert h.returncode == 0 and "--repeats" in h.stdout
