@@ -11,7 +11,7 @@ Interleaved trials, medians. One torch thread (as `embvar report` runs its worke
 
     .venv/bin/python benchmarks/bench_step.py [--profile quick] [--repeats 3] [--threads 1]
 """
-import argparse, inspect, statistics as st, time, warnings
+import argparse, inspect, os, statistics as st, time, warnings
 import torch
 import torch.nn.functional as F
 
@@ -37,7 +37,8 @@ def rate(f, flops, n=8):
 
 # 1. matmul rates, the shapes of a MiniLM block on ~320 tokens (the quick profile's padded batch) and of a larger batch
 print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, threads {torch.get_num_threads()}, "
-      f"oneDNN linear available: {onednn_available()}")
+      f"oneDNN linear available: {onednn_available()}; {a.repeats} interleaved trials; load average at start "
+      + " ".join(f"{x:.2f}" for x in os.getloadavg()))
 peaks = {}
 for M, K, N in [(320, 384, 1536), (320, 1536, 384), (2048, 384, 1536)]:
     x, w, b = torch.randn(M, K), torch.randn(N, K), torch.randn(N)

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from .runs import Run
-from .study import RunSet, NotComputed, config_value, format_lr
+from .study import RunSet, NotComputed, config_value, format_lr, value_label
 from .metrics import (cosine_drift, drift_curve, step_drift, spectrum_summary, covariance_spectrum, class_variance,
                                   cross_run_dispersion)
 from .align import generalized_procrustes, pairwise_run_table
@@ -120,7 +120,7 @@ def setup_table(rs: RunSet) -> pd.DataFrame:  # one row per learning rate
     out = []
     for lr, grp in rs.groups("lr").items():
         run = grp.runs[0]; c, m = run.config, run.marker
-        probes = str(c.get("probes", "?")) + (f", {m['derived']['n_probes']} texts" if "derived" in m and "n_probes" in m["derived"] else "")
+        probes = value_label(c.get("probes", "?")) + (f", {m['derived']['n_probes']} texts" if "derived" in m and "n_probes" in m["derived"] else "")
         out.append({"lr": lr, "model": c.get("model"), "data": _short_data(c), "probes": probes,
                     "steps": int(m.get("total_steps", run.steps[-1])), "batch": c.get("batch_size"),
                     "max_length": c.get("max_length"), "schedule": c.get("schedule", "linear"),
@@ -235,25 +235,25 @@ def noise_floor(rs: RunSet, layer: int = -1, pooling: str = "mean") -> pd.DataFr
                          "drift_diff": np.abs(drift_curve(xa) - drift_curve(xb))})
 
 # %% ../nbs/16_analysis.ipynb #2f37a39b
-def _half_msd_disjoint(X: np.ndarray, s: int) -> float:
-    "Half the mean squared distance between the means of every two disjoint groups of `s` of the K runs in X (K, N, d)."
-    import itertools
-    K = X.shape[0]
-    pairs = [(A, B) for A in itertools.combinations(range(K), s) for B in itertools.combinations([i for i in range(K) if i not in A], s) if A < B]
-    a = np.stack([X[list(A)].mean(0) for A, _ in pairs]); b = np.stack([X[list(B)].mean(0) for _, B in pairs])
-    return float(0.5 * ((a - b) ** 2).sum(-1).mean())
+def _half_msd_pairs(X: np.ndarray) -> float:
+    "Half the mean squared distance between two of the K runs in X (K, N, d), over every pair: the unbiased variance over runs, summed over d, mean over probes."
+    return float(((X - X.mean(0)) ** 2).sum(-1).sum(0).mean() / (X.shape[0] - 1))
 
-def mitigation_table(rs: RunSet, layer: int = -1, pooling: str = "mean", *, max_m: int = 4) -> pd.DataFrame:  # method, size, dispersion, relative
-    "Seed dispersion left after averaging the last m checkpoints, and after averaging s seeds (relative to m = s = 1)."
+def mitigation_table(rs: RunSet, layer: int = -1, pooling: str = "mean", *, max_m: int = 4) -> pd.DataFrame:  # method, size, dispersion, relative, how
+    """Seed dispersion left after averaging the last m checkpoints of each run (measured), and after averaging s seeds
+    (relative to m = s = 1). For s seeds it is exactly 1/s of one seed's: half the mean squared distance between the means
+    of two disjoint groups of s runs, averaged over every such pair of groups, is the pairwise value divided by s (an
+    identity of means of exchangeable runs), so those rows are that identity, not a measurement (`how` says which)."""
     if len(rs) < 2: raise NotComputed(f"mitigations need at least 2 runs that differ in seeds, got {len(rs)}")
     steps = rs.common_steps(); out = []
     for m in range(1, min(max_m, len(steps)) + 1):
         X = np.stack([r.embeddings(layer=layer, pooling=pooling, steps=steps[-m:]).mean(0) for r in rs.runs]).astype(np.float64)
-        out.append({"method": "checkpoint average", "size": m, "dispersion": _half_msd_disjoint(X, 1)})
-    X = rs.stack(layer, pooling).astype(np.float64)
-    out += [{"method": "seed average", "size": s, "dispersion": _half_msd_disjoint(X, s)} for s in range(1, len(rs) // 2 + 1)]
+        out.append({"method": "checkpoint average", "size": m, "dispersion": _half_msd_pairs(X), "how": "measured"})
+    one = _half_msd_pairs(rs.stack(layer, pooling).astype(np.float64))
+    out += [{"method": "seed average", "size": s, "dispersion": one / s, "how": "exact: 1/s of one seed's"} for s in range(1, len(rs) // 2 + 1)]
     t = pd.DataFrame(out); base = t["dispersion"].iloc[0]
     return t.assign(relative=t["dispersion"] / base if base else np.nan)
+
 
 # %% ../nbs/16_analysis.ipynb #eceb8c8d
 def perturbation_table(rs: RunSet) -> pd.DataFrame:  # lr, step, when, kind, layer, dispersion, cos_to_clean

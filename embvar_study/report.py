@@ -95,7 +95,7 @@ COLUMN_NAMES = {   # a table column -> its header in words, with the unit where 
     "loss_first": "training loss, first 5 steps", "loss_last": "training loss, last 5 steps", "eval_acc_last": "held-out accuracy, last",
     "last_step": "last step", "estimate": "variance estimate", "share": "share", "share_low": "95% CI low", "share_high": "95% CI high",
     "replicate_cos_dist": "cosine distance between replicates", "max_abs_diff": "largest absolute difference", "drift_diff": "drift difference",
-    "cos_to_clean": "cosine distance to clean", "relative": "dispersion relative to one checkpoint of one run", "size": "averaged",
+    "cos_to_clean": "cosine distance to clean", "relative": "dispersion relative to one checkpoint of one run", "size": "averaged", "how": "how obtained",
     "measure_a": "measure a", "measure_b": "measure b", "spearman": "Spearman ρ", "init_seed": "head seed", "data_seed": "data seed",
     "dropout_seed": "dropout seed", "n_probes": "probes", "loss": "training loss", "perturb_k": "perturbed copies per probe",
     "perturb_kinds": "perturbations", "eval_acc": "held-out accuracy", "train_loss": "training loss", "eval_loss": "held-out loss",
@@ -360,7 +360,7 @@ def _differences(setup: pd.DataFrame) -> str:
     s = setup.iloc[0]; bits = []
     if s["model"] != REFERENCE["model"]: bits.append(f"the model is {s['model']}, not DistilBERT")
     if "imdb" not in str(s["data"]).lower(): bits.append(f"the data are {s['data']}, not IMDb reviews")
-    if "heldout" not in str(s["probes"]): bits.append(f"the probes are {s['probes']}, not held-out reviews")
+    if not str(s["probes"]).startswith(("held-out", "heldout")): bits.append(f"the probes are {s['probes']}, not held-out reviews")
     bits.append(f"each run takes {s['steps']} optimizer steps of {s['batch']} examples with a {s['schedule']} schedule, which the reference does not state")
     return "Where this study differs from the reference: " + "; ".join(bits) + "."
 
@@ -501,7 +501,10 @@ def section_seed_variance(study: Study, **o) -> list:
     for lr, g in lr_groups.items():
         if len(g) >= 2:
             k = f"all seeds, lr {format_lr(lr)}"; disp[k] = A.dispersion_over_training(g, o["layer"], o["pooling"]); cols[k] = pal[lr]
-    if not disp: raise NotComputed("no group of at least 2 runs that differ only in seeds")
+    if not disp:
+        if not study.has("lr_sweep") and not study.has("seed_sweep"):
+            raise NotComputed(f"neither the seed_sweep nor the lr_sweep experiment was run in this study (run: {', '.join(study.experiments) or 'none'})")
+        raise NotComputed("no group of at least 2 runs that differ only in seeds")
     last = pd.DataFrame([{"runs": k, **v.iloc[-1].to_dict()} for k, v in disp.items()])
     last["removed_by_alignment"] = 1 - last["aligned_dispersion"] / last["raw_dispersion"]
     fig = P.plot_seed_variance(disp, cols)
@@ -592,9 +595,11 @@ def section_mitigation(study: Study, **o) -> list:
     try: pool = pool + study.runs("seed_sweep").where(factor=["init_seed", "data_seed"], lr=ref)
     except NotComputed: pass
     mt = A.mitigation_table(pool, o["layer"], o["pooling"])
-    best = mt.loc[mt["relative"].idxmin()]
-    alt = (f"What to see: how fast the seed dispersion falls with averaging; lowest: {best.method} of {best['size']} leaves "
-           f"{_pct(best.relative)} of one checkpoint's. " + "; ".join(f"{r.method} of {r.size}: {format_value(r.relative)}" for r in mt.itertuples()) + ".")
+    meas = mt[mt["how"] == "measured"]; best = meas.loc[meas["relative"].idxmin()]
+    alt = (f"What to see: how fast the seed dispersion falls when each run's last checkpoints are averaged (measured; lowest: "
+           f"{best.method} of {best['size']} leaves {_pct(best.relative)} of one checkpoint's: "
+           + "; ".join(f"{r.size}: {format_value(r.relative)}" for r in meas.itertuples())
+           + "); averaging s seeds leaves exactly 1/s of it (the seed line: an identity for a mean of s runs, not a measurement).")
     return [Figure(P.plot_mitigation(mt), "mitigation", alt), Table(mt, f"Seed dispersion after averaging, {len(pool)} distinct runs at lr {format_lr(ref)}")]
 
 # %% ../nbs/21_report.ipynb #0530f8c8

@@ -537,11 +537,16 @@ def arm_label(value: object) -> str:
     return f"LoRA r={m.group(1)}" if m else "full fine-tuning" if str(value) == "full" else str(value)
 
 VALUE_WORDS = {"token_dropout": "token dropout", "typo": "typos", "mc_dropout": "MC dropout", "init_seed": "head seed",
-               "data_seed": "data seed", "dropout_seed": "dropout seed"}   # a value the analysis names by its config key -> words
+               "data_seed": "data seed", "dropout_seed": "dropout seed",
+               "builtin": "the built-in probe set", "heldout": "held-out rows"}   # a value the analysis names by its config key -> words
+
+_COMPONENT_PARTS = {"probe", "residual"}   # the other names a variance component is made of
 
 def value_label(value: object) -> str:
     "A perturbation kind or variance component in words: 'mc_dropout' -> 'MC dropout', 'init_seed:probe' -> 'head seed × probe'; any other value as it is."
-    return " × ".join(VALUE_WORDS.get(p, p) for p in str(value).split(":"))
+    parts = str(value).split(":")
+    if not all(p in VALUE_WORDS or p in _COMPONENT_PARTS for p in parts): return str(value)
+    return " × ".join(VALUE_WORDS.get(p, p) for p in parts)
 
 def _design_words(experiment: str, t: pd.DataFrame, m: pd.DataFrame) -> str:
     if experiment == "crossed":

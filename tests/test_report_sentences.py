@@ -177,13 +177,24 @@ def test_readme_tables_show_the_reports_numbers(heading):
         assert not missing, f"README numbers that reports/{name}/report.html does not show: {missing[:10]}"
 
 
-def test_mitigation_caption_names_the_lowest_rows_own_size(tmp_path):
-    "The caption's 'lowest' is the table's row with the smallest relative dispersion: its method and its own size (not a column count)."
+def test_mitigation_caption_names_the_lowest_measured_row_and_the_seed_identity(tmp_path):
+    """The caption's 'lowest' is the measured (checkpoint-average) row with the smallest relative dispersion, with its own
+    size; the seed-average rows are the exact 1/s identity and are said to be one."""
     study = load_study(_study(tmp_path, {5e-5: 5e-5, 5e-4: 5e-4}))
     fig, table = R.section_mitigation(study)
-    best = table.df.loc[table.df["relative"].idxmin()]
-    assert f"lowest: {best['method']} of {best['size']} leaves" in fig.alt
-    assert table.df["size"].nunique() > 1 and len(table.df) != best["size"]    # the test can tell a row's size from the row count
+    t = table.df; meas = t[t["how"] == "measured"]; seeds = t[t["method"] == "seed average"]
+    best = meas.loc[meas["relative"].idxmin()]
+    assert f"lowest: {best['method']} of {best['size']} leaves" in fig.alt and "not a measurement" in fig.alt
+    assert meas["size"].nunique() > 1 and len(t) != best["size"]     # a row's size, not the table's length
+    np.testing.assert_allclose(seeds["relative"], 1 / seeds["size"], rtol=1e-12)
+
+
+def test_seed_variance_names_the_experiments_it_needs(tmp_path):
+    "A study without a learning-rate or seed sweep is told which experiments the section reads, not that its seeds are missing."
+    study = load_study(_study(tmp_path, {5e-5: 5e-5, 5e-4: 5e-4}))
+    study.has = lambda experiment: False                      # as a study that ran neither (the stability profile)
+    with pytest.raises(R.NotComputed, match="neither the seed_sweep nor the lr_sweep experiment was run"):
+        R.section_seed_variance(study)
 
 
 def test_perturbations_and_components_are_named_in_words(tmp_path):
