@@ -254,7 +254,6 @@ def mitigation_table(rs: RunSet, layer: int = -1, pooling: str = "mean", *, max_
     t = pd.DataFrame(out); base = t["dispersion"].iloc[0]
     return t.assign(relative=t["dispersion"] / base if base else np.nan)
 
-
 # %% ../nbs/16_analysis.ipynb #eceb8c8d
 def perturbation_table(rs: RunSet) -> pd.DataFrame:  # lr, step, when, kind, layer, dispersion, cos_to_clean
     "Within-probe dispersion and distance to the clean embedding under each saved input perturbation, per layer."

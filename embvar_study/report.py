@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from .study import Study, NotComputed, format_lr, value_label
+from .study import Study, NotComputed, format_lr, value_label, VALUE_WORDS
 from .runs import atomic_write_bytes, package_version, git_info
 
 # %% auto #0
@@ -96,8 +96,8 @@ COLUMN_NAMES = {   # a table column -> its header in words, with the unit where 
     "last_step": "last step", "estimate": "variance estimate", "share": "share", "share_low": "95% CI low", "share_high": "95% CI high",
     "replicate_cos_dist": "cosine distance between replicates", "max_abs_diff": "largest absolute difference", "drift_diff": "drift difference",
     "cos_to_clean": "cosine distance to clean", "relative": "dispersion relative to one checkpoint of one run", "size": "averaged", "how": "how obtained",
-    "measure_a": "measure a", "measure_b": "measure b", "spearman": "Spearman ρ", "init_seed": "head seed", "data_seed": "data seed",
-    "dropout_seed": "dropout seed", "n_probes": "probes", "loss": "training loss", "perturb_k": "perturbed copies per probe",
+    "measure_a": "measure a", "measure_b": "measure b", "spearman": "Spearman ρ", **{k: VALUE_WORDS[k] for k in ("init_seed", "data_seed", "dropout_seed")},
+    "n_probes": "probes", "loss": "training loss", "perturb_k": "perturbed copies per probe",
     "perturb_kinds": "perturbations", "eval_acc": "held-out accuracy", "train_loss": "training loss", "eval_loss": "held-out loss",
     "arm": "arm", "trainable_share": "share of parameters trained", "eval_acc_ci": "95% CI of accuracy", "drift_ci": "95% CI of drift",
     "k90_directions": "directions for 90% of the change", "k90_range": "directions, range over seeds", "top_direction_share": "top direction's share",
@@ -272,7 +272,7 @@ def probes_used(config: dict) -> str:
     "Where a run's probes came from, as the training code used them: 'held-out rows of bundled (split train), set aside before training', 'rows of reviews.csv (split test) that are not training texts', 'the built-in probe set', or the file."
     p, ds = str(config.get("probes", "builtin")), config.get("dataset")
     name = lambda x: Path(str(x)).name if isinstance(x, str) and ("/" in x or os.sep in x) else str(x)
-    if p == "builtin": return "the built-in probe set"
+    if p == "builtin": return VALUE_WORDS["builtin"]
     if p == "heldout":   # rows of the run's own dataset and split, set aside before any run's train/eval subsets (train.prepare_data)
         return f"held-out rows of {name(ds)} (split {config.get('split', 'train')}), set aside before training"
     if p.startswith("heldout:"):
@@ -599,7 +599,8 @@ def section_mitigation(study: Study, **o) -> list:
     alt = (f"What to see: how fast the seed dispersion falls when each run's last checkpoints are averaged (measured; lowest: "
            f"{best.method} of {best['size']} leaves {_pct(best.relative)} of one checkpoint's: "
            + "; ".join(f"{r.size}: {format_value(r.relative)}" for r in meas.itertuples())
-           + "); averaging s seeds leaves exactly 1/s of it (the seed line: an identity for a mean of s runs, not a measurement).")
+           + f"); averaging s seeds (s = 1 to {int(mt.loc[mt['method'] == 'seed average', 'size'].max())} here) leaves exactly 1/s of it "
+           "(the seed line: an identity for a mean of s runs, not a measurement).")
     return [Figure(P.plot_mitigation(mt), "mitigation", alt), Table(mt, f"Seed dispersion after averaging, {len(pool)} distinct runs at lr {format_lr(ref)}")]
 
 # %% ../nbs/21_report.ipynb #0530f8c8

@@ -187,6 +187,7 @@ def test_mitigation_caption_names_the_lowest_measured_row_and_the_seed_identity(
     assert f"lowest: {best['method']} of {best['size']} leaves" in fig.alt and "not a measurement" in fig.alt
     assert meas["size"].nunique() > 1 and len(t) != best["size"]     # a row's size, not the table's length
     np.testing.assert_allclose(seeds["relative"], 1 / seeds["size"], rtol=1e-12)
+    assert f"s = 1 to {len(study.runs('lr_sweep').where(lr=5e-5)) // 2} here" in fig.alt       # the study's own seed count
 
 
 def test_seed_variance_names_the_experiments_it_needs(tmp_path):
