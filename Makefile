@@ -23,7 +23,7 @@ REPORT_ARGS ?=
 EXTRAS      ?= dev,offline,ray
 BIN := $(VENV)/bin
 
-.PHONY: install report test check-nbdev lint nbdev-test pytest bench docs environment.yml clean-venv
+.PHONY: install report outputs test check-nbdev lint nbdev-test pytest bench docs environment.yml clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -58,8 +58,13 @@ check-nbdev: install
 	$(BIN)/nbdev_clean
 	@changed="$$(git status --porcelain -- nbs embvar_study)"; if [ -n "$$changed" ]; then echo "$$changed"; echo "nbdev_export/nbdev_clean changed the tree: run them and commit"; exit 1; fi
 
+# Every notebook executed as nbdev_test executes it, and its outputs compared with the committed ones (nbs/_outputs.py)
 nbdev-test: install
-	$(BIN)/nbdev_test --n_workers 2
+	$(BIN)/python nbs/_outputs.py --check --workers 2
+
+# Re-execute notebooks and store their outputs (all, or NB="nbs/02_metrics.ipynb ..."); commit the result
+outputs: install
+	$(BIN)/python nbs/_outputs.py --write $(NB)
 
 pytest: install
 	$(BIN)/python -m pytest -q tests
