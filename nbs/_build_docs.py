@@ -1,5 +1,5 @@
-"""Build the documentation site: every module notebook executed and rendered with its outputs, and the README as the
-index, into one folder of static HTML pages with a shared contents sidebar and working links (no network, no quarto).
+"""Build the documentation site: every module notebook and guide notebook (nbs/guide_*.ipynb) executed and rendered with
+its outputs, and the README (itself generated from nbs/index.ipynb) as the index, into one folder of static HTML pages with a shared contents sidebar and working links (no network, no quarto).
 
     python nbs/_build_docs.py _docs            (what `make docs` runs)
     python nbs/_build_docs.py --readme         (README.md from nbs/index.ipynb, what `make readme` runs)

@@ -132,10 +132,13 @@ def test_every_guide_is_linked_from_the_readme_and_built_by_make_docs():
         assert not any("default_exp" in "".join(c["source"]) for c in src), f"{g.name} is documentation: no #| default_exp"
 
 
-def test_readme_links_point_at_files_that_exist():
-    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", _readme()):
-        if not re.match(r"^(https?|mailto):", target):
-            assert (ROOT / target).exists(), f"README.md links {target}, which does not exist"
+def test_links_point_at_files_that_exist():
+    "Every relative link of the README (from the checkout's root) and of the guides (from nbs/) names a file that is there."
+    docs = [(README, [_readme()])] + [(g, _markdown_cells(g)) for g in GUIDES]
+    for path, blocks in docs:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", "\n".join(blocks)):
+            if not re.match(r"^(https?|mailto):", target):
+                assert (path.parent / target).exists(), f"{path.relative_to(ROOT)} links {target}, which does not exist"
 
 
 # --- quotes and tables of the committed reports -------------------------------------------------------------------------
