@@ -91,3 +91,8 @@ environment.yml: settings.ini
 
 clean-venv:
 	rm -rf $(VENV)
+
+# README.md is generated from nbs/index.ipynb (edit the notebook; tests/test_readme.py checks that they agree)
+.PHONY: readme
+readme: install
+	$(BIN)/python nbs/_build_docs.py --readme

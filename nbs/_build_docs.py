@@ -1,7 +1,8 @@
-"""Build the documentation site: every module notebook executed and rendered with its outputs, and the README as the
-index, into one folder of static HTML pages with a shared contents sidebar and working links (no network, no quarto).
+"""Build the documentation site: every module notebook and guide notebook (nbs/guide_*.ipynb) executed and rendered with
+its outputs, and the README (itself generated from nbs/index.ipynb) as the index, into one folder of static HTML pages with a shared contents sidebar and working links (no network, no quarto).
 
     python nbs/_build_docs.py _docs            (what `make docs` runs)
+    python nbs/_build_docs.py --readme         (README.md from nbs/index.ipynb, what `make readme` runs)
     python nbs/_build_docs.py --environment    (print environment.yml, generated from settings.ini)
 """
 import configparser, html, re, shlex, sys, time
@@ -47,12 +48,54 @@ def environment_yml() -> str:
 
 
 def pages() -> list[Path]:
-    return sorted(p for p in (ROOT / "nbs").glob("[0-9][0-9]_*.ipynb"))
+    return sorted(p for p in (ROOT / "nbs").glob("[0-9][0-9]_*.ipynb")) + guides()
+
+
+def guides() -> list[Path]:
+    "The documentation notebooks (no module of their own), in the order the README lists them."
+    found = {p.stem: p for p in (ROOT / "nbs").glob("guide_*.ipynb")}
+    return [found.pop(n) for n in GUIDE_ORDER if n in found] + sorted(found.values())
+
+
+GUIDE_ORDER = ["guide_tracking", "guide_compare", "guide_stability", "guide_models", "guide_runs", "guide_scaling",
+               "guide_measurements"]
+README_NOTE = "<!-- Generated from nbs/index.ipynb by `python nbs/_build_docs.py --readme` (make readme): edit the notebook, not this file. -->"
+
+
+def _text(v) -> str: return v if isinstance(v, str) else "".join(v)
+
+
+def readme_text(index: Path | None = None) -> str:
+    """README.md from `index` (default nbs/index.ipynb), as nbdev's readme makes it: markdown cells as they are, code cells
+    as ```python blocks (nbdev's `#|` directive lines dropped; `#| hide` cells left out), each followed by its committed
+    text outputs (stdout and plain-text results) as a plain block. Deterministic: the same notebook gives the same bytes."""
+    nb = nbformat.read(index or ROOT / "nbs" / "index.ipynb", as_version=4)
+    parts = [README_NOTE]
+    for c in nb.cells:
+        src = _text(c.source).strip("\n")
+        if c.cell_type == "markdown":
+            if src: parts.append(src)
+            continue
+        if c.cell_type != "code" or re.search(r"^#\|\s*hide\b", src, flags=re.M): continue
+        code = "\n".join(l for l in src.splitlines() if not re.match(r"^#\|", l)).strip("\n")
+        if code: parts.append(f"```python\n{code}\n```")
+        out = []
+        for o in c.get("outputs", []):
+            if o.get("output_type") == "stream" and o.get("name") == "stdout": out.append(_text(o["text"]))
+            elif o.get("output_type") == "execute_result" and "text/plain" in o.get("data", {}):
+                out.append(_text(o["data"]["text/plain"]) + "\n")
+        text = "".join(out).strip("\n")
+        if text: parts.append(f"```\n{text}\n```")
+    return "\n\n".join(parts) + "\n"
 
 
 def sidebar(current: str) -> str:
     by_num = {p.name[:2]: p for p in pages()}
     out = [f'<a href="index.html"{" class=here" if current == "index.html" else ""}>Overview (README)</a>']
+    out.append('<div class="group">guides</div>')
+    for g in guides():
+        name = g.stem + ".html"
+        out.append(f'<a href="{name}"{" class=here" if current == name else ""}>{html.escape(g.stem[6:])}</a>')
     for layer, nums in LAYERS:
         out.append(f'<div class="group">{layer}</div>')
         for n in nums:
@@ -73,8 +116,8 @@ def readme_html() -> str:
     def fix(m):
         attr, url = m.group(1), m.group(2)
         if re.match(r"^(https?:|#|mailto:)", url): return m.group(0)
-        nb = re.match(r"^nbs/(\d\d_[\w]+)\.ipynb$", url)
-        return f'{attr}="{nb.group(1)}.html"' if nb else f'{attr}="../{url}"'
+        nb = re.match(r"^nbs/(\d\d_[\w]+|guide_\w+)\.ipynb(#.*)?$", url)
+        return f'{attr}="{nb.group(1)}.html{nb.group(2) or ""}"' if nb else f'{attr}="../{url}"'
     return re.sub(r'(href|src)="([^"]+)"', fix, body)
 
 
@@ -85,7 +128,7 @@ def notebook_html(path: Path, execute: bool = True) -> str:
     if execute: NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}},
                                extra_arguments=["--IPKernelApp.log_level=ERROR"]).execute()
     body, _ = HTMLExporter(template_name="basic").from_notebook_node(nb)
-    return re.sub(r'href="(\d\d_[\w]+)\.ipynb"', r'href="\1.html"', body)
+    return re.sub(r'href="(\d\d_[\w]+|guide_\w+)\.ipynb(#[^"]*)?"', r'href="\1.html\2"', body)
 
 
 def build(dest: Path, execute: bool = True) -> list[Path]:
@@ -102,6 +145,9 @@ def build(dest: Path, execute: bool = True) -> list[Path]:
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--environment"]: sys.stdout.write(environment_yml())
+    elif sys.argv[1:] == ["--readme"]:
+        (ROOT / "README.md").write_text(readme_text(), encoding="utf-8")
+        print(f"README.md written from nbs/index.ipynb ({readme_text().count(chr(10))} lines)")
     else:
         out = build(Path(sys.argv[1] if len(sys.argv) > 1 else ROOT / "_docs"), execute="--no-execute" not in sys.argv)
         print(f"docs: {len(out)} pages in {out[0].parent}")
