@@ -4,13 +4,13 @@
 
 # %% ../nbs/16_analysis.ipynb #39823df7
 from __future__ import annotations
-import json
 
 import numpy as np
 import pandas as pd
 
 from .runs import Run
-from .study import RunSet, NotComputed, config_value, format_lr, value_label
+from .study import RunSet, NotComputed, config_value
+from .words import format_lr, value_label, Distinct
 from .metrics import (cosine_drift, drift_curve, step_drift, spectrum_summary, covariance_spectrum, class_variance,
                                   cross_run_dispersion)
 from .align import generalized_procrustes, pairwise_run_table
@@ -403,8 +403,13 @@ def _flat(d: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in d.items():
         if isinstance(v, dict): out.update(_flat(v, f"{prefix}{k}."))
-        else: out[f"{prefix}{k}"] = json.dumps(v) if isinstance(v, list) else v
+        else: out[f"{prefix}{k}"] = tuple(v) if isinstance(v, list) else v   # a list as a (hashable) tuple: a value, not its JSON text
     return out
+
+def _distinct(values) -> Distinct:
+    "The distinct values of one setting over runs, each once, in the order of their text."
+    by_text = {str(v): v for v in values}
+    return Distinct(by_text[k] for k in sorted(by_text))
 
 def provenance_tables(rs: RunSet) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:  # (shared, varying, environments)
     "(settings all runs share: key, value; settings that vary: one row per run; distinct environments: key, value(s))."
@@ -413,5 +418,5 @@ def provenance_tables(rs: RunSet) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
     shared = pd.DataFrame({"setting": same, "value": [cfg[c].iloc[0] for c in same]})
     varying = cfg[[c for c in cfg if c not in same]].assign(run=rs.labels()).set_index("run").reset_index()
     env = pd.DataFrame([_flat(r.environment or {}) for r in rs.runs])
-    envs = pd.DataFrame({"key": list(env), "value": [" | ".join(sorted({str(v) for v in env[c]})) for c in env]})
+    envs = pd.DataFrame({"key": list(env), "value": [_distinct(env[c]) for c in env]})   # each key's distinct values, typed (formatted at display)
     return shared, varying, envs

@@ -12,7 +12,8 @@ from matplotlib.ticker import FormatStrFormatter
 
 from typing import Iterable
 
-from .study import format_lr, arm_label, value_label   # the figures name arms and perturbations in words
+from .study import arm_label   # the figures name arms and perturbations in words
+from .words import format_lr, value_label
 
 # %% auto #0
 __all__ = ['CANONICAL_LRS', 'FIXED_COLOURS', 'SCHEDULE_STYLES', 'group_label', 'palette', 'tracked_ticks', 'spread',
