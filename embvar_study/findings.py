@@ -245,7 +245,7 @@ def _schedule_findings(study: Study, o: dict) -> list[dict]:
         l = lin.loc[r.lr]
         v = compare_intervals((r.ci_low, r.ci_high), (l["ci_low"], l["ci_high"]))
         a, b = f"{format_value(r.drift)} {interval_text(r.ci_low, r.ci_high)}", f"{format_value(l['drift'])} {interval_text(l['ci_low'], l['ci_high'])}"
-        times = f"the {r.schedule} schedule's drift is {r.ratio_to_linear:.2f} times the linear one's"
+        times = f"the {r.schedule} schedule's drift is {r.ratio_to_linear:.{2 if v == 'overlap' else 1}f} times the linear one's"   # as precise as it needs: 1.05 beside 1
         text = {"larger": f"At lr {format_lr(r.lr)} a {r.schedule} schedule ends with more drift than the linear one: {a} against {b}; {times}.",
                 "smaller": f"At lr {format_lr(r.lr)} a {r.schedule} schedule ends with less drift than the linear one: {a} against {b}; {times}.",
                 "overlap": f"Not shown that the schedule changes drift at lr {format_lr(r.lr)}: {r.schedule} {a} and linear {b} overlap; {times}.",

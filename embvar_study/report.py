@@ -11,11 +11,10 @@ from typing import Callable
 from .runs import atomic_write_bytes
 from .words import study_description
 from .display import PAGE_CSS
-from .sections import NOT_APPLICABLE
 
 # %% auto #0
 __all__ = ['project_root', 'resolve_study_dir', 'template_dir', 'check_templates', 'NotebookFailed', 'execute_notebooks',
-           'notebook_state', 'take_title', 'take_shown', 'split_lead', 'doc_title', 'render_html']
+           'notebook_state', 'take_title', 'take_shown', 'split_lead', 'doc_title', 'take_not_computed', 'render_html']
 
 # %% ../nbs/21_report.ipynb #53249755
 def project_root() -> Path | None:
@@ -130,6 +129,7 @@ def _read(nb_path: Path) -> object:  # an nbformat notebook
         if c.cell_type == "code": c.outputs = [o for o in c.get("outputs", []) if o.get("output_type") != "stream"]
     return nb
 
+# %% ../nbs/21_report.ipynb #9c32e066
 def _fragment(nb: object) -> str:
     "The notebook's outputs and Markdown as an HTML fragment, without code or prompts."
     from nbconvert import HTMLExporter
@@ -137,6 +137,7 @@ def _fragment(nb: object) -> str:
     body, _ = ex.from_notebook_node(nb)
     return body
 
+# %% ../nbs/21_report.ipynb #f930d2c2
 def _demote(fragment: str, by: int, prefix: str) -> str:
     "Headings one level deeper (h1 -> h3 for by=2) and ids prefixed, for an appendix part."
     frag = re.sub(r"<(/?)h([1-4])", lambda m: f"<{m.group(1)}h{min(6, int(m.group(2)) + by)}", fragment)
@@ -182,23 +183,28 @@ def doc_title(title: str, profile: str = "") -> str:
     return f"{title}: {p}" if " " in p else f"{title} — {p} profile"
 
 # %% ../nbs/21_report.ipynb #2f00b35b
-def _not_computed_list(body: str) -> tuple[str, list[tuple[str, str]]]:  # (body without them, [(section, reason)])
-    "Sections (h2/h3) that hold only 'Not computed' notes and prose are taken out (a section with a computed output, a figure or a table stays, without its notes); every note becomes (section title, reason)."
-    parts = re.split(r'(?=<h[23] id=")', body); kept, notes = [], []
-    strip = lambda s: html.unescape(re.sub(r"<[^>]+>", "", s)).strip()
-    for p in parts:
-        if NOT_APPLICABLE in p and '<p class="not-computed">' not in p and "<img" not in p and "<table" not in p: continue
-        found = re.findall(r'<p class="not-computed">(.*?)</p>', p, flags=re.S)
-        if not found: kept.append(p); continue
-        m = re.match(r'<h([23]) id="[^"]*">(.*?)(?:<a class="anchor-link"[^>]*>.*?</a>)?</h\1>', p, flags=re.S)
-        title = strip(m.group(2)) if m else "Report"
-        notes += [(title, strip(re.sub(r"<strong>Not computed:</strong>", "", f))) for f in found]
-        rest = re.sub(r'<p class="not-computed">.*?</p>', "", p, flags=re.S)
-        computed = any(strip(o) for o in re.findall(r'<div class="output_html[^"]*"[^>]*>(.*?)</div>', rest, flags=re.S))   # e.g. the findings beside a missing headline
-        if "<img" in p or "<table" in p or computed: kept.append(rest)
-        elif not m: kept.append(re.sub(r'<p class="not-computed">.*?</p>', "", p, flags=re.S))
-    return "".join(kept), notes
+def take_not_computed(nb: object) -> list[tuple[str, str]]:  # [(section title, reason)]
+    "The 'not computed' notes `sections.show` recorded (in its outputs' metadata), taken out of the notebook, each with its section's title; a section (a `## ` or `### ` heading and the cells up to the next) left with nothing computed is taken out whole, as is one that does not apply to this study."
+    meta = lambda o: (o.get("metadata") or {}).get("embvar") or {}
+    groups, titles = [[]], [None]
+    for c in nb.cells:
+        if c.cell_type == "markdown" and c.source.startswith(("## ", "### ")):
+            groups.append([]); titles.append(c.source.split("\n", 1)[0].lstrip("#").strip())
+        groups[-1].append(c)
+    kept, notes = [], []
+    for title, cells in zip(titles, groups):
+        outs = [o for c in cells if c.cell_type == "code" for o in c.outputs]
+        reasons = [meta(o)["not_computed"] for o in outs if "not_computed" in meta(o)]
+        computed = [o for o in outs if "not_computed" not in meta(o) and not meta(o).get("not_applicable")]
+        notes += [(title or "Report", r) for r in reasons]
+        for c in cells:
+            if c.cell_type == "code": c.outputs = [o for o in c.outputs if "not_computed" not in meta(o)]
+        if title is not None and not computed and (reasons or any(meta(o).get("not_applicable") for o in outs)): continue
+        kept += cells
+    nb.cells = kept
+    return notes
 
+# %% ../nbs/21_report.ipynb #8ceacad3
 def _not_computed_html(notes: list[tuple[str, str]]) -> str:
     if not notes: return ""
     items = "".join(f"<li><strong>{html.escape(t)}</strong>: {html.escape(r)}</li>" for t, r in dict.fromkeys(notes))
@@ -222,9 +228,9 @@ def render_html(study_dir: str | Path, report: str | Path, appendix: list[str | 
     nb = _read(Path(report))
     title = take_title(nb) or "Embedding variance report"
     about = "".join(take_shown(nb, "header"))            # folded after the answer
+    notes = take_not_computed(nb)                         # listed once, before the appendix
     lead_nb, rest_nb = split_lead(nb)
-    lead, notes = _not_computed_list(_fragment(lead_nb))
-    body, more = _not_computed_list(_fragment(rest_nb)); notes += more
+    lead, body = _fragment(lead_nb), _fragment(rest_nb)
     has_app = 'id="Appendix"' in body
     parts = [(Path(p).stem, _demote(_fragment(_read(Path(p))), 3 if has_app else 2, Path(p).stem)) for p in appendix]
     app = "".join(f'<section class="appendix" id="appendix-{n}">{f}</section>' for n, f in parts)

@@ -20,11 +20,12 @@ from .findings import (memo, report_options, summary_of, curves_of, last_rows, r
                        collapse_of, gaps_have_intervals, collapse_answer, truncation_table)
 
 # %% auto #0
-__all__ = ['NOT_APPLICABLE', 'diverged_note', 'section_items', 'show', 'commit_words', 'header', 'section_drift', 'headline',
-           'section_reference', 'section_schedule', 'collapse_for_reading', 'section_effects', 'section_layers',
-           'section_seed_variance', 'section_pairs', 'section_noise_floor', 'section_geometry', 'section_perturbation',
-           'reference_lr', 'section_mitigation', 'section_components', 'collapse_identical', 'section_early_warning',
-           'section_stability', 'section_agreement', 'section_pooling', 'section_provenance']
+__all__ = ['NOT_APPLICABLE', 'diverged_note', 'NotComputedNote', 'section_items', 'show', 'commit_words', 'header',
+           'section_drift', 'headline', 'section_reference', 'section_schedule', 'collapse_for_reading',
+           'section_effects', 'section_layers', 'section_seed_variance', 'section_pairs', 'section_noise_floor',
+           'section_geometry', 'section_perturbation', 'reference_lr', 'section_mitigation', 'section_components',
+           'collapse_identical', 'section_early_warning', 'section_stability', 'section_agreement', 'section_pooling',
+           'section_provenance']
 
 # %% ../nbs/20b_sections.ipynb #4ccbe1e8
 def diverged_note(study: Study,            # the study
@@ -36,13 +37,20 @@ def diverged_note(study: Study,            # the study
     each = "; ".join(f"{r.run} of {r.experiment} at step {r.step}" + (f" ({r.because})" if r.because else "") for r in dv.itertuples())
     return note_md(f"{len(dv)} diverged run{'s' if len(dv) != 1 else ''} left out of this section's tables and figures: {each}.")
 
+# %% ../nbs/20b_sections.ipynb #4525bdd4
+class NotComputedNote(RawHTML):
+    "The note shown for a section that could not be computed, with its reason kept as a value (`reason`) for the page's list."
+    def __new__(cls, reason: str):
+        self = super().__new__(cls, note_html(reason)); self.reason = str(reason)
+        return self
+
 # %% ../nbs/20b_sections.ipynb #9dbfb0b7
 def section_items(section: Callable | object, *args, **kwargs) -> list:  # items to display
     "A section's items (or a ready value); `NotComputed` becomes a note; a note first when it left diverged runs out."
     study = args[0] if args and isinstance(args[0], Study) else None
     if study is not None: study.left_out = set()
     try: out = section(*args, **kwargs) if callable(section) else section
-    except NotComputed as e: out = RawHTML(note_html(str(e)))
+    except NotComputed as e: out = NotComputedNote(str(e))
     items = [i for i in (out if isinstance(out, (list, tuple)) else [out]) if i is not None]
     if study is not None and study.left_out and getattr(section, "__name__", "") != "findings":   # findings say it themselves
         note = diverged_note(study, sorted(study.left_out))
@@ -51,11 +59,15 @@ def section_items(section: Callable | object, *args, **kwargs) -> list:  # items
 
 # %% ../nbs/20b_sections.ipynb #24414107
 def show(section: Callable | object, *args, study_dir: str | Path | None = None, **kwargs) -> None:
-    "Display a section's result (or a ready value); `NotComputed` becomes a note with the reason."
+    "Display a section's result (or a ready value); `NotComputed` becomes a note with the reason. Each output records in its metadata the section's name, and a note its reason: the page reads them there, not in the HTML."
     from IPython.display import HTML, display
     if study_dir is None and args and isinstance(args[0], Study): study_dir = args[0].study_dir
-    display(HTML("\n".join(to_html(i, study_dir) for i in section_items(section, *args, **kwargs))),
-            metadata={"embvar": {"section": getattr(section, "__name__", None)}})   # the page finds a section by this, not in its HTML
+    items, name = section_items(section, *args, **kwargs), getattr(section, "__name__", None)
+    shown = [i for i in items if not isinstance(i, NotComputedNote)]
+    if shown: display(HTML("\n".join(to_html(i, study_dir) for i in shown)),
+                      metadata={"embvar": {"section": name, "not_applicable": all(str(i) == NOT_APPLICABLE for i in shown)}})
+    for n in items:
+        if isinstance(n, NotComputedNote): display(HTML(str(n)), metadata={"embvar": {"section": name, "not_computed": n.reason}})
 
 # %% ../nbs/20b_sections.ipynb #4dd9db8b
 def _data(c: dict) -> str | None:

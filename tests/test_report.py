@@ -3,6 +3,7 @@ real title, a table of contents, a provenance header, tables formatted for readi
 remote resource; its numbers are the analysis tables'; a second call trains nothing. The templates hold parameters,
 narrative and display calls only. A study without the seed sweep still renders (the early warning falls back)."""
 import ast, html as html_lib, json, re
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -252,6 +253,29 @@ def test_a_failing_notebook_leaves_its_traceback_in_the_log(tmp_path):
     assert "ZeroDivisionError" in log and "return v / 0" in log and "\x1b[" not in log
 
 
+_MEASURE = """<script>
+window.addEventListener('load', () => {
+  const top = e => e ? e.getBoundingClientRect().top + window.scrollY : -1;
+  const out = {height: document.body.scrollHeight, conclusions: top(document.getElementById('Conclusions')),
+               figure: top(document.querySelector('main img')), about: top(document.querySelector('details.about'))};
+  const pre = document.createElement('pre'); pre.id = 'measured'; pre.textContent = JSON.stringify(out); document.body.appendChild(pre);
+});
+</script>"""
+
+
+def laid_out(page: str, tmp: Path, width: int = 1280, height: int = 800) -> dict | None:
+    "Where a headless Chromium window of width x height lays out the conclusions, the first figure and the folded header (px from the top), and the body's height; None without Chromium."
+    import shutil, subprocess
+    exe = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if not exe: return None
+    f = tmp / "measured.html"; f.write_text(page.replace("</body>", _MEASURE + "</body>"), encoding="utf-8")
+    r = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", f"--window-size={width},{height}", "--virtual-time-budget=10000",
+                        "--dump-dom", f.as_uri()], capture_output=True, text=True, timeout=300)
+    m = re.search(r'<pre id="measured">(.*?)</pre>', r.stdout)
+    assert m, r.stderr[-500:]
+    return json.loads(html_lib.unescape(m.group(1)))
+
+
 def _visible_length(fragment: str) -> int:
     return len(re.sub(r"\s+", " ", page_text(fragment)).strip())
 
@@ -272,6 +296,10 @@ def test_the_first_screen_shows_the_answer(tmp_path):
     said = concl.index("the reference result (distilbert-base-uncased fine-tuned on IMDb") if "reference" in concl else None
     assert said is None or said < concl.index("ends at about")                         # what the reference is, before it is quoted
     assert not re.search(r"\d(\.\d+)?x as", page_text(concl))                         # a ratio in its own words, not '39.2x as large (...)'
+    at = laid_out(page, tmp_path)                                                       # measured where Chromium is installed
+    if at is not None:
+        assert 0 < at["conclusions"] < at["figure"] < at["about"], at
+        assert at["conclusions"] < 800 and at["figure"] < 0.2 * at["height"], at           # the answer on the first screen of 1280 x 800
 
 
 def test_a_custom_study_keeps_its_description_and_the_reference_rate_it_ran(tmp_path):
