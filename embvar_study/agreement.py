@@ -177,6 +177,7 @@ def _check_runs(rs, minimum: int, what: str) -> RunSet:
     if len(rs) < minimum: raise NotComputed(f"{what} needs at least {minimum} runs, got {len(rs)}")
     return rs
 
+# %% ../nbs/19_agreement.ipynb #5f6727be
 def _last_step(rs: RunSet, step: int | None) -> int:
     "`step`, checked to be tracked by every run after the first common step; default the last common step."
     steps = rs.common_steps()

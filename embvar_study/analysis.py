@@ -4,13 +4,13 @@
 
 # %% ../nbs/16_analysis.ipynb #39823df7
 from __future__ import annotations
-import json
 
 import numpy as np
 import pandas as pd
 
 from .runs import Run
-from .study import RunSet, NotComputed, config_value, format_lr, value_label
+from .study import RunSet, NotComputed, config_value
+from .words import format_lr, value_label, Distinct
 from .metrics import (cosine_drift, drift_curve, step_drift, spectrum_summary, covariance_spectrum, class_variance,
                                   cross_run_dispersion)
 from .align import generalized_procrustes, pairwise_run_table
@@ -30,6 +30,7 @@ def _history(run) -> tuple[pd.DataFrame, pd.DataFrame]:  # (training rows, held-
     ev = h.dropna(subset=["eval_loss"]) if "eval_loss" in h else h.iloc[:0]
     return tr, ev
 
+# %% ../nbs/16_analysis.ipynb #96087489
 def runs_table(rs: RunSet) -> pd.DataFrame:  # one row per run
     "Design, status, tracked steps, first/last training loss (mean of 5 steps) and held-out metrics of every run."
     out = []
@@ -61,6 +62,7 @@ def _per_checkpoint(h: pd.DataFrame, steps, col: str, how: str = "mean") -> np.n
     n = end - start
     return np.divide(csum[end] - csum[start], n, out=np.full(len(steps), np.nan), where=n > 0)
 
+# %% ../nbs/16_analysis.ipynb #31456996
 def drift_curves(rs: RunSet, layer: int = -1, pooling: str = "mean") -> pd.DataFrame:  # one row per run and tracked step
     "Drift, step-to-step drift, path length, cumulative learning rate, losses and held-out metrics per run and step."
     out = []
@@ -109,12 +111,14 @@ REFERENCE = {"model": "distilbert-base-uncased", "data": "IMDb (Hub)", "probes":
              "batch": "not stated", "schedule": "not stated",
              "drift": {5e-5: (0.03, 0.26), 5e-4: (0.22, 0.76)}, "loss": {5e-5: "decreases", 5e-4: "barely changes"}}
 
+# %% ../nbs/16_analysis.ipynb #0feb543e
 def _short_data(c: dict) -> str:
     fp = config_value(c, "resolved.dataset") or {}
     name = str(c.get("dataset", "?"))
     name = name.rsplit("/", 1)[-1] if fp.get("kind") == "file" else name
     return f"{name} (sha256 {fp['sha256'][:8]})" if fp.get("sha256") else name
 
+# %% ../nbs/16_analysis.ipynb #43f20ee9
 def setup_table(rs: RunSet) -> pd.DataFrame:  # one row per learning rate
     "What the runs of each learning rate were: model, data, probes, steps, batch, schedule, warmup, peak rate, seeds."
     out = []
@@ -171,6 +175,7 @@ def pairwise_table(rs: RunSet, layer: int = -1, pooling: str = "mean", *, k: int
     if len(rs) < 2: raise NotComputed(f"pairwise measures need at least 2 runs, got {len(rs)}")
     return pairwise_run_table(rs.stack(layer, pooling, step), rs.labels(), k=k)
 
+# %% ../nbs/16_analysis.ipynb #ff05384b
 def similarity_matrix(pairs: pd.DataFrame, col: str) -> pd.DataFrame:  # square, labels on both axes
     "Square matrix of `col` from a pairwise table (diagonal: 1 for similarities, 0 for distances)."
     labels = list(dict.fromkeys(list(pairs["run_a"]) + list(pairs["run_b"])))
@@ -186,6 +191,7 @@ def _row_space(X: np.ndarray,  # (..., N, d) configurations
     if X.shape[-1] <= X.shape[-2]: return X
     return np.swapaxes(np.linalg.qr(np.swapaxes(X, -1, -2), mode="r"), -1, -2)   # X = R^T Q^T, so X Q = R^T
 
+# %% ../nbs/16_analysis.ipynb #c239f026
 def dispersion_over_training(rs: RunSet, layer: int = -1, pooling: str = "mean") -> pd.DataFrame:  # step, raw, aligned, pairwise cosine
     "Per common step: raw and GPA-aligned mean squared distance of the K runs to their mean, and mean pairwise cosine distance."
     if len(rs) < 2: raise NotComputed(f"seed dispersion needs at least 2 runs, got {len(rs)}")
@@ -226,6 +232,7 @@ def lr_effects(rs: RunSet, layer: int = -1, pooling: str = "mean", *, seed: int 
         raise NotComputed("effect sizes need two learning rates with at least 2 seeds each")
     return effect_size_table(groups, seed=seed)
 
+# %% ../nbs/16_analysis.ipynb #17559bd4
 def noise_floor(rs: RunSet, layer: int = -1, pooling: str = "mean") -> pd.DataFrame:  # step, replicate_cos_dist, max_abs_diff, drift_diff
     "Per common step: cosine distance between two identical-seed replicates, their largest difference, and their drift difference."
     if len(rs) < 2: raise NotComputed(f"the noise floor needs two identical-seed replicates, got {len(rs)} run(s)")
@@ -239,6 +246,7 @@ def _half_msd_pairs(X: np.ndarray) -> float:
     "Half the mean squared distance between two of the K runs in X (K, N, d), over every pair: the unbiased variance over runs, summed over d, mean over probes."
     return float(((X - X.mean(0)) ** 2).sum(-1).sum(0).mean() / (X.shape[0] - 1))
 
+# %% ../nbs/16_analysis.ipynb #131a3a99
 def mitigation_table(rs: RunSet, layer: int = -1, pooling: str = "mean", *, max_m: int = 4) -> pd.DataFrame:  # method, size, dispersion, relative, how
     """Seed dispersion left after averaging the last m checkpoints of each run (measured), and after averaging s seeds
     (relative to m = s = 1). For s seeds it is exactly 1/s of one seed's: half the mean squared distance between the means
@@ -291,6 +299,7 @@ def _group_arrays(rs: RunSet, layer: int, pooling: str) -> dict:
         out[key] = (steps, c["cum_lr"].to_numpy().reshape(len(g), -1), c["drift"].to_numpy().reshape(len(g), -1))
     return out
 
+# %% ../nbs/16_analysis.ipynb #3625c535
 def _pair_gaps(a: tuple, b: tuple) -> tuple[float, float, float, float]:  # (gap vs C, C low, C high, gap vs step)
     (sa, ca, da), (sb, cb, db) = a, b
     gc, lo, hi = curve_gap(ca, da, cb, db)
@@ -359,6 +368,7 @@ def _arm_values(rs: RunSet, layer: int, pooling: str) -> dict:  # arm -> {"runs"
                     "spectrum": change_spectrum(np.stack([e[-1] - e[0] for e in emb]))}
     return out
 
+# %% ../nbs/16_analysis.ipynb #2b4b0401
 def lora_table(rs: RunSet, layer: int = -1, pooling: str = "mean", *, n_resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
     "Per arm (full, lora_r8, ...): lr, rank, trainable share, final accuracy and drift with 95% CIs, directions of the change."
     if len(rs) < 2: raise NotComputed(f"the lora table needs runs of at least 2 arms, got {len(rs)} run(s)")
@@ -377,6 +387,7 @@ def lora_table(rs: RunSet, layer: int = -1, pooling: str = "mean", *, n_resample
     t.attrs["ci_method"] = "; ".join(dict.fromkeys(t.pop("ci_method"))) + " (accuracy and drift, per arm)"
     return t
 
+# %% ../nbs/16_analysis.ipynb #66f52b08
 def lora_comparisons(rs: RunSet, layer: int = -1, pooling: str = "mean", *, n_resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
     "Each LoRA arm against full fine-tuning, seeds as samples: accuracy and drift differences (LoRA - full, Welch t interval), drift ratio."
     vals = _arm_values(rs, layer, pooling)
@@ -403,9 +414,16 @@ def _flat(d: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in d.items():
         if isinstance(v, dict): out.update(_flat(v, f"{prefix}{k}."))
-        else: out[f"{prefix}{k}"] = json.dumps(v) if isinstance(v, list) else v
+        else: out[f"{prefix}{k}"] = tuple(v) if isinstance(v, list) else v   # a list as a (hashable) tuple: a value, not its JSON text
     return out
 
+# %% ../nbs/16_analysis.ipynb #573d2cf9
+def _distinct(values) -> Distinct:
+    "The distinct values of one setting over runs, each once, in the order of their text."
+    by_text = {str(v): v for v in values}
+    return Distinct(by_text[k] for k in sorted(by_text))
+
+# %% ../nbs/16_analysis.ipynb #05c68758
 def provenance_tables(rs: RunSet) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:  # (shared, varying, environments)
     "(settings all runs share: key, value; settings that vary: one row per run; distinct environments: key, value(s))."
     cfg = pd.DataFrame([_flat(r.config) for r in rs.runs])
@@ -413,5 +431,5 @@ def provenance_tables(rs: RunSet) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
     shared = pd.DataFrame({"setting": same, "value": [cfg[c].iloc[0] for c in same]})
     varying = cfg[[c for c in cfg if c not in same]].assign(run=rs.labels()).set_index("run").reset_index()
     env = pd.DataFrame([_flat(r.environment or {}) for r in rs.runs])
-    envs = pd.DataFrame({"key": list(env), "value": [" | ".join(sorted({str(v) for v in env[c]})) for c in env]})
+    envs = pd.DataFrame({"key": list(env), "value": [_distinct(env[c]) for c in env]})   # each key's distinct values, typed (formatted at display)
     return shared, varying, envs

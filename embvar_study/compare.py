@@ -373,7 +373,7 @@ def write_compare_html(t: CompareResult,  # the table of `compare`
     "DIR/compare.html (heatmaps, the diagonal as lines, the table) and DIR/compare.csv, written atomically."
     import base64, html
     from pathlib import Path
-    from embvar_study.report import figure_png, table_html, _CSS
+    from embvar_study.display import figure_png, table_html, PAGE_CSS as _CSS
     from embvar_study.runs import atomic_write_text
     import matplotlib.pyplot as plt
     parts = [f"<h1>{html.escape(title)}</h1>"]

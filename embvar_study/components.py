@@ -101,6 +101,7 @@ def _check_resamples(n_resamples, confidence) -> tuple[int, float]:
     if n < 2: raise ValueError(f"n_resamples: expected an integer >= 2 (bootstrap resamples; the standard error needs two), got {n_resamples!r}")
     return n, _check_confidence(confidence)
 
+# %% ../nbs/17_components.ipynb #242b8ffb
 def _check_names(names, k: int, default: tuple) -> tuple:
     names = default if names is None else tuple(names)
     if len(names) != k or not all(isinstance(n, str) and n for n in names) or len(set(names)) != k:
@@ -130,6 +131,7 @@ def _interval(boot: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarr
         q = np.nanquantile(boot, [(1 - confidence) / 2, (1 + confidence) / 2], axis=0)
     return q[0], q[1]
 
+# %% ../nbs/17_components.ipynb #6155d3ac
 def _shares(c: np.ndarray) -> np.ndarray:  # (..., C) each component over the row total; NaN where the total is 0
     tot = c.sum(axis=-1, keepdims=True)
     return np.divide(c, tot, out=np.full(c.shape, np.nan), where=tot > 0)
@@ -212,6 +214,7 @@ def _pooled_forms(A: int, B: int) -> np.ndarray:  # (3, AB, AB) Q_A, Q_B, Q_res
     JA, JB = np.eye(A) - 1.0 / A, np.eye(B) - 1.0 / B
     return np.stack([np.kron(JA, np.full((B, B), 1.0 / B)), np.kron(np.full((A, A), 1.0 / A), JB), np.kron(JA, JB)])
 
+# %% ../nbs/17_components.ipynb #e03d998f
 def _pooled_boot(gram: np.ndarray,  # (N, AB, AB) per-probe Gram matrices of the cells
                  Q: np.ndarray, A: int, B: int, n_resamples: int, rng: np.random.Generator) -> np.ndarray:  # (n_resamples, 3) SS
     "Bootstrap sums of squares: resample probes (weights on their Grams) and levels of A and B (rows/columns of cells)."
@@ -287,6 +290,7 @@ def crossed_values(rs: RunSet,                    # a crossed sweep, e.g. study.
 
 # %% ../nbs/17_components.ipynb #13b506eb
 COMPONENTS_MIN_LEVELS = 11   # below this many levels of a seed factor components_table refuses intervals
+
 _DESIGNS = {"final_drift": ("3way", "replicated"), "aligned_distance": ("pooled",)}
 
 def components_table(rs: RunSet,                    # a crossed sweep, e.g. study.runs("crossed")

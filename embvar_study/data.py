@@ -12,11 +12,13 @@ import numpy as np
 import pandas as pd
 from pandas._libs.parsers import STR_NA_VALUES   # the default `na_values` of every pandas reader
 
+from .words import one_line
+
 # %% auto #0
 __all__ = ['MISSING_MARKERS', 'SHORT_MAX_WORDS', 'MEDIUM_MAX_WORDS', 'NO_SENTIMENT', 'PROBE_FAMILIES', 'PROBE_COLUMNS',
-           'RACY_SECONDS', 'clean_text', 'HubUnavailableError', 'hub_offline', 'check_hub_reachable', 'load_texts',
-           'stratified_subset', 'train_eval_split', 'length_bucket', 'default_probes', 'load_probes', 'file_sha256',
-           'folder_sha256', 'source_fingerprint', 'parse_heldout', 'probes_fingerprint']
+           'RACY_SECONDS', 'clean_text', 'check_seed', 'HubUnavailableError', 'hub_offline', 'check_hub_reachable',
+           'is_file_source', 'load_texts', 'stratified_subset', 'train_eval_split', 'length_bucket', 'default_probes',
+           'load_probes', 'file_sha256', 'folder_sha256', 'source_fingerprint', 'parse_heldout', 'probes_fingerprint']
 
 # %% ../nbs/05_data.ipynb #e63a40fe
 _BR_TAG = re.compile(r"<\s*br\s*/?\s*>", re.IGNORECASE)
@@ -42,7 +44,7 @@ def _check_positive_int(n, name: str, maximum: int | None = None, what: str = "r
         raise ValueError(f"{name}: expected at most {maximum} {what} (all that are available), got {n}")
     return int(n)
 
-def _check_seed(seed, name: str = "seed") -> int:
+def check_seed(seed, name: str = "seed") -> int:
     "`seed` as a non-negative int, or a ValueError naming `name`."
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"{name}: expected a non-negative int, got {seed!r}")
@@ -63,10 +65,6 @@ def _check_texts(texts: pd.Series, # raw texts, possibly with missing values
 
 # %% ../nbs/05_data.ipynb #97d25f0e
 _TABLE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json", ".parquet")
-
-def _one_line(e: BaseException) -> str:
-    "An exception's message with all whitespace runs (newlines included) collapsed to single spaces."
-    return " ".join(str(e).split())
 
 def _check_table_path(path: str | os.PathLike, # a dataset or probe file
                       what: str = "source",      # argument name, for messages
@@ -106,7 +104,7 @@ def _read_table(path: str | os.PathLike, # a .csv/.tsv/.jsonl/.json/.parquet fil
     except pd.errors.EmptyDataError:
         raise ValueError(f"{what}: {str(p)!r} is empty (expected a table with a text column)") from None
     except ValueError as e:
-        raise ValueError(f"{what}: could not parse {str(p)!r} as {p.suffix[1:].upper()} ({_one_line(e)})") from None
+        raise ValueError(f"{what}: could not parse {str(p)!r} as {p.suffix[1:].upper()} ({one_line(e)})") from None
     if len(df) == 0: raise ValueError(f"{what}: {str(p)!r} has no data rows (columns found: {list(df.columns)})")
     return df
 
@@ -189,7 +187,7 @@ def _connect_error(host: str, port: int, timeout: float) -> str | None:
     why = [f"no answer within {timeout:g} s"]
     def attempt():
         try: socket.create_connection((host, port), timeout=timeout).close(); why[0] = None
-        except OSError as e: why[0] = f"{type(e).__name__}: {_one_line(e)}"
+        except OSError as e: why[0] = f"{type(e).__name__}: {one_line(e)}"
     thread = threading.Thread(target=attempt, daemon=True)   # a thread: a hanging DNS lookup cannot outlast `timeout`
     thread.start(); thread.join(timeout)
     return why[0]
@@ -225,11 +223,11 @@ def _load_hub_dataset(source: str, # Hub dataset id, e.g. "imdb"
     if not _env_flag("HF_DATASETS_OFFLINE"): check_hub_reachable(f"dataset {source!r}")
     try: ds = datasets.load_dataset(source, split=split)
     except (ValueError, TypeError, KeyError) as e:
-        raise ValueError(f"source: could not load dataset {source!r} split {split!r}: {_one_line(e)}") from e
+        raise ValueError(f"source: could not load dataset {source!r} split {split!r}: {one_line(e)}") from e
     except Exception as e:
         raise HubUnavailableError(
             f"dataset {source!r} (split {split!r}) could not be loaded from the Hugging Face Hub: the Hub could not be "
-            f"reached (offline?) or has no such dataset ({type(e).__name__}: {_one_line(e)}); offline alternatives: "
+            f"reached (offline?) or has no such dataset ({type(e).__name__}: {one_line(e)}); offline alternatives: "
             f"{_DATA_ALTERNATIVES}") from e
     return ds.to_pandas(), {c: list(f.names) for c, f in ds.features.items() if hasattr(f, "names")}
 
@@ -238,7 +236,7 @@ def _resource(name: str) -> Path:
     "Path of a file in the package's `resources/` folder."
     return Path(str(importlib.resources.files("embvar_study") / "resources" / name))
 
-def _is_file_source(source) -> bool:
+def is_file_source(source) -> bool:
     "Does `source` name something local (by type, table suffix or existence) rather than a Hub id?"
     if isinstance(source, os.PathLike): return True
     return isinstance(source, str) and (source.lower().endswith(_TABLE_SUFFIXES) or os.path.exists(os.path.expanduser(source)))
@@ -247,7 +245,7 @@ def _read_source(source, split) -> tuple[pd.DataFrame, dict, str]:
     "(raw rows, ClassLabel names per column, origin for messages) of any `load_texts` source."
     if isinstance(source, pd.DataFrame): return source, {}, "DataFrame source"
     if isinstance(source, str) and source == "bundled": return _read_table(_resource("mini_corpus.csv")), {}, "bundled corpus"
-    if _is_file_source(source): return _read_table(source), {}, f"file {os.fspath(source)!r}"
+    if is_file_source(source): return _read_table(source), {}, f"file {os.fspath(source)!r}"
     if not isinstance(source, str) or not source.strip():
         raise ValueError(f"source: expected 'bundled', a file path, a DataFrame or a Hub dataset id, got {source!r}")
     if not isinstance(split, str) or not split:
@@ -326,7 +324,7 @@ def stratified_subset(df: pd.DataFrame, # (N, ...) rows to sample from, with a c
     "Deterministic stratified sample of `n` rows (largest-remainder quotas per class), shuffled by `seed`."
     labels = _check_frame(df, "df", label_col)
     n = _check_positive_int(n, "n", len(df))
-    rng = np.random.default_rng(_check_seed(seed))
+    rng = np.random.default_rng(check_seed(seed))
     return df.iloc[_stratified_positions(labels, n, rng)]
 
 # %% ../nbs/05_data.ipynb #c399898c
@@ -343,7 +341,7 @@ def train_eval_split(df: pd.DataFrame, # (N, ...) labelled rows (e.g. from `load
     if n_train + n_eval > len(df):
         raise ValueError(f"n_train + n_eval: expected at most len(df) = {len(df)} rows, got {n_train} + {n_eval} = {n_train + n_eval}")
     _check_every_class(df, labels, label_col, n_train, n_eval)
-    rng = np.random.default_rng(_check_seed(seed))
+    rng = np.random.default_rng(check_seed(seed))
     eval_pos = _stratified_positions(labels, n_eval, rng, every_class=True)
     rest = np.setdiff1d(np.arange(len(df)), eval_pos)
     return df.iloc[rest[_stratified_positions(labels[rest], n_train, rng, every_class=True)]], df.iloc[eval_pos]
@@ -452,7 +450,7 @@ def load_probes(source: str | os.PathLike | pd.DataFrame = "builtin", # "builtin
     "Probe sentences with metadata from the built-in set, a file, or held-out rows; never overlapping `exclude`."
     if isinstance(source, pd.DataFrame): df, by = _normalise_probes(source, "heldout", "DataFrame source"), "sentiment"
     elif isinstance(source, str) and source == "builtin": df, by = default_probes(), "family"
-    elif _is_file_source(source):
+    elif is_file_source(source):
         raw = _read_table(source, "source", "'builtin' or a DataFrame")
         df, by = _normalise_probes(raw, "custom", f"file {os.fspath(source)!r}"), "family"
     else:
@@ -515,7 +513,7 @@ def source_fingerprint(source: str | os.PathLike, # "bundled", a table file, or 
     "Identity of a dataset source from its content (files, bundled corpus) or its Hub coordinates (no network)."
     if isinstance(source, str) and source == "bundled":
         return {"kind": "bundled", "sha256": file_sha256(_resource("mini_corpus.csv"))}
-    if _is_file_source(source): return _file_fingerprint(source, "source", "'bundled' or a Hub id")
+    if is_file_source(source): return _file_fingerprint(source, "source", "'bundled' or a Hub id")
     if not isinstance(source, str) or not source.strip():
         got = repr(source) if isinstance(source, str) else type(source).__name__
         raise ValueError(f"source: expected 'bundled', a file path or a Hub dataset id, got {got}")
@@ -548,7 +546,7 @@ def probes_fingerprint(probes: str | os.PathLike, # "builtin", a probe file, or 
         source, split = parse_heldout(probes, dataset=dataset) if probes != "heldout" else (parse_heldout(probes, dataset=dataset)[0], split)
         if not isinstance(split, str) or not split: raise ValueError(f"split: expected a non-empty str, got {split!r}")
         return {"kind": "heldout", "source": source_fingerprint(source, split=split), "split": split}
-    if _is_file_source(probes): return _file_fingerprint(probes, "probes", "'builtin' or 'heldout:SOURCE[:SPLIT]'")
+    if is_file_source(probes): return _file_fingerprint(probes, "probes", "'builtin' or 'heldout:SOURCE[:SPLIT]'")
     missing = isinstance(probes, (str, os.PathLike)) and (os.sep in os.fspath(probes) or Path(os.fspath(probes)).suffix != "")
     raise ValueError(f"probes: {'no such file ' + repr(os.fspath(probes)) + '; ' if missing else ''}expected 'builtin', a probe file "
                      f"({', '.join(_TABLE_SUFFIXES)}) or 'heldout:SOURCE[:SPLIT]', got {probes!r}")

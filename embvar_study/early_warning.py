@@ -858,7 +858,7 @@ def stability_section(study: object,           # a loaded study with the stabili
                       roc_at: tuple[float, float] = (0.2, 0.5),   # the two fractions the ROC curves are drawn at
                      ) -> list:                # report items: Markdown strings, report.Table, report.Figure
     "The report section 'Does drift warn earlier than the loss?': counts, the answer, the AUC table, the paired differences, ROC curves, compute saved and lead times."
-    from embvar_study.report import Table, Figure
+    from embvar_study.display import Table, Figure
     rs = study.runs("stability", min_runs=4, diverged=True)        # failed and diverged runs are its subject
     failure = (study.spec.get("resolved") or {}).get("failure")
     if not failure: raise NotComputed("study.json records no failure rule (resolved.failure): the stability profile fixes it before the runs")

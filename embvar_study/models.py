@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .data import HubUnavailableError, _check_seed, _one_line, check_hub_reachable, hub_offline
+from .data import HubUnavailableError, check_seed, check_hub_reachable, hub_offline
+from .words import one_line
 from .data import default_probes, folder_sha256, load_texts
 
 if TYPE_CHECKING:
@@ -274,12 +275,12 @@ def _from_pretrained(name: str,      # the name as given, for messages
             resolved, num_labels=num_labels, local_files_only=local, output_loading_info=True)
         if is_decoder(model.config): _decoder_padding(model, tokenizer)
     except (OSError, ValueError) as e:
-        if is_folder: raise ValueError(f"name: could not load a model from folder {resolved!r}: {_one_line(e)}") from e
+        if is_folder: raise ValueError(f"name: could not load a model from folder {resolved!r}: {one_line(e)}") from e
         if not isinstance(e, OSError): raise
         why = ("offline mode is on (HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE or local_files_only=True) and it is not in the "
                "local Hugging Face cache" if local else "the Hub could not be reached (offline?) or has no such model")
         raise HubUnavailableError(f"could not load model {name!r} from the Hugging Face Hub: {why}; offline alternatives: "
-                                  f"{_MODEL_ALTERNATIVES}. Cause: {type(e).__name__}: {_one_line(e)}") from e
+                                  f"{_MODEL_ALTERNATIVES}. Cause: {type(e).__name__}: {one_line(e)}") from e
     _warn_missing_body(name, model, info)
     return model, tokenizer
 
@@ -293,7 +294,7 @@ def load_model_and_tokenizer(name: str | os.PathLike = "distilbert-base-uncased"
     "Sequence classifier + tokenizer; the head is initialised from `init_seed`, the body never depends on it."
     if isinstance(num_labels, bool) or not isinstance(num_labels, (int, np.integer)) or num_labels < 2:
         raise ValueError(f"num_labels: expected an int >= 2, got {num_labels!r}")
-    init_seed = _check_seed(init_seed, "init_seed")
+    init_seed = check_seed(init_seed, "init_seed")
     resolved = resolve_model(name)
     local = os.path.isdir(resolved) or (hub_offline() if local_files_only is None else bool(local_files_only))
     if resolved not in _TINY_MODELS and not local:   # before the imports: no Hub, no wait
@@ -324,7 +325,7 @@ def apply_lora(model: PreTrainedModel,   # a classifier from `load_model_and_tok
               ) -> PreTrainedModel:           # a peft PeftModelForSequenceClassification (body frozen, adapter + head trainable)
     "Wrap `model` in a LoRA adapter (PEFT); at init the wrapped model computes exactly what `model` did."
     if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 1: raise ValueError(f"lora_r: expected an int >= 1, got {r!r}")
-    init_seed = _check_seed(init_seed, "init_seed")
+    init_seed = check_seed(init_seed, "init_seed")
     import torch
     from peft import LoraConfig, TaskType, get_peft_model
     mtype = model.config.model_type
@@ -338,7 +339,7 @@ def apply_lora(model: PreTrainedModel,   # a classifier from `load_model_and_tok
         torch.manual_seed(init_seed)
         try: return get_peft_model(model, cfg)
         except ValueError as e:
-            raise ValueError(f"lora_targets: could not adapt {model.config.name_or_path!r} ({mtype}): {_one_line(e)}; "
+            raise ValueError(f"lora_targets: could not adapt {model.config.name_or_path!r} ({mtype}): {one_line(e)}; "
                              "name the modules to adapt (e.g. query value)") from None
 
 def lora_summary(model: PreTrainedModel, # any model

@@ -12,7 +12,8 @@ from matplotlib.ticker import FormatStrFormatter
 
 from typing import Iterable
 
-from .study import format_lr, arm_label, value_label   # the figures name arms and perturbations in words
+from .study import arm_label   # the figures name arms and perturbations in words
+from .words import format_lr, value_label
 
 # %% auto #0
 __all__ = ['CANONICAL_LRS', 'FIXED_COLOURS', 'SCHEDULE_STYLES', 'group_label', 'palette', 'tracked_ticks', 'spread',
@@ -27,18 +28,25 @@ def group_label(by: str, value: object) -> str:
     if isinstance(value, tuple): return " · ".join(group_label(b, v) for b, v in zip(by.split("+"), value))
     return f"{by.replace('_', ' ')} {value}"
 
+# %% ../nbs/20_plots.ipynb #5dd8b6a9
 _COLOURS = sns.color_palette("colorblind", 10)   # blue, orange, green, red, purple, brown, pink, grey, yellow, light blue
+
 CANONICAL_LRS = (5e-5, 5e-4, 1e-5, 5e-3, 2e-5, 1e-4, 2e-4, 1e-3, 3e-5)   # the profiles' rates first; each owns one colour
+
 _LR_SLOTS = (0, 1, 2, 3, 4, 5, 6, 8, 9)          # grey (7) is left for the seed factors
+
 FIXED_COLOURS = {"head seed varied": (0.0, 0.0, 0.0), "data seed varied": _COLOURS[7],
                  "token_dropout": _COLOURS[0], "typo": _COLOURS[3], "mc_dropout": _COLOURS[2],
                  "checkpoint average": _COLOURS[0], "seed average": _COLOURS[1]}
+
+# %% ../nbs/20_plots.ipynb #a5f3e5af
 SCHEDULE_STYLES = {"linear": "-", "constant": "--", "cosine": ":"}
 
 def _as_float(v: object) -> float | None:
     try: return float(v)
     except (TypeError, ValueError): return None
 
+# %% ../nbs/20_plots.ipynb #fca0f9b9
 def palette(values: "Iterable") -> dict:
     "One colour per distinct value, the same in every figure of every report: a learning rate of `CANONICAL_LRS` always gets its own colour, a known name (`FIXED_COLOURS`) its own; other values take the free colours in sorted order."
     vals = sorted(set(values), key=lambda v: (_as_float(v) is None, _as_float(v) or 0.0, str(v)))
@@ -55,6 +63,7 @@ def palette(values: "Iterable") -> dict:
     for i, v in enumerate(rest): out[v] = free[i % len(free)] if free else _COLOURS[i % 10]
     return out
 
+# %% ../nbs/20_plots.ipynb #9883eac9
 def tracked_ticks(steps: "Iterable", max_ticks: int = 12) -> np.ndarray:  # (k,) the steps to label
     "The tracked steps to put ticks at: all of them, or every k-th (first and last kept) when there are more than `max_ticks`."
     s = np.unique(np.asarray(list(steps), dtype=float))
@@ -62,15 +71,18 @@ def tracked_ticks(steps: "Iterable", max_ticks: int = 12) -> np.ndarray:  # (k,)
     k = int(np.ceil(len(s) / max_ticks)); keep = s[::k]
     return np.unique(np.append(keep, s[-1])) if s[-1] - keep[-1] >= k / 2 * np.median(np.diff(s)) else np.append(keep[:-1], s[-1])
 
+# %% ../nbs/20_plots.ipynb #67e5e601
 def _step_ticks(ax: plt.Axes, steps: "Iterable") -> None:
     "x ticks at the tracked steps (whole numbers)."
     t = tracked_ticks(steps); ax.set_xticks(t); ax.set_xticklabels([f"{int(x)}" if float(x).is_integer() else f"{x:g}" for x in t])
 
+# %% ../nbs/20_plots.ipynb #a283fafd
 def spread(maxima: "Iterable") -> float:
     "How many times larger the largest curve is than the smallest (by their positive maxima); 1 for fewer than two."
     m = np.asarray([x for x in maxima if np.isfinite(x) and x > 0], dtype=float)
     return float(m.max() / m.min()) if len(m) >= 2 else 1.0
 
+# %% ../nbs/20_plots.ipynb #7cba75c1
 def log_if_spread(ax: plt.Axes, maxima: "Iterable", ratio: float = 10.0) -> bool:  # True if the axis is now log
     "A log y axis when the curves' maxima differ by `ratio` or more (a linear axis would flatten the small ones); zeros are masked."
     if spread(maxima) < ratio: return False

@@ -187,12 +187,12 @@ _DATA_FIELDS = ("dataset", "split", "text_col", "label_col", "n_train", "n_eval"
 def check_plan_data(configs: list[dict]) -> None:
     "Load the local data of every distinct data setting among `configs` once; the first problem raises its one-line error."
     if not configs: return                        # nothing to run: no torch import (each experiment notebook calls this)
-    from embvar_study.data import _is_file_source
+    from embvar_study.data import is_file_source
     from embvar_study.train import prepare_data
     seen = set()
     for c in configs:
         key = json.dumps([c.get(k) for k in _DATA_FIELDS], sort_keys=True, default=str)
-        if key in seen or not (c.get("dataset") == "bundled" or _is_file_source(c.get("dataset"))): continue
+        if key in seen or not (c.get("dataset") == "bundled" or is_file_source(c.get("dataset"))): continue
         seen.add(key); prepare_data(TrainConfig.from_dict(c))
 
 # %% ../nbs/15_sweep.ipynb #899db8d0

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from embvar_study import analysis as A
-from embvar_study.report import key_findings, findings, limitations, compare_intervals
+from embvar_study.findings import key_findings, findings, limitations, compare_intervals
 from embvar_study.study import load_study, synthetic_study
 
 N = 200   # bootstrap resamples: enough for the verdicts, fast
@@ -43,7 +43,7 @@ def test_drift_grows_with_the_rate_and_the_findings_say_so(forward):
     le = fs["lr_effect"]
     assert le["verdict"] == "larger" and le["text"].startswith("A higher learning rate moves the embeddings further")
     assert le["value"] == pytest.approx(last.loc[5e-4, "drift"] / last.loc[5e-5, "drift"])
-    assert f"{le['value']:.1f}x" in le["text"]
+    assert f"{le['value']:.1f} times the lowest rate's" in le["text"]
     d = fs["drift_lr_5e-4"]
     assert d["value"] == pytest.approx(last.loc[5e-4, "drift"]) and d["ci"] == pytest.approx((last.loc[5e-4, "ci_low"], last.loc[5e-4, "ci_high"]))
     for lr in ("5e-5", "5e-4"):                                  # a constant schedule spends more learning rate: more drift

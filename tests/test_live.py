@@ -187,7 +187,8 @@ def test_the_alarm_stops_a_diverging_run_and_not_a_stable_one(tmp_path):
     assert drift_curve(stable.embeddings(-1, "mean")).max() < 0.05
     # a report of the two folders says which run its alarm stopped, at which step and why
     from embvar_study.study import study_from_runs
-    from embvar_study.report import alarm_note, section_runs_overview
+    from embvar_study.findings import alarm_note
+    from embvar_study.experiment_sections import section_runs_overview
     note = alarm_note(study_from_runs([tmp_path / "diverging", tmp_path / "stable"], group_by="trainer.learning_rate"))
     assert note.startswith("**1 run stopped by a drift alarm**") and "at step 2" in note and "5 x noise floor 0.01" in note
     assert section_runs_overview(study_from_runs([tmp_path / "diverging", tmp_path / "stable"], group_by="trainer.learning_rate"))[0] == note

@@ -150,7 +150,7 @@ ALARM_BASE = {**BASE, "max_steps": 8, "track_every": 1, "alarm": {"threshold": 0
 
 
 def test_a_ray_sweep_ends_a_diverging_run_at_its_alarm(cluster, tmp_path):
-    from embvar_study.report import alarm_note
+    from embvar_study.findings import alarm_note
     from embvar_study.study import study_from_runs
     m = run_sweep("alarm", ALARM_BASE, [{"lr": 3.0, "seed": 0}, {"lr": 1e-6, "seed": 0}], tmp_path, executor="ray",
                   ray_options={"num_cpus_per_run": 1}, say=None)

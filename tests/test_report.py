@@ -3,13 +3,15 @@ real title, a table of contents, a provenance header, tables formatted for readi
 remote resource; its numbers are the analysis tables'; a second call trains nothing. The templates hold parameters,
 narrative and display calls only. A study without the seed sweep still renders (the early warning falls back)."""
 import ast, html as html_lib, json, re
+from pathlib import Path
 
 import nbformat
 import pytest
 
 from embvar_study import analysis
 from embvar_study.cli import main
-from embvar_study.report import execute_notebooks, render_html, template_dir, format_value
+from embvar_study.report import execute_notebooks, render_html, template_dir
+from embvar_study.words import format_value
 from embvar_study.study import load_study, synthetic_study
 from embvar_study.sweep import EXPERIMENT_NAMES
 
@@ -43,8 +45,10 @@ def test_a_real_title_contents_and_header(smoke):
     links = re.findall(r'href="#([^"]+)"', toc)
     assert len(links) >= 15 and all(f'id="{l}"' in page for l in links)          # every entry points somewhere
     meta = re.search(r'<dl class="report-meta">.*?</dl>', page, flags=re.S).group(0)
-    for key in ("rendered", "embvar-study", "profile", "model", "data", "runs"): assert f"<dt>{key}</dt>" in meta
+    for key in ("rendered", "rendered by", "runs made by", "profile", "model", "data", "runs"): assert f"<dt>{key}</dt>" in meta
     assert "sha256" in meta and "commit" in meta
+    about = re.search(r'<details class="about"><summary>(.*?)</summary>', page).group(1)
+    assert re.fullmatch(r"About this report: rendered by commit [0-9a-f]{10}; runs made by commit [0-9a-f]{10}", about), about
 
 
 def test_no_remote_resource(smoke):
@@ -112,12 +116,12 @@ def test_a_document_to_read_first(smoke):
     assert h2[:2] == ["Conclusions", "Limitations"] and "Appendix" in h2
     main = page[:page.index('<h2 id="Appendix"')]
     assert main.index("<img") < main.index('<h2 id="Limitations"')                     # the headline figure sits under the conclusions
-    concl = main[main.index('<h2 id="Conclusions"'):main.index('<h2 id="Limitations"')]
+    concl = main[main.index('<h2 id="Conclusions"'):main.index('<details class="about"')]
     assert 3 <= concl.count("<li>") <= 5 and concl.count("[") >= 3                     # 3-5 conclusions, with their intervals
     for key in ("Model", "Training", "Seeds", "Truncation", "Reference"): assert f"<strong>{key}</strong>" in main
     for head, _ in tables(page): assert not [h for h in head if "_" in h], head          # every header in words
     study = load_study(smoke["out"])
-    from embvar_study.report import key_findings
+    from embvar_study.findings import key_findings
     for f in key_findings(study, n_resamples=2000)[:3]: assert html_lib.escape(f["text"], quote=False).split(":")[0] in main
 
 
@@ -247,6 +251,55 @@ def test_a_failing_notebook_leaves_its_traceback_in_the_log(tmp_path):
         execute_notebooks(["bad"], tmp_path / "s", {"x": 2}, templates=tmp_path / "t", say=None)
     log = (tmp_path / "s" / "logs" / "bad.log").read_text()
     assert "ZeroDivisionError" in log and "return v / 0" in log and "\x1b[" not in log
+
+
+_MEASURE = """<script>
+window.addEventListener('load', () => {
+  const top = e => e ? e.getBoundingClientRect().top + window.scrollY : -1;
+  const out = {height: document.body.scrollHeight, conclusions: top(document.getElementById('Conclusions')),
+               figure: top(document.querySelector('main img')), about: top(document.querySelector('details.about'))};
+  const pre = document.createElement('pre'); pre.id = 'measured'; pre.textContent = JSON.stringify(out); document.body.appendChild(pre);
+});
+</script>"""
+
+
+def laid_out(page: str, tmp: Path, width: int = 1280, height: int = 800) -> dict | None:
+    "Where a headless Chromium window of width x height lays out the conclusions, the first figure and the folded header (px from the top), and the body's height; None without Chromium."
+    import shutil, subprocess
+    exe = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if not exe: return None
+    f = tmp / "measured.html"; f.write_text(page.replace("</body>", _MEASURE + "</body>"), encoding="utf-8")
+    r = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", f"--window-size={width},{height}", "--virtual-time-budget=10000",
+                        "--dump-dom", f.as_uri()], capture_output=True, text=True, timeout=300)
+    m = re.search(r'<pre id="measured">(.*?)</pre>', r.stdout)
+    assert m, r.stderr[-500:]
+    return json.loads(html_lib.unescape(m.group(1)))
+
+
+def _visible_length(fragment: str) -> int:
+    return len(re.sub(r"\s+", " ", page_text(fragment)).strip())
+
+
+def test_the_first_screen_shows_the_answer(tmp_path):
+    "The conclusions and the headline figure come before the folded header and contents, within the first 20% of the page's text."
+    sd = synthetic_study(tmp_path / "syn")
+    nb = execute_notebooks(["report"], sd, {"profile": "synthetic", "study_dir": str(sd), "n_resamples": 200}, say=None)[0]
+    page = render_html(sd, nb).read_text()
+    body = page[page.index("<body>"):]
+    at = {k: body.index(k) for k in ('<h2 id="Conclusions"', "<img", '<details class="about">', '<details class="contents">', '<h2 id="Limitations"')}
+    assert list(at) == sorted(at, key=at.get), at                                     # answer, figure, then who/what and contents, folded
+    assert re.search(r'<details class="about"><summary>About this report: rendered by [^<]*; runs made by [^<]*</summary><dl class="report-meta">', body)
+    assert "<details open" not in body                                                  # folded: one line each
+    before_figure = body[:at["<img"]]
+    assert _visible_length(before_figure) <= 0.2 * _visible_length(body), (_visible_length(before_figure), _visible_length(body))
+    concl = body[at['<h2 id="Conclusions"']:at["<img"]]
+    said = concl.index("the reference result (distilbert-base-uncased fine-tuned on IMDb") if "reference" in concl else None
+    assert said is None or said < concl.index("ends at about")                         # what the reference is, before it is quoted
+    assert not re.search(r"\d(\.\d+)?x as", page_text(concl))                         # a ratio in its own words, not '39.2x as large (...)'
+    at = laid_out(page, tmp_path)                                                       # measured where Chromium is installed
+    if at is not None:
+        assert 0 < at["conclusions"] < at["figure"] < at["about"], at
+        assert at["conclusions"] < 800 and at["figure"] < 0.2 * at["height"], at           # the answer on the first screen of 1280 x 800
 
 
 def test_a_custom_study_keeps_its_description_and_the_reference_rate_it_ran(tmp_path):

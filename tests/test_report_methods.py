@@ -5,12 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from embvar_study import report as R
+from embvar_study import display as D, sections as S
 from embvar_study.study import load_study, synthetic_study
 
 # each section that holds interval tables, and how many it shows on the synthetic study (so the check cannot pass on none)
-SECTIONS = {R.section_drift: 1, R.section_reference: 1, R.section_schedule: 2, R.section_effects: 1, R.section_components: 2,
-            R.section_early_warning: 1, R.section_agreement: 1}
+SECTIONS = {S.section_drift: 1, S.section_reference: 1, S.section_schedule: 2, S.section_effects: 1, S.section_components: 2,
+            S.section_early_warning: 1, S.section_agreement: 1}
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def interval_tables(page: str) -> list[tuple[str, list[str], str | None]]:
 
 @pytest.mark.parametrize("section", SECTIONS, ids=lambda s: s.__name__)
 def test_every_interval_table_states_its_method(study, section):
-    page = "\n".join(R.to_html(i) for i in R.section_items(section, study, n_resamples=50))
+    page = "\n".join(D.to_html(i) for i in S.section_items(section, study, n_resamples=50))
     found = interval_tables(page)
     assert len(found) == SECTIONS[section], f"{section.__name__}: {len(found)} interval tables ({[c for c, _, _ in found]})"
     for cap, heads, method in found:
@@ -41,8 +41,8 @@ def test_every_interval_table_states_its_method(study, section):
 
 def test_the_check_sees_a_table_without_a_method():
     import pandas as pd
-    bare = R.table_html(pd.DataFrame({"drift": [0.1], "ci_low": [0.0], "ci_high": [0.2]}), "x")
+    bare = D.table_html(pd.DataFrame({"drift": [0.1], "ci_low": [0.0], "ci_high": [0.2]}), "x")
     test = interval_tables(bare)
     assert len(test) == 1 and "not recorded" in test[0][2]
     told = pd.DataFrame({"drift": [0.1], "ci_low": [0.0], "ci_high": [0.2]}); told.attrs["ci_method"] = "95% t interval over 3 seeds (2 df)"
-    assert interval_tables(R.table_html(told))[0][2] == "Intervals: 95% t interval over 3 seeds (2 df)"
+    assert interval_tables(D.table_html(told))[0][2] == "Intervals: 95% t interval over 3 seeds (2 df)"

@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from embvar_study import report as R
+from embvar_study import display as D, findings as F, sections as S, words as W
+from embvar_study import study as ST
 from embvar_study.runs import RunWriter
 from embvar_study.study import (load_study, write_manifest, write_study_spec, config_hash, _synthetic_config, _synthetic_path,
                                 _synthetic_design)
@@ -45,7 +46,7 @@ def _study(tmp: Path, path_lr: dict, path_schedule: dict | None = None, steps: i
 
 
 def _kf(study_dir):
-    return {f["key"]: f for f in R.key_findings(load_study(study_dir), n_resamples=50)}
+    return {f["key"]: f for f in F.key_findings(load_study(study_dir), n_resamples=50)}
 
 
 def test_lr_effect_as_measured(tmp_path):
@@ -72,11 +73,11 @@ def test_schedule_effect_as_measured(tmp_path):
 
 def test_conclusions_follow_the_findings(tmp_path):
     down = load_study(_study(tmp_path / "down", {5e-5: 5e-4, 5e-4: 5e-5}))
-    text = R.findings(down, n_resamples=50)
+    text = F.findings(down, n_resamples=50)
     bullets = [b for b in text.split("\n") if b.startswith("- ")]
     assert 1 <= len(bullets) <= 5
     assert "moves the embeddings less here" in bullets[0] and "At lr 5e-4 the probes' drift" in bullets[0]   # the rates' drifts with the effect
-    assert all(f["text"] in text for f in R.key_findings(down, n_resamples=50))                             # every finding said, none invented
+    assert all(f["text"] in text for f in F.key_findings(down, n_resamples=50))                             # every finding said, none invented
 
 
 def _visible(html_text: str) -> str:
@@ -104,7 +105,7 @@ def _readme_quotes() -> dict[str, list[str]]:
 
 def _conclusions(report: Path) -> list[str]:
     page = report.read_text(encoding="utf-8")
-    concl = re.search(r'<h2 id="Conclusions">(.*?)<h2 ', page, flags=re.S)
+    concl = re.search(r'<h2 id="Conclusions">(.*?)(?:<details|<h2 )', page, flags=re.S)
     assert concl, f"{report} has no Conclusions section"
     return [_visible(li) for li in re.findall(r"<li>(.*?)</li>", concl.group(1), flags=re.S)]
 
@@ -132,13 +133,13 @@ def test_arms_in_words():
 def test_seed_dispersion_caption_names_each_group_once_with_its_computed_values(tmp_path):
     "The caption leads with the group that ends most dispersed, then the others, each once, with the table's numbers."
     study = load_study(_study(tmp_path, {5e-5: 5e-5, 5e-4: 5e-4}))
-    fig, table = R.section_seed_variance(study)
+    fig, table = S.section_seed_variance(study)
     last = table.df.set_index("runs")
     big = last["raw_dispersion"].idxmax()
     assert fig.alt.count("all seeds, lr") == len(last) == 2
-    assert f"largest at the end: {big}, raw {R.format_value(last.loc[big, 'raw_dispersion'])}" in fig.alt
+    assert f"largest at the end: {big}, raw {W.format_value(last.loc[big, 'raw_dispersion'])}" in fig.alt
     for runs, row in last.iterrows():
-        assert f"aligned {R.format_value(row['aligned_dispersion'])}" in fig.alt
+        assert f"aligned {W.format_value(row['aligned_dispersion'])}" in fig.alt
 
 
 _NUMBER = r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w.])"
@@ -181,7 +182,7 @@ def test_mitigation_caption_names_the_lowest_measured_row_and_the_seed_identity(
     """The caption's 'lowest' is the measured (checkpoint-average) row with the smallest relative dispersion, with its own
     size; the seed-average rows are the exact 1/s identity and are said to be one."""
     study = load_study(_study(tmp_path, {5e-5: 5e-5, 5e-4: 5e-4}))
-    fig, table = R.section_mitigation(study)
+    fig, table = S.section_mitigation(study)
     t = table.df; meas = t[t["how"] == "measured"]; seeds = t[t["method"] == "seed average"]
     best = meas.loc[meas["relative"].idxmin()]
     assert f"lowest: {best['method']} of {best['size']} leaves" in fig.alt and "not a measurement" in fig.alt
@@ -194,24 +195,25 @@ def test_seed_variance_names_the_experiments_it_needs(tmp_path):
     "A study without a learning-rate or seed sweep is told which experiments the section reads, not that its seeds are missing."
     study = load_study(_study(tmp_path, {5e-5: 5e-5, 5e-4: 5e-4}))
     study.has = lambda experiment: False                      # as a study that ran neither (the stability profile)
-    with pytest.raises(R.NotComputed, match="neither the seed_sweep nor the lr_sweep experiment was run"):
-        R.section_seed_variance(study)
+    with pytest.raises(ST.NotComputed, match="neither the seed_sweep nor the lr_sweep experiment was run"):
+        S.section_seed_variance(study)
 
 
 def test_perturbations_and_components_are_named_in_words(tmp_path):
     "Perturbation kinds and variance components reach the reader as words, in tables, captions and figure legends."
-    from embvar_study.study import synthetic_study, value_label
+    from embvar_study.study import synthetic_study
+    from embvar_study.words import value_label
     from embvar_study.config import PERTURB_KINDS
     study = load_study(synthetic_study(tmp_path / "s"))
-    fig, table = R.section_perturbation(study)
+    fig, table = S.section_perturbation(study)
     raw = [k for k in PERTURB_KINDS if "_" in k]
     shown = [fig.alt, " ".join(map(str, table.df.iloc[:, 0])),
              " ".join(t.get_text() for ax in fig.fig.axes if ax.get_legend() for t in ax.get_legend().get_texts())]
     for text in shown:
         assert not any(k in text for k in raw), text
     assert value_label("mc_dropout") in shown[0] or value_label("token_dropout") in shown[0]
-    sentence, a, b = R.section_components(study)
+    sentence, a, b = S.section_components(study)
     for text in (sentence, " ".join(a.df["component"]), " ".join(b.df["component"])):
         assert "init_seed" not in text and "data_seed" not in text, text
     assert "head seed × data seed" in " ".join(a.df["component"])
-    assert a.df.attrs.get("ci_method") or R.method_line(a.df)        # the interval method still travels with the table
+    assert a.df.attrs.get("ci_method") or D.method_line(a.df)        # the interval method still travels with the table
