@@ -12,7 +12,7 @@ from .checks import as_float_array, check_finite, check_rank, check_real, is_ten
 # %% auto #0
 __all__ = ['NUMPY_OPS', 'TorchOps', 'ops_of', 'backend_of', 'valid_floats', 'fits_chunk', 'leading_blocks', 'Scratch',
            'promoted_f64', 'chunked_apply', 'broadcast_lead', 'rescaled_pow2', 'stable_argsort', 'take_last',
-           'put_last', 'running_extreme', 'top_k']
+           'put_last', 'running_extreme', 'top_k', 'single_blas_thread']
 
 # %% ../nbs/01_batching.ipynb #8bab8557
 class _NumpyOps:
@@ -198,3 +198,16 @@ def top_k(S,  # (..., N, M) scores; overwritten on the numpy path
     np.negative(S, out=S)
     idx = np.argpartition(S, k - 1, axis=-1)[..., :k]
     return np.take_along_axis(idx, stable_argsort(np.take_along_axis(S, idx, axis=-1)), axis=-1)   # a copy: S can be reused
+
+# %% ../nbs/01_batching.ipynb #b1thr0ex
+_CONTROLLER = []
+
+def single_blas_thread():
+    "A context in which BLAS and LAPACK use one thread (threadpoolctl's limit, its controller made once); a no-op without threadpoolctl."
+    import contextlib
+    if not _CONTROLLER:
+        try:
+            from threadpoolctl import ThreadpoolController
+            _CONTROLLER.append(ThreadpoolController())
+        except ImportError: _CONTROLLER.append(None)
+    return contextlib.nullcontext() if _CONTROLLER[0] is None else _CONTROLLER[0].limit(limits=1, user_api="blas")

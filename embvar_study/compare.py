@@ -201,7 +201,8 @@ def _ci_method(m, n_resamples, N):
 def _progress(log, La, Lb, n_ms, N, n_resamples):
     "A callable(done, total) for `pair_scores` that logs one line about once a second with an estimate of the time left."
     t0, last = time.perf_counter(), [0.0]
-    log(f"compare: {La} x {Lb} layer pairs, {n_ms} measures, {N} probes, {n_resamples} resamples")
+    s = lambda n, w: f"{n} {w}{'' if n == 1 else 's'}"
+    log(f"compare: {La} x {Lb} layer pair{'' if La * Lb == 1 else 's'}, {s(n_ms, 'measure')}, {N} probes, {s(n_resamples, 'resample')}")
     def step(done, total):
         t = time.perf_counter() - t0
         if done < total and t - last[0] < 1.0: return

@@ -6,9 +6,8 @@
 from __future__ import annotations
 from dataclasses import dataclass
 import numpy as np
-from threadpoolctl import threadpool_limits
 from .similarity import MEASURES, RSA_STREAM_N, hsic_unbiased, rank_vector, rdm_vector, tied_ranks
-from ._batching import top_k
+from ._batching import single_blas_thread, top_k
 
 # %% auto #0
 __all__ = ['GRAM_MEASURES', 'KNN_MEASURES', 'KNN_K', 'ALPHAS', 'COV_MEASURES', 'BOOTSTRAPPED', 'GRAM_MAX_N', 'boot_counts',
@@ -49,12 +48,13 @@ def layer_factors(X: np.ndarray,  # (L, N, d) float64 layers of one side
                  ) -> LayerFactors:
     "The factors every measure of `pair_scores` is derived from: one QR of X^T per layer when d > N, the centred Gram, the rank."
     L, N, d = X.shape
-    if d > N:
-        Q, R = np.linalg.qr(np.swapaxes(X, 1, 2))                  # X^T = Q R: X = R^T Q^T, exact rotation of the rows
-        Z = np.swapaxes(R, 1, 2)
-    else: Q, Z = None, X
-    c = Z - Z.mean(axis=1, keepdims=True)
-    s = np.linalg.svd(c, compute_uv=False)
+    with single_blas_thread():
+        if d > N:
+            Q, R = np.linalg.qr(np.swapaxes(X, 1, 2))              # X^T = Q R: X = R^T Q^T, exact rotation of the rows
+            Z = np.swapaxes(R, 1, 2)
+        else: Q, Z = None, X
+        c = Z - Z.mean(axis=1, keepdims=True)
+        s = np.linalg.svd(c, compute_uv=False)
     rank = (s > s[:, :1] * max(N, d) * np.finfo(np.float64).eps).sum(axis=1)   # `_basis`'s rank cut
     return LayerFactors(X, np.ascontiguousarray(Z), Q, c @ np.swapaxes(c, 1, 2), rank, d)
 
@@ -242,7 +242,7 @@ def pair_scores(fa: LayerFactors,  # factors of side a (La layers)
                          f"probes kept only {kept} distinct ones; use more probes or leave {', '.join(knn)} out")
     Sa, Sb = (_unit_gram(fa), _unit_gram(fb)) if knn else (None, None)
     parts = []
-    with threadpool_limits(1):                                          # many small decompositions: one thread each is fastest
+    with single_blas_thread():                                          # many small decompositions: one thread each is fastest
         for s in range(0, len(W), step):
             ws, out = W[s:s + step], {}
             if gram: out.update(_gram_scores(fa, fb, ws, gram))

@@ -8,15 +8,15 @@ import math
 import numpy as np
 from .checks import Array, ArrayLike, is_tensor
 from ._batching import (Scratch, stable_argsort, backend_of, broadcast_lead, chunked_apply, fits_chunk, ops_of,
-                                    put_last, rescaled_pow2, running_extreme, take_last, top_k)
+                                    put_last, rescaled_pow2, running_extreme, single_blas_thread, take_last, top_k)
 from .metrics import (check_not_constant, check_pair_rows, distance_matrix, float_rows, row_norms,
                                   set_for_metric)
 
 # %% auto #0
 __all__ = ['RSA_STREAM_N', 'RSA_RANK_MAX_N', 'INVARIANCES', 'MEASURES', 'check_k', 'knn_sets', 'knn_indices', 'common_count',
            'knn_overlap', 'tied_ranks', 'rank_vector', 'rsa', 'centred_unit', 'hsic', 'debias_hsic', 'cka_ratio',
-           'linear_cka', 'cca', 'svcca', 'pwcca', 'procrustes_distance', 'mutual_knn', 'hsic_unbiased', 'cknna',
-           'rdm_vector', 'Measure', 'linear_r2']
+           'linear_cka', 'cca', 'svcca', 'pwcca', 'span_rows', 'procrustes_distance', 'mutual_knn', 'hsic_unbiased',
+           'cknna', 'rdm_vector', 'Measure', 'linear_r2']
 
 # %% ../nbs/02a_similarity.ipynb #7c9b0dfd
 def check_k(k, N, name="k"):
@@ -236,7 +236,7 @@ def _flat_pairs(X, Y, min_rows, what):
 def _basis(c, keep=None):
     "Orthonormal basis (N, r) of the column space of centred c (N, d); with `keep`, the top singular directions holding that share of variance, scaled."
     xp = ops_of(c)
-    U, s, _ = xp.linalg.svd(c, full_matrices=False)
+    U, s, _ = xp.linalg.svd(span_rows(c), full_matrices=False)            # N x N when d > N: the same U and s
     r = int((s > s[0] * max(c.shape) * np.finfo(np.float64).eps).sum())
     if keep is not None:
         v = s[:r] ** 2
@@ -253,8 +253,9 @@ def _canon(x, y, keep=None):
     return xp.clip(xp.linalg.svdvals(qx.swapaxes(-1, -2) @ qy), 0.0, 1.0)
 
 def _per_pair(f, X, Y, min_rows, what):
+    "f(x, y) of every broadcast pair of sets, each on one BLAS thread (small decompositions: see `_batching.single_blas_thread`)."
     xp, lead, x, y = _flat_pairs(X, Y, min_rows, what)
-    out = xp.stack([xp.asarray(f(a, b)) for a, b in zip(x, y)]).reshape(lead)
+    with single_blas_thread(): out = xp.stack([xp.asarray(f(a, b)) for a, b in zip(x, y)]).reshape(lead)
     return out[()] if not lead else out
 
 def cca(X: ArrayLike,  # (..., N, dx) embeddings
@@ -290,20 +291,29 @@ def pwcca(X: ArrayLike,  # (..., N, dx) embeddings whose canonical variates weig
 
 
 # %% ../nbs/02a_similarity.ipynb #a240fd11
-def _whiten(c, alpha):
-    "netrep's partial whitening of centred c (N, d): eigenvalue weights alpha + (1 - alpha) lam^-1/2, total variance kept."
+def span_rows(c: Array,  # (..., N, d) rows
+             ) -> Array:  # (..., N, min(N, d)) the same rows in an orthonormal basis of their span
+    "Rows rotated into an orthonormal basis of their span (one QR of c^T when d > N): the same Gram matrix, singular values and left singular vectors, N x N."
+    if c.shape[-1] <= c.shape[-2]: return c
+    R = ops_of(c).linalg.qr(c.swapaxes(-1, -2), mode="r")               # numpy: R; torch: (empty Q, R)
+    return (R[1] if isinstance(R, tuple) else R).swapaxes(-1, -2)
+
+def _whiten(c, alpha, d=None):
+    "netrep's partial whitening of centred c (N, r): eigenvalue weights alpha + (1 - alpha) lam^-1/2, total variance kept; d: the width c was reduced from (its d - r directions have eigenvalue 0)."
     if alpha >= 1: return c
-    xp = ops_of(c)
+    xp, extra = ops_of(c), (d or c.shape[-1]) - c.shape[-1]
     lam, V = xp.linalg.eigh(c.swapaxes(-1, -2) @ c)
-    lam = xp.clip(lam, 1e-7, None)
-    d = alpha + (1 - alpha) * lam ** -0.5
-    new = (alpha ** 2 * lam + 2 * alpha * (1 - alpha) * lam ** 0.5 + (1 - alpha) ** 2).sum()
-    d = d * xp.sqrt(lam.sum() / new)
-    return c @ ((V * d[None, :]) @ V.swapaxes(-1, -2))
+    lam = xp.clip(lam, 1e-7, None)                                   # the d - r directions outside the span: 0, clipped alike
+    h = lambda x: alpha ** 2 * x + 2 * alpha * (1 - alpha) * x ** 0.5 + (1 - alpha) ** 2
+    w = alpha + (1 - alpha) * lam ** -0.5
+    w = w * xp.sqrt((lam.sum() + extra * 1e-7) / (h(lam).sum() + extra * h(1e-7)))
+    return c @ ((V * w[None, :]) @ V.swapaxes(-1, -2))
 
 def _shape_pair(x, y, alpha, kind):
+    "netrep's shape distance of x (N, dx), y (N, dy), computed on their rows in their N-dim spans when d > N (N x N matrices only)."
     xp = ops_of(x)
-    a = _whiten(x - x.mean(axis=0, keepdims=True), alpha); b = _whiten(y - y.mean(axis=0, keepdims=True), alpha)
+    a = _whiten(span_rows(x - x.mean(axis=0, keepdims=True)), alpha, x.shape[-1])
+    b = _whiten(span_rows(y - y.mean(axis=0, keepdims=True)), alpha, y.shape[-1])
     nuc = xp.linalg.svdvals(a.swapaxes(-1, -2) @ b).sum()
     na, nb = (a * a).sum(), (b * b).sum()
     if kind == "angular": return xp.arccos(xp.clip(nuc / xp.sqrt(na * nb), -1.0, 1.0))
@@ -315,12 +325,10 @@ def procrustes_distance(X: ArrayLike,  # (..., N, dx) embeddings
                         alpha: float = 1.0,  # netrep's regularisation: 1 Procrustes (rotations), 0 CCA (any invertible linear map)
                         kind: str = "angular",  # "angular" (radians, in [0, pi/2]) or "euclidean" (RMS distance per probe)
                        ) -> Array:  # (...) shape distance, 0 for equal shapes; a metric (triangle inequality)
-    "Generalised shape distance (Williams et al. 2021, netrep's LinearMetric) after centring and partial whitening."
+    "Generalised shape distance (Williams et al. 2021, netrep's LinearMetric) after centring and partial whitening; N x N matrices when d > N."
     if kind not in ("angular", "euclidean"): raise ValueError(f"kind: expected 'angular' or 'euclidean', got {kind!r}")
     if not (isinstance(alpha, (int, float)) and 0 <= alpha <= 1): raise ValueError(f"alpha: expected a number in [0, 1], got {alpha!r}")
     return _per_pair(lambda a, b: _shape_pair(a, b, float(alpha), kind), X, Y, 2, "procrustes_distance")
-
-
 
 # %% ../nbs/02a_similarity.ipynb #06646f1a
 def mutual_knn(X: ArrayLike,  # (..., N, dx) embeddings, non-zero rows

@@ -94,3 +94,48 @@ def test_streaming_rsa_pearson_vs_rsatoolbox(rdm):
     rb = rsatoolbox.rdm.calc_rdm(rsatoolbox.data.Dataset(b), method=rdm)
     want = float(rsatoolbox.rdm.compare(ra, rb, method="corr")[0, 0])
     assert abs(S.rsa(a, b, rdm=rdm, compare="pearson", block=4) - want) < TOL
+
+
+# --- Procrustes and the covariance family in N x N form when d > N ---------------------------------------------------
+def _dxd_shape(x, y, alpha):
+    "netrep's shape distance (angular) written in its d x d form: whitening by the eigendecomposition of c^T c (d x d)."
+    def wh(c):
+        if alpha >= 1: return c
+        lam, V = np.linalg.eigh(c.T @ c); lam = np.clip(lam, 1e-7, None)
+        g = alpha + (1 - alpha) * lam ** -0.5
+        g = g * np.sqrt(lam.sum() / (alpha ** 2 * lam + 2 * alpha * (1 - alpha) * lam ** 0.5 + (1 - alpha) ** 2).sum())
+        return c @ (V * g) @ V.T
+    a, b = wh(x - x.mean(0)), wh(y - y.mean(0))
+    return np.arccos(np.clip(np.linalg.svd(a.T @ b, compute_uv=False).sum() / np.linalg.norm(a) / np.linalg.norm(b), -1, 1))
+
+
+@pytest.mark.parametrize("N, dx, dy", [(10, 60, 45), (12, 40, 8), (30, 12, 9)])
+def test_nxn_forms_equal_the_dxd_forms(N, dx, dy):
+    "d > N: Procrustes (scipy.linalg.orthogonal_procrustes's scale is the nuclear norm), the alpha = 0 shape distance, CCA and R^2 equal their d x d / scipy forms."
+    import scipy.linalg as sl
+    rng = np.random.default_rng(N + dx)
+    x = rng.normal(size=(N, dx)); y = x[:, :min(dx, dy)] @ rng.normal(size=(min(dx, dy), dy)) + rng.normal(size=(N, dy))
+    a, b = x - x.mean(0), y - y.mean(0)
+    pad = np.zeros((N, max(dx, dy))); A, B = pad.copy(), pad.copy(); A[:, :dx] = a; B[:, :dy] = b
+    scale = sl.orthogonal_procrustes(A, B)[1]                     # sum of the singular values of A^T B (d x d)
+    want = np.arccos(np.clip(scale / np.linalg.norm(a) / np.linalg.norm(b), -1, 1))
+    np.testing.assert_allclose(S.procrustes_distance(x, y), want, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(S.procrustes_distance(x, y, alpha=0.0), _dxd_shape(x, y, 0.0), rtol=0, atol=1e-8)
+    np.testing.assert_allclose(S.procrustes_distance(x, y, alpha=0.5), _dxd_shape(x, y, 0.5), rtol=0, atol=1e-8)
+    qa, qb = sl.orth(a), sl.orth(b)
+    np.testing.assert_allclose(S.cca(x, y), np.clip(np.linalg.svd(qa.T @ qb, compute_uv=False), 0, 1).mean(), rtol=0, atol=1e-10)
+    beta, *_ = np.linalg.lstsq(np.c_[np.ones(N), x], y, rcond=None)
+    r2 = 1 - ((y - np.c_[np.ones(N), x] @ beta) ** 2).sum() / (b ** 2).sum()
+    np.testing.assert_allclose(S.linear_r2(x, y), r2, rtol=0, atol=1e-8)
+
+
+def test_nxn_memory_at_d_20000():
+    "N = 64, d = 20,000: every covariance-family measure peaks under 200 MB of numpy allocations (tracemalloc); the d x d form needs 3.2 GB per matrix."
+    import tracemalloc
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 20000)); y = x * 2 + 0.1 * rng.normal(size=x.shape)
+    for m in ["procrustes_angular", "procrustes_euclidean", "shape_angular_alpha0", "cca", "svcca", "pwcca", "linreg_r2_xy"]:
+        tracemalloc.start()
+        v = float(S.MEASURES[m].fn(x, y))
+        peak = tracemalloc.get_traced_memory()[1]; tracemalloc.stop()
+        assert np.isfinite(v) and peak < 200 * 2 ** 20, (m, peak)
