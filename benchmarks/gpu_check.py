@@ -75,7 +75,8 @@ def scaling(cfg: dict, ks: list[int], root: Path, gpus: list[dict], tokens_per_r
 
 def metric_speed(tiny: bool) -> list[dict]:
     import numpy as np, torch
-    from embvar_study.metrics import drift_curve, linear_cka
+    from embvar_study.metrics import drift_curve
+    from embvar_study.similarity import linear_cka
     from embvar_study.align import procrustes_align_batch
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     T, N, d, K = (4, 64, 32, 4) if tiny else (50, 2000, 768, 16)

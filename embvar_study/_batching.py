@@ -10,7 +10,9 @@ from scipy.special import xlogy
 from .checks import as_float_array, check_finite, check_rank, check_real, is_tensor
 
 # %% auto #0
-__all__ = []
+__all__ = ['NUMPY_OPS', 'TorchOps', 'ops_of', 'backend_of', 'valid_floats', 'fits_chunk', 'leading_blocks', 'Scratch',
+           'promoted_f64', 'chunked_apply', 'broadcast_lead', 'rescaled_pow2', 'stable_argsort', 'take_last',
+           'put_last', 'running_extreme', 'top_k', 'single_blas_thread']
 
 # %% ../nbs/01_batching.ipynb #8bab8557
 class _NumpyOps:
@@ -35,7 +37,7 @@ class _NumpyOps:
     def quantile(self, a, q): return np.quantile(a, q, axis=-1)
 
 # %% ../nbs/01_batching.ipynb #68e328d5
-class _TorchOps:
+class TorchOps:
     "torch, on one device, as the array backend of a kernel (same interface as `_NumpyOps`)."
     def __init__(self, device):
         import torch
@@ -62,19 +64,19 @@ class _TorchOps:
         return self.torch.mul(self.torch.ldexp(a, h), self.torch.exp2((e - h).to(self.float64)), out=out)
 
 # %% ../nbs/01_batching.ipynb #7d03d66c
-_NUMPY = _NumpyOps()
+NUMPY_OPS = _NumpyOps()
 
-def _ops(a):
+def ops_of(a):
     "The backend of array `a`: numpy, or torch on `a`'s device."
-    return _TorchOps(a.device) if is_tensor(a) else _NUMPY
+    return TorchOps(a.device) if is_tensor(a) else NUMPY_OPS
 
-def _backend(arrays, names):
+def backend_of(arrays, names):
     "Backend of a call: torch on the tensors' device if any argument is a tensor, else numpy."
     ts = [(a, n) for a, n in zip(arrays, names) if is_tensor(a)]
     if len({str(a.device) for a, _ in ts}) > 1:
         raise ValueError(f"{' and '.join(n for _, n in ts)}: expected tensors on one device, got "
                          f"{' and '.join(str(a.device) for a, _ in ts)}")
-    return _TorchOps(ts[0][0].device) if ts else _NUMPY
+    return TorchOps(ts[0][0].device) if ts else NUMPY_OPS
 
 # %% ../nbs/01_batching.ipynb #0773b2b4
 def _numpy_floats(x, name, *, min_ndim, dims):
@@ -93,31 +95,31 @@ def _tensor_floats(x, name, *, min_ndim, dims):
     if not bool(lo.isfinite() & hi.isfinite()): check_finite(x, name)
     return x
 
-def _floats(x, name, xp, *, min_ndim, dims):
+def valid_floats(x, name, xp, *, min_ndim, dims):
     "`x` validated and placed in backend `xp` (a numpy array or list becomes a tensor on xp's device)."
     if is_tensor(x): return _tensor_floats(x, name, min_ndim=min_ndim, dims=dims)
     a = _numpy_floats(x, name, min_ndim=min_ndim, dims=dims)
-    return a if xp is _NUMPY else xp.asarray(a)
+    return a if xp is NUMPY_OPS else xp.asarray(a)
 
 # %% ../nbs/01_batching.ipynb #9aca693c
 _CHUNK_ELEMS = 2**20  # float64 temporaries per block (8 MiB)
 
-def _fits(n: int) -> bool: return n <= _CHUNK_ELEMS
+def fits_chunk(n: int) -> bool: return n <= _CHUNK_ELEMS
 
-def _blocks(lead, cost):
+def leading_blocks(lead, cost):
     "Index tuples covering the leading shape `lead` in blocks of ~_CHUNK_ELEMS / cost items, with each block's shape."
     if not lead or math.prod(lead) * cost <= _CHUNK_ELEMS:
         yield (), lead; return
     inner = math.prod(lead[1:]) * cost
     if inner > _CHUNK_ELEMS:
         for i in range(lead[0]):
-            for idx, shape in _blocks(lead[1:], cost): yield (i,) + idx, shape
+            for idx, shape in leading_blocks(lead[1:], cost): yield (i,) + idx, shape
     else:
         step = max(1, _CHUNK_ELEMS // inner)
         for i in range(0, lead[0], step): yield (slice(i, i + step),), (min(step, lead[0] - i),) + lead[1:]
 
 # %% ../nbs/01_batching.ipynb #f3f8195d
-class _Scratch:
+class Scratch:
     "Buffers reused by the blocks of one call, in the call's backend: big temporaries are allocated once."
     def __init__(self, xp): self.xp, self._bufs = xp, {}
     def __call__(self, key, shape, dtype=None):
@@ -126,73 +128,86 @@ class _Scratch:
         if b is None or b.shape[0] < n or b.dtype != dtype: b = self._bufs[key] = self.xp.empty((n,), dtype)
         return b[:n].reshape(shape)
 
-def _promoted(a, sc, key):
+def promoted_f64(a, sc, key):
     "A float32/float16 block copied (exactly) into a reused float64 buffer; anything else unchanged."
     xp = sc.xp
     return xp.copyto(sc(key, tuple(a.shape)), a) if xp.is_float(a) and a.dtype != xp.float64 else a
 
 # %% ../nbs/01_batching.ipynb #2fdec6dd
-def _chunked(f, arrays, lead, cost, promote=True):
+def chunked_apply(f, arrays, lead, cost, promote=True):
     "`f(*arrays)` computed block by block along the shared leading dims `lead` (~_CHUNK_ELEMS temporaries per block)."
-    xp = _ops(arrays[0])
-    (idx, shape), *rest = _blocks(tuple(lead), cost)
+    xp = ops_of(arrays[0])
+    (idx, shape), *rest = leading_blocks(tuple(lead), cost)
     if idx == (): return f(*[xp.f64(a) if promote and xp.is_float(a) else a for a in arrays])
-    scratch, out = _Scratch(xp), None
+    scratch, out = Scratch(xp), None
     for idx, shape in [(idx, shape)] + rest:
         args = [a[idx] for a in arrays]
-        r = f(*[_promoted(a, scratch, j) for j, a in enumerate(args)] if promote else args)
+        r = f(*[promoted_f64(a, scratch, j) for j, a in enumerate(args)] if promote else args)
         if out is None: out = xp.empty(tuple(lead) + tuple(r.shape[len(shape):]), r.dtype)
         out[idx] = r
     return out
 
 # %% ../nbs/01_batching.ipynb #9ad44353
-def _broadcast_lead(arrays, names, cores):
+def broadcast_lead(arrays, names, cores):
     "Broadcast the leading dims of `arrays` (each has `cores[i]` trailing core axes; the first ones are named by `names`)."
     leads = [tuple(a.shape[:a.ndim - c]) for a, c in zip(arrays, cores)]
     try: lead = tuple(np.broadcast_shapes(*leads))
     except ValueError:
         raise ValueError(f"{' and '.join(names)}: leading (batch) dimensions must broadcast, got shapes "
                          f"{' and '.join('(' + ', '.join(map(str, a.shape)) + ')' for a in arrays[:len(names)])}") from None
-    xp = _ops(arrays[0])
+    xp = ops_of(arrays[0])
     return lead, [xp.broadcast_to(a, lead + tuple(a.shape[a.ndim - c:])) for a, c in zip(arrays, cores)]
 
 # %% ../nbs/01_batching.ipynb #2614f570
-def _rescaled(x,            # float64 array (numpy or torch)
+def rescaled_pow2(x,            # float64 array (numpy or torch)
               axes=(-2, -1),  # the axes of one slice (one set, one problem)
               out=None,     # where to write the result (may be `x`)
              ):             # (x / 2^e, e) with e of x's shape, `axes` kept as size 1
     "`x` divided by a power of two per slice so that its largest magnitude is in [0.5, 1); exact."
-    xp = _ops(x)
+    xp = ops_of(x)
     m = xp.maximum(xp.amax(x, axis=axes, keepdims=True), -xp.amin(x, axis=axes, keepdims=True))
     e = xp.frexp(m)[1]
     return xp.ldexp(x, -e, out=out), e
 
 # %% ../nbs/01_batching.ipynb #7a23c05a
-def _argsort(v):
+def stable_argsort(v):
     "Stable argsort along the last axis."
     return v.argsort(dim=-1, stable=True) if is_tensor(v) else np.argsort(v, axis=-1, kind="stable")
 
-def _take_last(a, idx):
+def take_last(a, idx):
     "`a` gathered along the last axis at `idx` (numpy `take_along_axis`, torch `gather`)."
     return a.gather(-1, idx) if is_tensor(a) else np.take_along_axis(a, idx, axis=-1)
 
-def _put_last(a, idx, values):
+def put_last(a, idx, values):
     "`a` with `values` scattered along the last axis at `idx`, in place; returns `a`."
     if is_tensor(a): return a.scatter_(-1, idx, values)
     np.put_along_axis(a, idx, values, axis=-1)
     return a
 
-def _running(a, op):
+def running_extreme(a, op):
     "Running maximum (`op=max`) or minimum (`op=min`) along the last axis."
     if is_tensor(a): return (a.cummax(-1) if op is max else a.cummin(-1)).values
     return (np.maximum if op is max else np.minimum).accumulate(a, axis=-1)
 
 # %% ../nbs/01_batching.ipynb #003e5fe5
-def _top_k(S,  # (..., N, M) scores; overwritten on the numpy path
+def top_k(S,  # (..., N, M) scores; overwritten on the numpy path
            k,  # entries per row, 1 <= k <= M
           ):   # (..., N, k) indices of the k largest entries of each row, largest first
     "Indices of the k largest entries of each row, largest first."
     if is_tensor(S): return S.topk(k, dim=-1).indices
     np.negative(S, out=S)
     idx = np.argpartition(S, k - 1, axis=-1)[..., :k]
-    return np.take_along_axis(idx, _argsort(np.take_along_axis(S, idx, axis=-1)), axis=-1)   # a copy: S can be reused
+    return np.take_along_axis(idx, stable_argsort(np.take_along_axis(S, idx, axis=-1)), axis=-1)   # a copy: S can be reused
+
+# %% ../nbs/01_batching.ipynb #b1thr0ex
+_CONTROLLER = []
+
+def single_blas_thread():
+    "A context in which BLAS and LAPACK use one thread (threadpoolctl's limit, its controller made once); a no-op without threadpoolctl."
+    import contextlib
+    if not _CONTROLLER:
+        try:
+            from threadpoolctl import ThreadpoolController
+            _CONTROLLER.append(ThreadpoolController())
+        except ImportError: _CONTROLLER.append(None)
+    return contextlib.nullcontext() if _CONTROLLER[0] is None else _CONTROLLER[0].limit(limits=1, user_api="blas")

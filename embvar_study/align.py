@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import scipy.linalg
 from .checks import Array, ArrayLike, check_at_least, check_rank, check_same_shape, _shape
-from ._batching import _NUMPY, _Scratch, _backend, _chunked, _fits, _floats, _ops, _rescaled
-from .metrics import (_centred_unit, _cka_ratio, _common_count, _cos_dist_block, _debias,
-                                  _hsic, _knn_sets, _msd_block, _rank_vec, _row_norms)
+from ._batching import NUMPY_OPS, Scratch, backend_of, chunked_apply, fits_chunk, valid_floats, ops_of, rescaled_pow2
+from .metrics import cos_dist_block, msd_block, row_norms
+from .similarity import centred_unit, cka_ratio, common_count, debias_hsic, hsic, knn_sets, rank_vector
 
 # %% auto #0
 __all__ = ['PAIR_MEASURES', 'ProcrustesResult', 'procrustes_align', 'procrustes_align_batch', 'aligned_distance', 'GPAResult',
@@ -35,8 +35,8 @@ class ProcrustesResult:
               Z: ArrayLike, # (..., M, d) or (d,) new points in source coordinates; leading dims must broadcast with the batch dims
              ) -> Array:  # same shape as `Z`, in target coordinates (a tensor when the fit was made on tensors)
         "Map new source-space points with the fitted transform: `scale * (Z - source_mean) @ rotation + target_mean`."
-        xp, d = _ops(self.rotation), self.rotation.shape[-1]
-        z = xp.f64(_floats(Z, "Z", xp, min_ndim=1, dims=f"(..., M, {d})"))
+        xp, d = ops_of(self.rotation), self.rotation.shape[-1]
+        z = xp.f64(valid_floats(Z, "Z", xp, min_ndim=1, dims=f"(..., M, {d})"))
         if z.shape[-1] != d:
             raise ValueError(f"Z: expected shape (..., M, {d}) (last axis = the fitted dimension d={d}), got shape {_shape(z)}")
         s = xp.f64(self.scale)[..., None, None]
@@ -46,21 +46,21 @@ class ProcrustesResult:
     def __repr__(self):
         batch, d, N = tuple(self.rotation.shape[:-2]), self.rotation.shape[-1], self.aligned.shape[-2]
         if batch: return f"ProcrustesResult(batch={batch}, d={d}, N={N}, mean disparity={float(self.disparity.mean()):.4g})"
-        det = float(_ops(self.rotation).linalg.det(self.rotation))
+        det = float(ops_of(self.rotation).linalg.det(self.rotation))
         return (f"ProcrustesResult(d={d}, N={N}, scale={float(self.scale):.6g}, disparity={float(self.disparity):.4g}, "
                 f"rmsd={float(self.rmsd):.4g}, det={det:+.0f})")
 
 # %% ../nbs/03_align.ipynb #7af75139
 def _centered(X, center: bool):
     "(..., N, d) -> (centred X, mean (..., d)); the mean is zeros when `center=False`."
-    xp = _ops(X)
+    xp = ops_of(X)
     if not center: return X, xp.zeros(tuple(X.shape[:-2]) + tuple(X.shape[-1:]))
     mu = X.mean(axis=-2)
     return X - mu[..., None, :], mu
 
 def _spread(X, center):
     "(...) sum of squares of each configuration after centring, relative to its raw sum of squares (scale-free)."
-    Xn, _ = _rescaled(_ops(X).f64(X))
+    Xn, _ = rescaled_pow2(ops_of(X).f64(X))
     A, _ = _centered(Xn, center)
     with np.errstate(invalid="ignore"):                               # 0/0 for an all-zero configuration
         return (A * A).sum(axis=(-2, -1)) / (Xn * Xn).sum(axis=(-2, -1))
@@ -69,9 +69,9 @@ def _spread(X, center):
 def _check_spread(X, name: str, center: bool):
     "Raise if a configuration (..., N, d) has (numerically) zero spread: all its points coincide."
     N, d = X.shape[-2:]
-    bad = ~(_chunked(lambda x: _spread(x, center), [X], X.shape[:-2], cost=3 * N * d) > 1e-24)
+    bad = ~(chunked_apply(lambda x: _spread(x, center), [X], X.shape[:-2], cost=3 * N * d) > 1e-24)
     if bool(bad.any()):
-        where = "" if bad.ndim == 0 else f" (first at batch index {_ops(bad).first_index(bad)})"
+        where = "" if bad.ndim == 0 else f" (first at batch index {ops_of(bad).first_index(bad)})"
         what = "after centering" if center else "(all rows are zero)"
         raise ValueError(f"{name}: expected points that do not all coincide, got a configuration with zero spread "
                          f"{what}{where}; the alignment is undefined")
@@ -79,9 +79,9 @@ def _check_spread(X, name: str, center: bool):
 # %% ../nbs/03_align.ipynb #5ec9da9d
 def _validate_pair(source, target, name_s: str, name_t: str, batched: bool, center: bool):
     "(backend, X, Y): two float64 configurations of the same shape with spread, (N, d) or (..., N, d)."
-    xp = _backend([source, target], [name_s, name_t])
+    xp = backend_of([source, target], [name_s, name_t])
     dims = "(..., N, d)" if batched else "(N, d)"
-    X, Y = (xp.f64(_floats(a, n, xp, min_ndim=2, dims=dims)) for a, n in ((source, name_s), (target, name_t)))
+    X, Y = (xp.f64(valid_floats(a, n, xp, min_ndim=2, dims=dims)) for a, n in ((source, name_s), (target, name_t)))
     if not batched: check_rank(tuple(X.shape), name_s, ndim=2, dims=dims); check_rank(tuple(Y.shape), name_t, ndim=2, dims=dims)
     check_same_shape(X, Y, name_s, name_t)
     check_at_least(X.shape[-2], 2, name_s, "points (rows N)")
@@ -91,7 +91,7 @@ def _validate_pair(source, target, name_s: str, name_t: str, batched: bool, cent
 # %% ../nbs/03_align.ipynb #b31569ac
 def _solve(A, B, allow_reflection: bool):
     "Batched orthogonal Procrustes of A onto B (..., N, d): rotation (..., d, d) and tr(R^T A^T B) (...)."
-    xp = _ops(A)
+    xp = ops_of(A)
     U, S, Vt = xp.linalg.svd(A.swapaxes(-1, -2) @ B)
     D = xp.ones(tuple(S.shape))
     if not allow_reflection: D[..., -1] = 1.0 - 2.0 * (xp.linalg.det(U @ Vt) < 0)
@@ -110,8 +110,8 @@ class _Fit(NamedTuple):
 
 def _fit(X, Y, center: bool, scale: bool, allow_reflection: bool, names: tuple, solver) -> _Fit:
     "Procrustes of X onto Y (..., N, d) (float64, with spread) on rescaled copies; every field in the inputs' units."
-    xp = _ops(X)
-    (Xn, ex), (Yn, ey) = _rescaled(X), _rescaled(Y)
+    xp = ops_of(X)
+    (Xn, ex), (Yn, ey) = rescaled_pow2(X), rescaled_pow2(Y)
     (A, mu_s), (B, mu_t) = _centered(Xn, center), _centered(Yn, center)
     R, trace = solver(A, B, allow_reflection)
     e = (ey - ex)[..., 0, 0]
@@ -137,8 +137,8 @@ def procrustes_align(source: ArrayLike,  # (N, d) configuration to move (e.g. ru
                     ) -> ProcrustesResult:  # rotation (d, d), scale, means (d,), aligned (N, d), disparity, rmsd
     "Orthogonal Procrustes alignment of `source` onto `target` (rotation via `scipy.linalg.orthogonal_procrustes`)."
     xp, X, Y = _validate_pair(source, target, "source", "target", False, center)
-    f = _fit(X, Y, center, scale, allow_reflection, ("source", "target"), _solve_scipy if xp is _NUMPY else _solve)
-    if xp is _NUMPY: f = f._replace(scale=float(f.scale), disparity=float(f.disparity), rmsd=float(f.rmsd))
+    f = _fit(X, Y, center, scale, allow_reflection, ("source", "target"), _solve_scipy if xp is NUMPY_OPS else _solve)
+    if xp is NUMPY_OPS: f = f._replace(scale=float(f.scale), disparity=float(f.disparity), rmsd=float(f.rmsd))
     return ProcrustesResult(*f[:7])
 
 # %% ../nbs/03_align.ipynb #e7f59962
@@ -165,10 +165,10 @@ def aligned_distance(X: ArrayLike,  # (..., N, d) first configuration(s), moved 
     xp, Xa, Ya = _validate_pair(X, Y, "X", "Y", True, center)
     N, d = Xa.shape[-2:]
     fit = lambda a, b: _fit(a, b, center, scale, allow_reflection, ("X", "Y"), _solve).msd
-    msd = _chunked(fit, [Xa, Ya], Xa.shape[:-2], cost=6 * N * d + 4 * d * d)
+    msd = chunked_apply(fit, [Xa, Ya], Xa.shape[:-2], cost=6 * N * d + 4 * d * d)
     if not bool(xp.isfinite(msd).all()):
         raise ValueError("X and Y: the mean squared aligned distance overflows float64 (Y's values around 1e154 or larger); rescale the inputs")
-    return float(msd) if Xa.ndim == 2 and xp is _NUMPY else msd
+    return float(msd) if Xa.ndim == 2 and xp is NUMPY_OPS else msd
 
 # %% ../nbs/03_align.ipynb #69070aec
 @dataclass(frozen=True, eq=False)
@@ -196,8 +196,8 @@ class GPAResult:
 # %% ../nbs/03_align.ipynb #36b887d8
 def _validate_runs(runs, name: str = "runs", min_points: int = 2, what: str = "points per run (N)"):
     "(backend, runs): a float64 (K, N, d) stack of K >= 2 runs."
-    xp = _backend([runs], [name])
-    R = _floats(runs, name, xp, min_ndim=3, dims="(K, N, d)")
+    xp = backend_of([runs], [name])
+    R = valid_floats(runs, name, xp, min_ndim=3, dims="(K, N, d)")
     check_rank(tuple(R.shape), name, ndim=3, dims="(K, N, d)")
     check_at_least(R.shape[0], 2, name, "runs (K)")
     check_at_least(R.shape[1], min_points, name, what)
@@ -206,7 +206,7 @@ def _validate_runs(runs, name: str = "runs", min_points: int = 2, what: str = "p
 # %% ../nbs/03_align.ipynb #72779fdb
 def _gpa_sweeps(A, scale: bool, allow_reflection: bool, max_iter: int, tol: float):
     "Align every run onto the consensus (one batched SVD), average; until the residual settles."
-    xp, ss = _ops(A), (A * A).sum(axis=(-2, -1))                       # (K,)
+    xp, ss = ops_of(A), (A * A).sum(axis=(-2, -1))                       # (K,)
     total, size = ss.sum(), xp.sqrt(ss.mean())
     C, history, prev = A[0] * (size / xp.sqrt(ss[0]) if scale else 1.0), [], math.inf
     for _ in range(max_iter):
@@ -221,7 +221,7 @@ def _gpa_sweeps(A, scale: bool, allow_reflection: bool, max_iter: int, tol: floa
     return C, Yk, R, s, history, False
 
 def _consensus_norm(C):
-    norm = _ops(C).sqrt((C * C).sum())
+    norm = ops_of(C).sqrt((C * C).sum())
     if not bool(norm > 0): raise ValueError("runs: the consensus collapsed to a point; the runs share no common structure")
     return norm
 
@@ -241,7 +241,7 @@ def generalized_procrustes(runs: ArrayLike,  # (K, N, d) the same N inputs embed
     if not (isinstance(tol, (int, float, np.number)) and np.isfinite(tol) and tol >= 0):
         raise ValueError(f"tol: expected a finite number >= 0, got {tol!r}")
     _check_spread(X, "runs", center)
-    Xn, e = _rescaled(X, axes=(0, 1, 2))                  # one exponent for all runs: their relative sizes matter
+    Xn, e = rescaled_pow2(X, axes=(0, 1, 2))                  # one exponent for all runs: their relative sizes matter
     A, mu = _centered(Xn, center)
     C, Yk, R, s, history, converged = _gpa_sweeps(A, scale, allow_reflection, max_iter, tol)
     up = lambda a: xp.ldexp(a, e[0, 0, 0])
@@ -269,7 +269,7 @@ def raw_vs_aligned(runs: ArrayLike,      # (K, N, d) the same N inputs embedded 
     r, a = xp.f64(raw), xp.f64(al)
     with np.errstate(divide="ignore", invalid="ignore"):
         red = xp.where(r != 0, 1.0 - a / xp.where(r != 0, r, 1.0), np.nan)
-    return {"raw": raw, "aligned": al, "reduction": float(red) if red.ndim == 0 and xp is _NUMPY else red}
+    return {"raw": raw, "aligned": al, "reduction": float(red) if red.ndim == 0 and xp is NUMPY_OPS else red}
 
 # %% ../nbs/03_align.ipynb #3715bdb1
 PAIR_MEASURES = {"raw_msd": "distance", "aligned_msd": "distance", "cos_dist": "distance", "cka": "similarity",
@@ -277,51 +277,51 @@ PAIR_MEASURES = {"raw_msd": "distance", "aligned_msd": "distance", "cos_dist": "
 
 def _pairs(f, pa, pb, cost):
     "(P, ...) f(index block of run a, index block of run b) over all pairs, block by block."
-    return _chunked(f, [pa, pb], tuple(pa.shape), cost=cost, promote=False)
+    return chunked_apply(f, [pa, pb], tuple(pa.shape), cost=cost, promote=False)
 
 def _pair_distances(X, pa, pb):
     "raw_msd, aligned_msd and cos_dist of every pair (P,)."
-    xp, (N, d) = _ops(X), X.shape[-2:]
-    n, sc = _row_norms(X, "runs"), _Scratch(xp)
-    raw = _pairs(lambda i, j: _msd_block(X[i], X[j], sc), pa, pb, cost=3 * N * d)
+    xp, (N, d) = ops_of(X), X.shape[-2:]
+    n, sc = row_norms(X, "runs"), Scratch(xp)
+    raw = _pairs(lambda i, j: msd_block(X[i], X[j], sc), pa, pb, cost=3 * N * d)
     aligned = _pairs(lambda i, j: _fit(X[i], X[j], True, False, True, ("runs", "runs"), _solve).msd, pa, pb,
                      cost=8 * N * d + 4 * d * d)
-    cos = _pairs(lambda i, j: _cos_dist_block(X[i], X[j], n[i], n[j], sc).mean(axis=-1), pa, pb, cost=3 * N * d)
+    cos = _pairs(lambda i, j: cos_dist_block(X[i], X[j], n[i], n[j], sc).mean(axis=-1), pa, pb, cost=3 * N * d)
     return dict(raw_msd=raw, aligned_msd=aligned, cos_dist=cos)
 
 # %% ../nbs/03_align.ipynb #399eba44
 def _hsic_both(a, b, sc):
     "(..., 2): plain and debiased HSIC numerators of centred rows a, b (..., N, d) from one product."
-    v = _hsic(a, b, False, sc)
-    return sc.xp.stack([v, _debias(v, a, b)], axis=-1)
+    v = hsic(a, b, False, sc)
+    return sc.xp.stack([v, debias_hsic(v, a, b)], axis=-1)
 
 def _pair_cka(X, pa, pb):
     "cka and cka_debiased of every pair (P,), from per-run centred rows and self terms."
-    xp, (K, N, d) = _ops(X), tuple(X.shape)
-    C = _chunked(lambda x: _centred_unit(x, _Scratch(xp), "c"), [X], (K,), cost=2 * N * d)
-    sc = _Scratch(xp)
-    own = _chunked(lambda c: _hsic_both(c, c, sc), [C], (K,), cost=3 * min(d * d, N * N))
+    xp, (K, N, d) = ops_of(X), tuple(X.shape)
+    C = chunked_apply(lambda x: centred_unit(x, Scratch(xp), "c"), [X], (K,), cost=2 * N * d)
+    sc = Scratch(xp)
+    own = chunked_apply(lambda c: _hsic_both(c, c, sc), [C], (K,), cost=3 * min(d * d, N * N))
     xy = _pairs(lambda i, j: _hsic_both(C[i], C[j], sc), pa, pb, cost=2 * N * d + 3 * min(d * d, N * N))
-    cka = [_cka_ratio(xy[..., m], own[pa, m], own[pb, m]) for m in (0, 1)]
+    cka = [cka_ratio(xy[..., m], own[pa, m], own[pb, m]) for m in (0, 1)]
     return dict(cka=cka[0], cka_debiased=cka[1] if N >= 4 else cka[1] * np.nan)
 
 # %% ../nbs/03_align.ipynb #c4bc7e99
 def _pair_rsa(X, pa, pb):
     "rsa (cosine distances) of every pair (P,); each run's rank vector computed once when they fit in 128 MiB."
-    xp, (K, N, d) = _ops(X), tuple(X.shape)
+    xp, (K, N, d) = ops_of(X), tuple(X.shape)
     M, dot = N * (N - 1) // 2, lambda r, q: xp.einsum("...m,...m->...", r, q)
-    if _fits(K * M // 16):
-        ranks = _chunked(lambda x: _rank_vec(x, "cosine"), [X], (K,), cost=5 * N * N + N * d)
+    if fits_chunk(K * M // 16):
+        ranks = chunked_apply(lambda x: rank_vector(x, "cosine"), [X], (K,), cost=5 * N * N + N * d)
         rho = _pairs(lambda i, j: dot(ranks[i], ranks[j]), pa, pb, cost=2 * M)
     else:
-        rho = _pairs(lambda i, j: dot(_rank_vec(X[i], "cosine"), _rank_vec(X[j], "cosine")), pa, pb, cost=10 * N * N)
+        rho = _pairs(lambda i, j: dot(rank_vector(X[i], "cosine"), rank_vector(X[j], "cosine")), pa, pb, cost=10 * N * N)
     return dict(rsa=xp.clip(rho, -1.0, 1.0))
 
 def _pair_knn(X, pa, pb, k):
     "knn_overlap of every pair (P,), from each run's neighbour sets."
-    xp, N = _ops(X), X.shape[-2]
-    nn = _knn_sets(X, "runs", k)                                       # (K, N, k)
-    c = xp.f64(_pairs(lambda i, j: _common_count(nn[i], nn[j], N), pa, pb, cost=N * min(k * k, 2 * N)))
+    xp, N = ops_of(X), X.shape[-2]
+    nn = knn_sets(X, "runs", k)                                       # (K, N, k)
+    c = xp.f64(_pairs(lambda i, j: common_count(nn[i], nn[j], N), pa, pb, cost=N * min(k * k, 2 * N)))
     return dict(knn_overlap=(c / (2 * k - c)).mean(axis=-1))
 
 # %% ../nbs/03_align.ipynb #0069bc39

@@ -414,35 +414,44 @@ def verify_main(argv: list[str]) -> list[tuple[str, str]]:  # [(damaged file, wh
 
 # %% ../nbs/22_cli.ipynb #37d2bfea
 def compare_parser() -> argparse.ArgumentParser:
-    "The parser of `embvar compare`: two models (or run folders at a step), the probes, the output folder."
+    "The parser of `embvar compare`: two models (or run folders at a step), the probes, the layers, the output folder."
     p = _Parser(prog="embvar compare", description="Compare two models layer by layer (CKA, SVCCA, PWCCA, Procrustes, "
                 "mutual k-NN, CKNNA, RSA, ...) and write DIR/compare.html. Probes are matched by id.")
     p.add_argument("a", help="first model: offline alias, model folder, Hub id, or a run folder at a tracked step (runs/x@step=24)")
     p.add_argument("b", help="second model: the same kinds")
     p.add_argument("--probes", default=None, help="text file with one probe per line (optional when a side is a run folder: "
                    "its own probes are used)")
-    p.add_argument("--out", required=True, help="output folder (compare.html, compare.csv)")
-    p.add_argument("--measures", default=None, help="comma-separated names from metrics.MEASURES (default: the standard set)")
+    p.add_argument("--out", required=True, help="output folder (compare.html, compare.csv); refused if it names a file")
+    p.add_argument("--measures", default=None, help="comma-separated names from similarity.MEASURES (default: the standard set)")
     p.add_argument("--n-resamples", type=int, default=200, help="probe-bootstrap resamples (default 200)")
     p.add_argument("--pooling", default="mean", help="pooling: a run's saved one, or the one used to embed (default mean)")
+    p.add_argument("--layers", default=None, help="layers of both sides: comma-separated indices, negative from the end "
+                   "(e.g. 0,3,-1), or all (default)")
+    p.add_argument("--layers-a", default=None, help="layers of a (default: --layers), e.g. --layers-a 0,3,6")
+    p.add_argument("--layers-b", default=None, help="layers of b (default: --layers), e.g. --layers-b 6")
     return p
 
 def compare_main(argv: list[str]) -> None:
-    "`embvar compare A B [--probes P] --out DIR`."
+    "`embvar compare A B [--probes P] [--layers-a L] [--layers-b L] --out DIR`; progress lines on stderr."
     a = compare_parser().parse_args(argv)
     from pathlib import Path
-    from embvar_study.compare import compare, write_compare_html, _is_run_spec
+    from embvar_study.compare import compare, write_compare_html, is_run_spec, parse_layers, check_out_folder
+    check_out_folder(a.out)
+    layers = {k: parse_layers(getattr(a, k), k) for k in ("layers", "layers_a", "layers_b")}
+    ms = None if a.measures is None else [m.strip() for m in a.measures.split(",") if m.strip()]
+    if ms == []: raise ValueError(f"measures: expected comma-separated names from similarity.MEASURES, got {a.measures!r}")
     probes = None
     if a.probes is not None:
         path = Path(a.probes)
         if not path.is_file(): raise FileNotFoundError(f"--probes: expected a text file, got {a.probes!r} (not found)")
         probes = [t for t in path.read_text().splitlines() if t.strip()]
         if len(probes) < 6: raise ValueError(f"--probes: expected at least 6 non-empty lines, got {len(probes)}")
-    elif not (_is_run_spec(a.a) or _is_run_spec(a.b)):
+    elif not (is_run_spec(a.a) or is_run_spec(a.b)):
         raise ValueError("--probes: expected a probe file (needed to embed models; only run folders carry their own probes)")
-    ms = None if a.measures is None else [m.strip() for m in a.measures.split(",") if m.strip()]
-    t = compare(a.a, a.b, probes, measures=ms, n_resamples=a.n_resamples, pooling=a.pooling)
-    out = write_compare_html(t, a.out, title=f"{a.a} vs {a.b}")
+    t = compare(a.a, a.b, probes, layers=layers["layers"] or "all", measures=ms, n_resamples=a.n_resamples, pooling=a.pooling,
+                layers_a=layers["layers_a"], layers_b=layers["layers_b"], log=lambda s: print(s, file=sys.stderr, flush=True))
+    name = lambda s: (lambda p: f"{Path(p[0]).name}@{p[1]}" if len(p) == 2 else Path(s).name or s)(str(s).rsplit("@", 1))
+    out = write_compare_html(t, a.out, title=f"compare: {name(a.a)} vs {name(a.b)}")
     print(f"embvar compare: wrote {out}")
 
 # %% ../nbs/22_cli.ipynb #37fc4f4b

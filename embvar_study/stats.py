@@ -14,7 +14,7 @@ from scipy import stats as _sps
 from scipy.special import gammaln, ndtr, ndtri
 
 from .checks import ArrayLike, as_float_array, check_at_least
-from ._batching import _rescaled
+from ._batching import rescaled_pow2 as _rescaled
 
 SeedLike = Union[None, int, np.random.SeedSequence, np.random.Generator]   # anything np.random.default_rng accepts
 

@@ -21,7 +21,8 @@ from embvar_study.agreement import (TRANSFORMS, agreement_matrix, agreement_tabl
                                     invariance_table, measure_agreement, pooling_sensitivity, weighted_spearman)
 from embvar_study.agreement import _boot_weights
 from embvar_study.align import PAIR_MEASURES, aligned_distance, pairwise_run_table
-from embvar_study.metrics import cosine_drift, expected_squared_distance, knn_overlap, linear_cka, rsa
+from embvar_study.metrics import cosine_drift, expected_squared_distance
+from embvar_study.similarity import knn_overlap, linear_cka, rsa
 from embvar_study.study import NotComputed, load_study, synthetic_study
 
 

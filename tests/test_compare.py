@@ -37,7 +37,7 @@ def test_cli_errors_exit_2(tmp_path):
 # --- run folders at a tracked step, probes matched by id --------------------------------------------------------
 import pandas as pd
 from embvar_study.runs import RunWriter, load_run
-from embvar_study.metrics import linear_cka
+from embvar_study.similarity import linear_cka
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,7 @@ def _knn_ref(Z, r, k):
 
 def _loop_measure(m, X, Y, r):
     "The per-resample reference: the measure on the resampled rows (copies kept); k-NN lists without a probe's own copies."
-    from embvar_study.metrics import MEASURES
+    from embvar_study.similarity import MEASURES
     if m not in ("mutual_knn", "jaccard_knn"): return float(MEASURES[m].fn(X[r], Y[r]))
     c = np.array([len(set(p) & set(q)) for p, q in zip(_knn_ref(X, r, 5), _knn_ref(Y, r, 5))])
     return (c / 5).mean() if m == "mutual_knn" else (c / (10 - c)).mean()
@@ -140,25 +140,104 @@ BATCHED = ["linear_cka", "debiased_cka", "mutual_knn", "jaccard_knn", "cca", "sv
 
 def test_batched_bootstrap_equals_per_resample_loop():
     "Every batched measure's resample values, hence its interval, equal the per-resample loop on the same resamples within 1e-8."
-    from embvar_study.compare import _boot_counts, _weighted_side, _weighted_scores, _COV, _gram_side, _masked_hsic, _masked_knn, _masked_knn_scores
+    from embvar_study.layer_pairs import boot_counts, layer_factors, pair_scores
     rng = np.random.default_rng(1)
     X = rng.normal(size=(40, 6)); Y = X[:, :4] @ rng.normal(size=(4, 4)) + 0.5 * rng.normal(size=(40, 4))
     idx = np.random.default_rng(3).integers(0, 40, size=(30, 40))           # compare's draw for seed=3, n_resamples=30
-    w = _boot_counts(40, 30, 3)
+    w = boot_counts(40, 30, 3)
     np.testing.assert_array_equal(w, [np.bincount(r, minlength=40) for r in idx])
-    got = _weighted_scores(_weighted_side(X, w, {1.0, 0.0}), _weighted_side(Y, w, {1.0, 0.0}), list(_COV))
-    for d, m in ((False, "linear_cka"), (True, "debiased_cka")):
-        K, kr, sx = _gram_side(X, w, {d}); L, lr, sy = _gram_side(Y, w, {d})
-        got[m] = _masked_hsic(K, L, kr, lr, w, d) / np.sqrt(sx[d] * sy[d])
-    sc = _masked_knn_scores(_masked_knn(X, w, 5), _masked_knn(Y, w, 5), w, 5)
-    got["mutual_knn"], got["jaccard_knn"] = sc["mutual"], sc["jaccard"]
+    got = pair_scores(layer_factors(X[None]), layer_factors(Y[None]), BATCHED, w)
     for m in BATCHED:
-        np.testing.assert_allclose(got[m], [_loop_measure(m, X, Y, r) for r in idx], rtol=0, atol=1e-8, err_msg=m)
+        np.testing.assert_allclose(got[m][0, 0, 1:], [_loop_measure(m, X, Y, r) for r in idx], rtol=0, atol=1e-8, err_msg=m)
     t = compare(X[None], Y[None], None, measures=BATCHED, n_resamples=30, seed=3).set_index("measure")
+    from embvar_study.similarity import MEASURES
     for m in BATCHED:                                                          # compare's interval: median-centred percentiles
         lo, med, hi = np.quantile([_loop_measure(m, X, Y, r) for r in idx], [0.025, 0.5, 0.975])
         v = t.loc[m, "value"]
-        np.testing.assert_allclose(t.loc[m, ["ci_low", "ci_high"]].to_numpy(float), [v + lo - med, v + hi - med], rtol=0, atol=1e-8, err_msg=m)
+        want = np.clip([v + lo - med, v + hi - med], *MEASURES[m].range)      # clipped to the declared range
+        np.testing.assert_allclose(t.loc[m, ["ci_low", "ci_high"]].to_numpy(float), want, rtol=0, atol=1e-8, err_msg=m)
+
+def test_wide_layers_equal_the_per_pair_measures():
+    "d > N (the rows rotated into their N-dim span, PWCCA mapped back): every value equals the measure's own function on X."
+    from embvar_study.similarity import MEASURES
+    rng = np.random.default_rng(4)
+    A = rng.normal(size=(2, 16, 50)); B = A[:, :, :30] @ rng.normal(size=(30, 30)) + rng.normal(size=(2, 16, 30))
+    ms = [m for m in MEASURES if m != "rsa_correlation_kendall"]
+    t = compare(A, B, measures=ms, n_resamples=0)
+    for m in ms:
+        want = [float(np.clip(MEASURES[m].fn(A[i], B[j]), *MEASURES[m].range)) for i in range(2) for j in range(2)]
+        tol = 1e-7 if "angular" in m else 1e-9             # arccos near 0: rounding of 1e-16 in the cosine is sqrt(2e-16) in the angle
+        np.testing.assert_allclose(t[t.measure == m]["value"], want, rtol=0, atol=tol, err_msg=m)
+
+def test_intervals_stay_in_each_measures_range():
+    "Near-identical sets (CKA, CCA near 1, Procrustes near 0) and a saturated case: no interval leaves MEASURES[m].range."
+    from embvar_study.similarity import MEASURES
+    rng = np.random.default_rng(7)
+    ms = sorted(m for m in MEASURES if not m.startswith("rsa") and m != "cknna")
+    for N, d, noise in ((30, 4, 1e-3), (24, 40, 1e-2), (60, 8, 0.3)):
+        X = rng.normal(size=(2, N, d)); Y = X + noise * rng.normal(size=X.shape)
+        t = compare(X, Y, measures=ms, n_resamples=60, seed=N)
+        for m in ms:
+            lo, hi = MEASURES[m].range
+            r = t[t.measure == m]
+            assert ((r.ci_low >= lo) & (r.ci_high <= hi) & (r.value >= lo) & (r.value <= hi)).all(), (N, d, m, r)
+
+def test_saturated_measures_are_flagged_with_the_reason(tmp_path):
+    "N <= d: CCA, PWCCA and R^2 of Y on X are 1 by construction; the table's flag and the page say why, CKA is not flagged."
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(2, 20, 40)); Y = rng.normal(size=(2, 20, 8))
+    t = compare(X, Y, measures=["cca", "pwcca", "linreg_r2_xy", "linreg_r2_yx", "linear_cka", "svcca"], n_resamples=5)
+    f = t.set_index(["measure", "layer_a", "layer_b"])["flag"]
+    assert f["cca", 1, 0] == ("saturated: layer 1 of a spans all N - 1 = 19 centred directions (N = 20 probes <= d = 40), "
+                              "so cca is 1 by construction")
+    assert (t[t.measure.isin(["cca", "pwcca", "linreg_r2_xy"])].flag != "").all()
+    assert (t[t.measure.isin(["linreg_r2_yx", "linear_cka", "svcca"])].flag == "").all()
+    np.testing.assert_allclose(t[t.measure == "cca"]["value"], 1.0, atol=1e-12)
+    page = open(write_compare_html(t, str(tmp_path))).read()
+    assert "Saturated by construction" in page and "cca at 4 of 4 layer pairs" in page and "by construction" in page
+
+def test_constant_layer_skipped_with_one_line():
+    "A layer whose rows are all identical (last pooling of a decoder's layer 0) is skipped, named with its side; the rest is compared."
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(3, 20, 5)); X[0] = 2.0
+    lines = []
+    t = compare(X, X[::-1].copy(), measures=["linear_cka", "cca"], n_resamples=4, log=lines.append)
+    assert lines[0] == "compare: skipped layer 0 of a: its 20 rows are all identical, so no measure is defined there"
+    assert "skipped layer 2 of b" in lines[1] and sorted(set(t.layer_a)) == [1, 2] and sorted(set(t.layer_b)) == [0, 1]
+    with pytest.warns(UserWarning, match="skipped layer 0 of a"):
+        compare(X, X, measures=["linear_cka"], n_resamples=0)
+    with pytest.raises(ValueError, match=r"^layers_a: every chosen layer of a \(\[0\]\) holds 20 identical rows"):
+        compare(X, X, layers_a=[0], n_resamples=0)
+
+def test_knn_minimum_names_the_measure_not_n_resamples():
+    X = np.random.default_rng(0).normal(size=(1, 7, 4))
+    with pytest.raises(ValueError) as e: compare(X, X, measures=["mutual_knn"], n_resamples=50)
+    assert str(e.value).startswith("measures: mutual_knn needs 5 neighbours per probe") and "n_resamples" not in str(e.value)
+
+def test_bad_arguments_are_one_line_before_work():
+    X = np.random.default_rng(0).normal(size=(1, 10, 4))
+    for kw, msg in ((dict(measures=[]), "measures: expected at least one name"), (dict(confidence=1.5), r"confidence: expected a number in \(0, 1\), e.g. 0.95, got 1.5"),
+                    (dict(layers_b=[5]), r"layers_b: expected indices in \[-1, 0\] for b \(1 layers\), got \[5\]")):
+        with pytest.raises(ValueError, match=msg): compare(X, X, **kw)
+
+def test_figures_ticks_caption_legend(tmp_path):
+    "Colourbar ticks short (no 1.00000000000000), heatmap ticks at the layers' own integer indices, legend beside the lines, no promise of intervals at n_resamples=0."
+    import matplotlib; matplotlib.use("Agg")
+    from embvar_study.compare import _diagonal_fig
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(4, 12, 30)); Y = rng.normal(size=(4, 12, 30))
+    t = compare(X, Y, measures=["cca", "linear_cka"], layers_a=[0, 3], layers_b=[1, 3], n_resamples=0)
+    fig = t.plot(); fig.canvas.draw()
+    heat = [ax for ax in fig.axes if ax.get_title()]
+    assert [l.get_text() for l in heat[0].get_xticklabels()] == ["1", "3"] and [l.get_text() for l in heat[0].get_yticklabels()] == ["0", "3"]
+    bars = [ax for ax in fig.axes if not ax.get_title()]
+    labels = [l.get_text() for ax in bars for l in ax.get_yticklabels() if l.get_text()]
+    assert labels and max(len(s.replace("\u2212", "-")) for s in labels) <= 6, labels    # cca is 1 everywhere: a constant map
+    d = _diagonal_fig(t); d.canvas.draw()
+    ax = d.axes[0]
+    assert ax.get_legend().get_window_extent().x0 >= ax.get_window_extent().x1           # the legend is beside the axes
+    page = open(write_compare_html(t, str(tmp_path / "o"))).read()
+    assert "no intervals: n_resamples = 0" in page and "with probe-bootstrap intervals" not in page
 
 def test_interval_covers_the_estimate_gaussian():
     "Gaussian X, Y = X W + noise (N = 128, d = 16): every default measure's 95% interval holds its full-sample estimate."
@@ -171,7 +250,7 @@ def test_interval_covers_the_estimate_gaussian():
 
 def test_interval_coverage_of_the_expected_value():
     "Over 50 data sets of a Gaussian model, the 95% intervals cover E[measure at N probes] (Monte Carlo, 400 data sets) 90% of the time or more."
-    from embvar_study.metrics import MEASURES
+    from embvar_study.similarity import MEASURES
     ms = ["linear_cka", "cca", "procrustes_angular", "mutual_knn", "linreg_r2_xy"]
     N, d = 64, 4
     W = np.random.default_rng(99).normal(size=(d, d))
@@ -186,3 +265,63 @@ def test_interval_coverage_of_the_expected_value():
         t = compare(x[None], y[None], measures=ms, n_resamples=150, seed=r).set_index("measure")
         for m in ms: hit[m] += bool(t.loc[m, "ci_low"] <= truth[m] <= t.loc[m, "ci_high"])
     assert min(hit.values()) >= 45, hit
+
+
+# --- the CLI on run folders written from arrays (no training) ------------------------------------------------------
+@pytest.fixture(scope="module")
+def fake_runs(tmp_path_factory):
+    "Two run folders of 12 synthetic probes at step 0 (4 layers, d = 16); layer 0 of the first is one vector for every probe."
+    root, rng = tmp_path_factory.mktemp("fake"), np.random.default_rng(0)
+    probes = pd.DataFrame({"id": [f"p{i}" for i in range(12)], "text": [f"synthetic probe {i}" for i in range(12)]})
+    out = []
+    for name in ("alpha", "beta"):
+        E = rng.normal(size=(4, 12, 16)).astype(np.float32)
+        if name == "alpha": E[0] = 1.0
+        with RunWriter(root / name, {"synthetic": name}, probes) as w: w.save_embeddings(0, {"mean": E})
+        out.append(root / name)
+    return out
+
+
+def _cli(*args):
+    r = subprocess.run([sys.executable, "-c", "from embvar_study.cli import main; main()", "compare", *map(str, args)],
+                       capture_output=True, text=True)
+    return r.returncode, r.stderr.strip().splitlines(), r.stdout
+
+
+def test_cli_layers_per_side_progress_and_skip(fake_runs, tmp_path):
+    a, b = fake_runs
+    rc, err, out = _cli(f"{a}@step=0", f"{b}@step=0", "--out", tmp_path / "o", "--layers-a", "0,2,3", "--layers-b", "-1",
+                        "--measures", "linear_cka,cca", "--n-resamples", "20")
+    assert rc == 0, err
+    t = pd.read_csv(tmp_path / "o" / "compare.csv")
+    assert sorted(set(t.layer_a)) == [2, 3] and set(t.layer_b) == {3}
+    assert "compare: skipped layer 0 of a: its 12 rows are all identical, so no measure is defined there" in err
+    assert "compare: 2 x 1 layer pairs, 2 measures, 12 probes, 20 resamples" in err and err[-1].startswith("compare: 20 of 20 resamples after")
+    page = (tmp_path / "o" / "compare.html").read_text()
+    assert "<title>compare: alpha@step=0 vs beta@step=0</title>" in page and str(a.parent) not in page.split("<main>")[1][:300]
+
+
+@pytest.mark.parametrize("args, want", [
+    (["--measures", ","], "embvar compare: error: --measures: expected comma-separated names from similarity.MEASURES, got ','"),
+    (["--layers-a", "0-2"], "embvar compare: error: --layers-a: expected comma-separated layer indices (e.g. 0,3,-1) or 'all', got '0-2'"),
+    (["--layers-b", "9"], "embvar compare: error: --layers-b: expected indices in [-4, 3] for b (4 layers), got [9]"),
+    (["--layers-a", "0"], "embvar compare: error: --layers-a: every chosen layer of a ([0]) holds 12 identical rows; choose other layers"),
+])
+def test_cli_one_line_exit_2(fake_runs, tmp_path, args, want):
+    a, b = fake_runs
+    rc, err, _ = _cli(f"{a}@step=0", f"{b}@step=0", "--out", tmp_path / "o", *args)
+    assert rc == 2 and err[-1] == want and len([l for l in err if "error" in l]) == 1, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_out_file_refused_before_computing(fake_runs, tmp_path, monkeypatch, capsys):
+    "--out naming an existing file: one line, exit 2, and compare is never called."
+    import embvar_study.compare as C
+    from embvar_study.cli import main
+    def boom(*a, **k): raise AssertionError("compare ran")
+    monkeypatch.setattr(C, "compare", boom)
+    f = tmp_path / "taken.txt"; f.write_text("x")
+    a, b = fake_runs
+    with pytest.raises(SystemExit) as e: main(["compare", f"{a}@step=0", f"{b}@step=0", "--out", str(f)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err == [f"embvar compare: error: --out: expected a folder for compare.html and compare.csv, got {str(f)!r}, an existing file"]

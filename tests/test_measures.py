@@ -1,7 +1,7 @@
 "Every measure in metrics.MEASURES: identity value, range, and each declared invariance and non-invariance."
 import numpy as np
 import pytest
-from embvar_study.metrics import INVARIANCES, MEASURES
+from embvar_study.similarity import INVARIANCES, MEASURES
 
 rng = np.random.default_rng(0)
 N, D = 40, 6
@@ -45,7 +45,7 @@ def test_triangle_inequality(name):
 
 def test_streaming_cka_equals_full_numpy_and_torch():
     torch = pytest.importorskip("torch")
-    from embvar_study.metrics import linear_cka
+    from embvar_study.similarity import linear_cka
     A, B = rng.normal(size=(2, 257, 7)), rng.normal(size=(2, 257, 5)) + 0.1
     B[..., :3] += A[..., :3]
     for deb in (False, True):
@@ -59,8 +59,8 @@ def test_streaming_rsa_equals_full_numpy_and_torch():
     "rsa(compare='pearson') in row blocks equals the full RDM computation; above N = 2048 it streams by default."
     torch = pytest.importorskip("torch")
     from scipy.spatial.distance import pdist
-    from embvar_study.metrics import rsa, _RSA_STREAM_N
-    A = rng.normal(size=(_RSA_STREAM_N + 52, 6)); B = A[:, :4] + rng.normal(size=(len(A), 4))
+    from embvar_study.similarity import rsa, RSA_STREAM_N
+    A = rng.normal(size=(RSA_STREAM_N + 52, 6)); B = A[:, :4] + rng.normal(size=(len(A), 4))
     for rdm, dist in [("euclidean", "sqeuclidean"), ("correlation", "correlation"), ("cosine", "cosine")]:
         full = np.corrcoef(pdist(A, dist), pdist(B, dist))[0, 1]          # scipy's full RDMs (euclidean: / d cancels)
         assert abs(rsa(A, B, rdm=rdm, compare="pearson") - full) < 1e-6                 # default: streamed

@@ -11,11 +11,12 @@ from scipy.stats import spearmanr
 
 import embvar_study._batching as B
 from embvar_study.metrics import (
-    anisotropy, class_variance, conditional_variance, cosine_distance_variance, cosine_drift, cosine_similarity_rows,
-    covariance_frobenius, covariance_spectrum, cross_run_dispersion, drift_curve, early_late_summary,
-    effective_rank, expected_squared_distance, explained_variance_ratio, knn_indices, knn_overlap, linear_cka,
-    norm_stats, norm_variance, pairwise_distance_summary, pairwise_distances, participation_ratio, path_length,
-    per_dimension_variance, rsa, spectrum_summary, step_drift, top_eigen_ratio, total_variance)
+    anisotropy, class_variance, conditional_variance, cosine_distance_variance, cosine_drift,
+    cosine_similarity_rows, covariance_frobenius, covariance_spectrum, cross_run_dispersion, drift_curve,
+    early_late_summary, effective_rank, expected_squared_distance, explained_variance_ratio, norm_stats,
+    norm_variance, pairwise_distance_summary, pairwise_distances, participation_ratio, path_length,
+    per_dimension_variance, spectrum_summary, step_drift, top_eigen_ratio, total_variance)
+from embvar_study.similarity import knn_indices, knn_overlap, linear_cka, rsa
 
 FAST = settings(max_examples=30, deadline=None)
 

@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import embvar_study.metrics as M
+import embvar_study.similarity as S
 import embvar_study.align as A
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -41,16 +42,16 @@ CASES = {
     "norm_stats": lambda t, r: M.norm_stats(t),
     "pairwise_distances": lambda t, r: M.pairwise_distances(t, metric="cosine"),
     "pairwise_distance_summary": lambda t, r: M.pairwise_distance_summary(t),
-    "linear_cka": lambda t, r: M.linear_cka(t[:, :1], t),
-    "linear_cka debiased": lambda t, r: M.linear_cka(t, t[:, :1, :, :4], debiased=True),
-    "linear_cka gram route": lambda t, r: M.linear_cka(t[..., :4, :], t[..., :4, :].flip(-1) if hasattr(t, "flip") else t[..., :4, ::-1]),
+    "linear_cka": lambda t, r: S.linear_cka(t[:, :1], t),
+    "linear_cka debiased": lambda t, r: S.linear_cka(t, t[:, :1, :, :4], debiased=True),
+    "linear_cka gram route": lambda t, r: S.linear_cka(t[..., :4, :], t[..., :4, :].flip(-1) if hasattr(t, "flip") else t[..., :4, ::-1]),
     "expected_squared_distance": lambda t, r: M.expected_squared_distance(t[:, :1], t),
     "cross_run_dispersion": lambda t, r: M.cross_run_dispersion(r + 3.0),
-    "knn_indices": lambda t, r: M.knn_indices(t, k=3),
-    "knn_overlap": lambda t, r: M.knn_overlap(t[:, :1], t, k=3, per_point=True),
-    "knn_overlap mask route": lambda t, r: M.knn_overlap(t[:, :1], t, k=10),
-    "rsa": lambda t, r: M.rsa(t[:, :1], t),
-    "rsa euclidean": lambda t, r: M.rsa(t, t[:, :, :, :3], metric="euclidean"),
+    "knn_indices": lambda t, r: S.knn_indices(t, k=3),
+    "knn_overlap": lambda t, r: S.knn_overlap(t[:, :1], t, k=3, per_point=True),
+    "knn_overlap mask route": lambda t, r: S.knn_overlap(t[:, :1], t, k=10),
+    "rsa": lambda t, r: S.rsa(t[:, :1], t),
+    "rsa euclidean": lambda t, r: S.rsa(t, t[:, :, :, :3], metric="euclidean"),
     "class_variance": lambda t, r: {k: v for k, v in M.class_variance(t, LABELS).items() if k not in ("classes", "counts")},
     "conditional_variance": lambda t, r: M.conditional_variance(t, LABELS),
     "procrustes_align_batch": lambda t, r: A.procrustes_align_batch(r[:2], r[2:], scale=True, allow_reflection=False),
@@ -89,7 +90,7 @@ def test_torch_equals_numpy_and_stays_on_device(name, device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_float32_and_bf16_tensors_accumulate_in_float64(device):
     t32 = torch.tensor(TRAJ, dtype=torch.float32, device=device)
-    for f in (M.drift_curve, M.covariance_spectrum, lambda t: M.linear_cka(t[:, :1], t), lambda t: M.rsa(t[:, :1], t)):
+    for f in (M.drift_curve, M.covariance_spectrum, lambda t: S.linear_cka(t[:, :1], t), lambda t: S.rsa(t[:, :1], t)):
         got = f(t32)
         assert got.dtype == torch.float64 and got.device.type == device
         np.testing.assert_allclose(got.cpu().numpy(), f(TRAJ.astype(np.float32)), rtol=1e-10, atol=1e-12)
@@ -117,7 +118,7 @@ def test_mixed_numpy_and_tensor_arguments():
     assert isinstance(r.rotation, torch.Tensor)
     assert isinstance(r.apply(RUNS[0][:2]), torch.Tensor)
     with pytest.raises(ValueError, match="X and Y: expected tensors on one device, got cpu and meta"):
-        M.linear_cka(torch.tensor(X), torch.empty(3, 12, 5, device="meta"))
+        S.linear_cka(torch.tensor(X), torch.empty(3, 12, 5, device="meta"))
 
 
 def test_numpy_in_numpy_out():
@@ -138,14 +139,14 @@ BAD = [
     ("cosine_drift complex", lambda a: M.cosine_drift(a, a * 1j)),
     ("drift_curve", lambda a: M.drift_curve(a[0])),
     ("step_drift", lambda a: M.step_drift(a[:1])),
-    ("linear_cka rows", lambda a: M.linear_cka(a[:, :3], a[:, :3], debiased=True)),
-    ("linear_cka constant", lambda a: M.linear_cka(a, a * 0 + 1)),
-    ("linear_cka broadcast", lambda a: M.linear_cka(a, a[:2])),
+    ("linear_cka rows", lambda a: S.linear_cka(a[:, :3], a[:, :3], debiased=True)),
+    ("linear_cka constant", lambda a: S.linear_cka(a, a * 0 + 1)),
+    ("linear_cka broadcast", lambda a: S.linear_cka(a, a[:2])),
     ("covariance_spectrum", lambda a: M.covariance_spectrum(a[:, :1])),
     ("spectrum_summary", lambda a: M.spectrum_summary(a * 0 + 1)),
     ("expected_squared_distance", lambda a: M.expected_squared_distance(a, a[..., :2])),
-    ("knn_overlap", lambda a: M.knn_overlap(a, a, k=12)),
-    ("rsa", lambda a: M.rsa(a[:, :2], a[:, :2])),
+    ("knn_overlap", lambda a: S.knn_overlap(a, a, k=12)),
+    ("rsa", lambda a: S.rsa(a[:, :2], a[:, :2])),
     ("procrustes_align", lambda a: A.procrustes_align(a, a)),
     ("procrustes_align spread", lambda a: A.procrustes_align(a[0], a[0] * 0 + 1)),
     ("procrustes_align_batch", lambda a: A.procrustes_align_batch(a, a[..., :2])),
@@ -168,8 +169,9 @@ def test_validation_errors_read_the_same(name, call):
 def test_numpy_users_never_import_torch():
     code = ("import sys, numpy as np\n"
             "import embvar_study.checks, embvar_study._batching, embvar_study.metrics as M, embvar_study.align as A, embvar_study.stats as S\n"
+            "import embvar_study.similarity as Sim, embvar_study.layer_pairs, embvar_study.compare\n"
             "x = np.random.default_rng(0).normal(size=(3, 10, 4))\n"
-            "M.drift_curve(x); M.linear_cka(x[0], x[1]); M.rsa(x[0], x[1]); M.knn_overlap(x[0], x[1], k=3)\n"
+            "M.drift_curve(x); Sim.linear_cka(x[0], x[1]); Sim.rsa(x[0], x[1]); Sim.knn_overlap(x[0], x[1], k=3)\n"
             "A.pairwise_run_table(x); A.generalized_procrustes(x); S.bootstrap_ci(x[0, :, 0], n_resamples=99)\n"
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
