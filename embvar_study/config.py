@@ -4,19 +4,20 @@
 
 # %% ../nbs/09_config.ipynb #5dde4a02
 from __future__ import annotations
-import contextlib, dataclasses, math, re
+import contextlib, dataclasses, json, math, re
 from dataclasses import dataclass, field, asdict
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
 from .data import source_fingerprint, probes_fingerprint, HubUnavailableError
 from .models import model_fingerprint, default_poolings
-from .runs import config_hash
+from .runs import canonical_json, config_hash
 
 # %% auto #0
 __all__ = ['POOLINGS', 'PERTURB_KINDS', 'SCHEDULES', 'DIVERGENCE_FACTOR', 'CONFIG_RULES', 'LORA_FIELDS', 'CONFIG_REQUIRES',
-           'tracker_settings', 'as_field', 'TrainConfig']
+           'ALARM_SIGNALS', 'tracker_settings', 'AlarmRule', 'alarm_rule', 'as_field', 'TrainConfig']
 
 # %% ../nbs/09_config.ipynb #0958c746
 def tracker_settings(every: int, layers: str | int | list[int], poolings: str | list[str] | tuple[str, ...], max_length: int,
@@ -31,7 +32,7 @@ def tracker_settings(every: int, layers: str | int | list[int], poolings: str | 
             "batch_size": int(batch_size), "dtype": dtype}
 
 # %% ../nbs/09_config.ipynb #d1e2f301
-POOLINGS = ("mean", "cls", "max", "last")
+POOLINGS = ("mean", "cls", "max", "last")  # supported pooling names ("last": the last real token, for decoders); extract implements them
 PERTURB_KINDS = ("token_dropout", "typo", "mc_dropout")
 SCHEDULES = ("linear", "constant", "cosine")
 DIVERGENCE_FACTOR = 10  # a run diverges when its training loss is non-finite or above this multiple of its first step's loss
@@ -69,6 +70,91 @@ CONFIG_RULES = {  # field -> (test, what is expected)
 
 LORA_FIELDS = ("lora_alpha", "lora_dropout", "lora_targets")   # settings of the adapter: only with lora_r
 CONFIG_REQUIRES = {k: ("lora_r", "LoRA is off: set lora_r too") for k in LORA_FIELDS}  # field -> (field it needs, why)
+
+# %% ../nbs/09_config.ipynb #471c953c
+ALARM_SIGNALS = ("drift", "drift_velocity")
+_RULE_KEYS = ("threshold", "signal", "layer", "pooling", "start", "end", "calibration", "version")
+
+def _is_real(v) -> bool: return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+
+@dataclass(frozen=True)
+class AlarmRule:
+    "A rule that watches a live drift signal and fires when it is strictly above `threshold` (see the table above)."
+    threshold: float                  # fires when the signal is > threshold
+    signal: str = "drift"             # one of ALARM_SIGNALS
+    layer: int = -1                   # saved-layer index, as `Run.embeddings(layer=...)`
+    pooling: str = "mean"             # a tracked pooling
+    start: int = 1                    # first step the rule is checked at
+    end: int | None = None            # last step the rule is checked at (None: to the end)
+    calibration: dict = field(default_factory=dict)  # where the threshold came from (JSON-serialisable)
+    version: int = 1                  # format version
+
+    def __post_init__(self):
+        if not _is_real(self.threshold) or not math.isfinite(self.threshold):
+            raise ValueError(f"alarm.threshold: expected a finite number, got {self.threshold!r}")
+        object.__setattr__(self, "threshold", float(self.threshold))
+        if self.signal not in ALARM_SIGNALS: raise ValueError(f"alarm.signal: expected one of {ALARM_SIGNALS}, got {self.signal!r}")
+        if not _int(self.layer): raise ValueError(f"alarm.layer: expected an int (saved-layer index), got {self.layer!r}")
+        if self.pooling not in POOLINGS: raise ValueError(f"alarm.pooling: expected one of {POOLINGS}, got {self.pooling!r}")
+        if not _int(self.start) or self.start < 0: raise ValueError(f"alarm.start: expected an int >= 0, got {self.start!r}")
+        if self.end is not None and (not _int(self.end) or self.end < self.start):
+            raise ValueError(f"alarm.end: expected None or an int >= start ({self.start}), got {self.end!r}")
+        if not isinstance(self.calibration, dict): raise ValueError(f"alarm.calibration: expected a dict, got {type(self.calibration).__name__}")
+        canonical_json(self.calibration, "alarm.calibration")
+        if self.version != 1: raise ValueError(f"alarm.version: expected 1, got {self.version!r}")
+
+    def active(self, step: int) -> bool:  # whether the rule is checked at `step`
+        "Whether `step` lies in the rule's step range."
+        return self.start <= step and (self.end is None or step <= self.end)
+
+    def fires(self, value: float, step: int) -> bool:  # True when `value` at `step` trips the alarm
+        "Whether the signal `value` observed at `step` trips the alarm."
+        return self.active(step) and float(value) > self.threshold
+
+    def reason(self, value: float, step: int) -> str:  # one sentence for the run folder and the logs
+        "Why the alarm fired, in one sentence."
+        where = self.calibration.get("note") or (f"{self.calibration['k']:g} x noise floor {self.calibration['noise_floor']:.4g}"
+                                                 if {"k", "noise_floor"} <= set(self.calibration) else "")
+        return (f"{self.signal} {float(value):.4g} > threshold {self.threshold:.4g} at step {int(step)} "
+                f"(layer {self.layer}, {self.pooling} pooling{'; ' + where if where else ''})")
+
+    def to_dict(self) -> dict:  # JSON-serialisable, read back by `alarm_rule`
+        "The rule as a plain dict."
+        return asdict(self)
+
+# %% ../nbs/09_config.ipynb #64c81c29
+def _rule_from_dict(d: dict, where: str) -> AlarmRule:
+    d = dict(d)
+    extra = sorted(set(d) - set(_RULE_KEYS) - {"noise_floor", "k", "at"})
+    if extra: raise ValueError(f"alarm: unknown field(s) {extra} in {where}; expected some of {list(_RULE_KEYS) + ['noise_floor', 'k', 'at']}")
+    if "at" in d:
+        if "start" in d or "end" in d: raise ValueError(f"alarm.at: give either 'at' or 'start'/'end' in {where}, got both")
+        d["start"] = d["end"] = d.pop("at")
+    if "noise_floor" in d or "k" in d:
+        q, k = d.pop("noise_floor", None), d.pop("k", None)
+        if "threshold" in d: raise ValueError(f"alarm.threshold: give either 'threshold' or 'noise_floor' and 'k' in {where}, got both")
+        for name, v in (("noise_floor", q), ("k", k)):
+            if not _is_real(v) or not math.isfinite(v) or v <= 0: raise ValueError(f"alarm.{name}: expected a positive finite number, got {v!r}")
+        d["threshold"], d["calibration"] = float(k) * float(q), {**d.get("calibration", {}), "noise_floor": float(q), "k": float(k)}
+    if "threshold" not in d: raise ValueError(f"alarm.threshold: missing in {where} (or give 'noise_floor' and 'k')")
+    return AlarmRule(**d)
+
+def alarm_rule(spec: float | dict | AlarmRule | str | Path | object,  # a threshold, a rule dict, a DriftThreshold, a rule, a JSON file
+              ) -> AlarmRule:
+    "An `AlarmRule` from a drift threshold, `{'noise_floor': q, 'k': k}`, a rule dict, a `DriftThreshold`, a rule or a JSON file."
+    if isinstance(spec, AlarmRule): return spec
+    if _is_real(spec): return AlarmRule(float(spec))
+    if isinstance(spec, dict): return _rule_from_dict(spec, "the rule dict")
+    if isinstance(spec, (str, Path)):
+        try: d = json.loads(Path(spec).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e: raise ValueError(f"alarm: cannot read a rule from {spec} ({e})") from None
+        if not isinstance(d, dict): raise ValueError(f"alarm: expected a JSON object in {spec}, got {type(d).__name__}")
+        return _rule_from_dict(d, str(spec))
+    if hasattr(spec, "value") and hasattr(spec, "source"):   # early_warning.DriftThreshold
+        cal = {k: getattr(spec, k) for k in ("source", "quantile", "margin", "noise_quantile", "n_noise", "note") if hasattr(spec, k)}
+        cal = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in cal.items()}
+        return AlarmRule(float(spec.value), calibration=cal)
+    raise ValueError(f"alarm: expected a number, a dict, an AlarmRule, a DriftThreshold or a JSON file path, got {type(spec).__name__}")
 
 # %% ../nbs/09_config.ipynb #9f1462a7
 @contextlib.contextmanager
@@ -132,7 +218,7 @@ class TrainConfig:
     lora_alpha: float | None = None  # LoRA scaling (the update is scaled by alpha / r); None: 2 x lora_r
     lora_dropout: float | None = None  # dropout on the LoRA input; None: 0
     lora_targets: list | None = None  # modules to adapt (e.g. query value); None: PEFT's default for the architecture
-    alarm: float | dict | None = None  # an alarm rule `tracking.alarm_rule` reads (a drift threshold or a rule dict): the run stops when it fires; in the identity only when set
+    alarm: float | dict | str | None = None  # an alarm rule `alarm_rule` reads (a drift threshold, a rule dict or a rule JSON file): the run stops when it fires; in the identity only when set
 
     def __post_init__(self):
         if isinstance(self.poolings, str): self.poolings = [self.poolings]
@@ -147,10 +233,9 @@ class TrainConfig:
             if getattr(self, name) is not None and getattr(self, needs) is None:
                 raise ValueError(f"{name}: {why}, got {getattr(self, name)!r}")
         if self.alarm is not None:   # checked now (a bad rule fails before any work), kept as its canonical dict
-            from .tracking import alarm_rule
-            if not isinstance(self.alarm, (int, float, dict)) or isinstance(self.alarm, bool):
-                raise ValueError(f"alarm: expected None, a threshold or a rule dict, got {self.alarm!r}")
-            self.alarm = alarm_rule(self.alarm).to_dict()
+            if not isinstance(self.alarm, (int, float, dict, str, Path)) or isinstance(self.alarm, bool):
+                raise ValueError(f"alarm: expected None, a threshold, a rule dict or a rule file path, got {self.alarm!r}")
+            self.alarm = alarm_rule(self.alarm).to_dict()   # a rule file is read now: the run records (and is identified by) its content
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":

@@ -13,17 +13,18 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
+from .config import POOLINGS   # the pooling names' one home (config is light: no torch)
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
     from embvar_study.config import TrainConfig
 
 # %% auto #0
-__all__ = ['POOLINGS', 'PERTURBATIONS', 'LINEAR_KERNELS', 'KERNEL_RULE', 'count_truncated', 'length_groups', 'onednn_available',
+__all__ = ['PERTURBATIONS', 'LINEAR_KERNELS', 'KERNEL_RULE', 'count_truncated', 'length_groups', 'onednn_available',
            'linear_kernel', 'choose_linear_kernel', 'position_limit', 'embed_texts', 'perturb_texts', 'embed_perturbed',
            'resolve_device', 'pinned_threads', 'run_numerics', 'numerics_differ']
 
 # %% ../nbs/07_extract.ipynb #7f4078f1
-POOLINGS = ("mean", "cls", "max", "last")  # supported pooling names ("last": the last real token, for decoders)
 PERTURBATIONS = ("token_dropout", "typo", "mc_dropout")  # supported `embed_perturbed` kinds
 
 def _check_texts(texts, name: str = "texts") -> list[str]:

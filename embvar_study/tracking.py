@@ -21,13 +21,13 @@ from transformers.trainer_callback import CallbackHandler
 
 from .extract import embed_texts
 from .metrics import cosine_drift
-from .runs import RunWriter, FolderLock, atomic_write_json, canonical_json, _method_of
-from .config import POOLINGS, tracker_settings
+from .runs import RunWriter, FolderLock, atomic_write_json
+from .config import ALARM_SIGNALS, AlarmRule, alarm_rule, tracker_settings   # alarm rules live in config (re-exported here)
 from .models import is_decoder, lora_summary, parameter_counts
 
 # %% auto #0
-__all__ = ['ALARM_SIGNALS', 'probe_table', 'AlarmRule', 'alarm_rule', 'NonFiniteEmbeddings', 'model_facts', 'EmbeddingTracker',
-           'send_metrics', 'trainer_config', 'EmbvarCallback']
+__all__ = ['probe_table', 'NonFiniteEmbeddings', 'model_facts', 'EmbeddingTracker', 'send_metrics', 'trainer_config',
+           'EmbvarCallback']
 
 # %% ../nbs/10_tracking.ipynb #bee8e345
 def probe_table(probes: list[str] | pd.DataFrame | str | Path) -> pd.DataFrame:  # N rows, a `text` column first
@@ -42,95 +42,11 @@ def probe_table(probes: list[str] | pd.DataFrame | str | Path) -> pd.DataFrame: 
     raise ValueError(f"probes: expected a list of texts, a DataFrame with a 'text' column or a probe source "
                      f"('builtin', a file path), got {type(probes).__name__}")
 
-# %% ../nbs/10_tracking.ipynb #471c953c
-ALARM_SIGNALS = ("drift", "drift_velocity")
-_RULE_KEYS = ("threshold", "signal", "layer", "pooling", "start", "end", "calibration", "version")
-
-def _is_int(v) -> bool: return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-def _is_real(v) -> bool: return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
-
-@dataclass(frozen=True)
-class AlarmRule:
-    "A rule that watches a live drift signal and fires when it is strictly above `threshold` (see the table above)."
-    threshold: float                  # fires when the signal is > threshold
-    signal: str = "drift"             # one of ALARM_SIGNALS
-    layer: int = -1                   # saved-layer index, as `Run.embeddings(layer=...)`
-    pooling: str = "mean"             # a tracked pooling
-    start: int = 1                    # first step the rule is checked at
-    end: int | None = None            # last step the rule is checked at (None: to the end)
-    calibration: dict = field(default_factory=dict)  # where the threshold came from (JSON-serialisable)
-    version: int = 1                  # format version
-
-    def __post_init__(self):
-        if not _is_real(self.threshold) or not math.isfinite(self.threshold):
-            raise ValueError(f"alarm.threshold: expected a finite number, got {self.threshold!r}")
-        object.__setattr__(self, "threshold", float(self.threshold))
-        if self.signal not in ALARM_SIGNALS: raise ValueError(f"alarm.signal: expected one of {ALARM_SIGNALS}, got {self.signal!r}")
-        if not _is_int(self.layer): raise ValueError(f"alarm.layer: expected an int (saved-layer index), got {self.layer!r}")
-        if self.pooling not in POOLINGS: raise ValueError(f"alarm.pooling: expected one of {POOLINGS}, got {self.pooling!r}")
-        if not _is_int(self.start) or self.start < 0: raise ValueError(f"alarm.start: expected an int >= 0, got {self.start!r}")
-        if self.end is not None and (not _is_int(self.end) or self.end < self.start):
-            raise ValueError(f"alarm.end: expected None or an int >= start ({self.start}), got {self.end!r}")
-        if not isinstance(self.calibration, dict): raise ValueError(f"alarm.calibration: expected a dict, got {type(self.calibration).__name__}")
-        canonical_json(self.calibration, "alarm.calibration")
-        if self.version != 1: raise ValueError(f"alarm.version: expected 1, got {self.version!r}")
-
-    def active(self, step: int) -> bool:  # whether the rule is checked at `step`
-        "Whether `step` lies in the rule's step range."
-        return self.start <= step and (self.end is None or step <= self.end)
-
-    def fires(self, value: float, step: int) -> bool:  # True when `value` at `step` trips the alarm
-        "Whether the signal `value` observed at `step` trips the alarm."
-        return self.active(step) and float(value) > self.threshold
-
-    def reason(self, value: float, step: int) -> str:  # one sentence for the run folder and the logs
-        "Why the alarm fired, in one sentence."
-        where = self.calibration.get("note") or (f"{self.calibration['k']:g} x noise floor {self.calibration['noise_floor']:.4g}"
-                                                 if {"k", "noise_floor"} <= set(self.calibration) else "")
-        return (f"{self.signal} {float(value):.4g} > threshold {self.threshold:.4g} at step {int(step)} "
-                f"(layer {self.layer}, {self.pooling} pooling{'; ' + where if where else ''})")
-
-    def to_dict(self) -> dict:  # JSON-serialisable, read back by `alarm_rule`
-        "The rule as a plain dict."
-        return asdict(self)
-
-# %% ../nbs/10_tracking.ipynb #64c81c29
-def _rule_from_dict(d: dict, where: str) -> AlarmRule:
-    d = dict(d)
-    extra = sorted(set(d) - set(_RULE_KEYS) - {"noise_floor", "k", "at"})
-    if extra: raise ValueError(f"alarm: unknown field(s) {extra} in {where}; expected some of {list(_RULE_KEYS) + ['noise_floor', 'k', 'at']}")
-    if "at" in d:
-        if "start" in d or "end" in d: raise ValueError(f"alarm.at: give either 'at' or 'start'/'end' in {where}, got both")
-        d["start"] = d["end"] = d.pop("at")
-    if "noise_floor" in d or "k" in d:
-        q, k = d.pop("noise_floor", None), d.pop("k", None)
-        if "threshold" in d: raise ValueError(f"alarm.threshold: give either 'threshold' or 'noise_floor' and 'k' in {where}, got both")
-        for name, v in (("noise_floor", q), ("k", k)):
-            if not _is_real(v) or not math.isfinite(v) or v <= 0: raise ValueError(f"alarm.{name}: expected a positive finite number, got {v!r}")
-        d["threshold"], d["calibration"] = float(k) * float(q), {**d.get("calibration", {}), "noise_floor": float(q), "k": float(k)}
-    if "threshold" not in d: raise ValueError(f"alarm.threshold: missing in {where} (or give 'noise_floor' and 'k')")
-    return AlarmRule(**d)
-
-def alarm_rule(spec: float | dict | AlarmRule | str | Path | object,  # a threshold, a rule dict, a DriftThreshold, a rule, a JSON file
-              ) -> AlarmRule:
-    "An `AlarmRule` from a drift threshold, `{'noise_floor': q, 'k': k}`, a rule dict, a `DriftThreshold`, a rule or a JSON file."
-    if isinstance(spec, AlarmRule): return spec
-    if _is_real(spec): return AlarmRule(float(spec))
-    if isinstance(spec, dict): return _rule_from_dict(spec, "the rule dict")
-    if isinstance(spec, (str, Path)):
-        try: d = json.loads(Path(spec).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e: raise ValueError(f"alarm: cannot read a rule from {spec} ({e})") from None
-        if not isinstance(d, dict): raise ValueError(f"alarm: expected a JSON object in {spec}, got {type(d).__name__}")
-        return _rule_from_dict(d, str(spec))
-    if hasattr(spec, "value") and hasattr(spec, "source"):   # early_warning.DriftThreshold
-        cal = {k: getattr(spec, k) for k in ("source", "quantile", "margin", "noise_quantile", "n_noise", "note") if hasattr(spec, k)}
-        cal = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in cal.items()}
-        return AlarmRule(float(spec.value), calibration=cal)
-    raise ValueError(f"alarm: expected a number, a dict, an AlarmRule, a DriftThreshold or a JSON file path, got {type(spec).__name__}")
-
 # %% ../nbs/10_tracking.ipynb #3a4d9dba
 class NonFiniteEmbeddings(ValueError):
     "The probe embeddings at a checkpoint contain NaN or inf (the model diverged)."
+
+def _is_int(v) -> bool: return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 def _check_live(live, alarm) -> bool:
     if not isinstance(live, bool): raise ValueError(f"live: expected True or False, got {live!r}")
@@ -264,7 +180,6 @@ def send_metrics(log: object,      # a callable (metrics, step=), a writer with 
                                f"a writer with add_scalar, or a list of these, got {type(target).__name__}")
 
 # %% ../nbs/10_tracking.ipynb #d97cae44
-@_method_of(EmbeddingTracker)
 def _live(self: EmbeddingTracker, step: int, arrays: dict) -> dict:
     "The live metrics of `step` from the arrays just saved (pooling -> (n_layers, N, d)); checks the alarm."
     rule, store = self.alarm_rule, np.dtype(self.settings["dtype"])
@@ -292,6 +207,8 @@ def _live(self: EmbeddingTracker, step: int, arrays: dict) -> dict:
                 atomic_write_json(self.writer.path / "alarm.json", self.alarm)
         m["embvar/alarm"] = float(self.alarm_fired)
     return m
+EmbeddingTracker._live = _live
+
 
 # %% ../nbs/10_tracking.ipynb #88c62263
 _LOG_NAMES = {"loss": "train_loss", "learning_rate": "lr", "eval_accuracy": "eval_acc", "train_loss": "mean_train_loss"}
