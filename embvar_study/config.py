@@ -17,19 +17,8 @@ from .runs import canonical_json, config_hash
 
 # %% auto #0
 __all__ = ['POOLINGS', 'PERTURB_KINDS', 'SCHEDULES', 'DIVERGENCE_FACTOR', 'CONFIG_RULES', 'LORA_FIELDS', 'CONFIG_REQUIRES',
-           'ALARM_SIGNALS', 'tracker_settings', 'AlarmRule', 'alarm_rule', 'as_field', 'TrainConfig']
-
-# %% ../nbs/09_config.ipynb #0958c746
-def tracker_settings(every: int, layers: str | int | list[int], poolings: str | list[str] | tuple[str, ...], max_length: int,
-                     batch_size: int, dtype: str) -> dict:
-    "The tracker's settings, checked: they shape the saved arrays, so they are part of a run's configuration."
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1: raise ValueError(f"every: expected an int >= 1, got {every!r}")
-    poolings = [poolings] if isinstance(poolings, str) else list(poolings)
-    if not poolings: raise ValueError("poolings: expected at least one of 'mean', 'cls', 'max', got none")
-    if dtype not in ("float32", "float16"): raise ValueError(f"dtype: expected 'float32' or 'float16', got {dtype!r}")
-    layers = layers if layers == "all" else [int(i) for i in ([layers] if isinstance(layers, int) else layers)]
-    return {"every": every, "layers": layers, "poolings": poolings, "max_length": int(max_length),
-            "batch_size": int(batch_size), "dtype": dtype}
+           'ALARM_SIGNALS', 'tracker_settings', 'divergence_reason', 'AlarmRule', 'alarm_rule', 'as_field',
+           'TrainConfig']
 
 # %% ../nbs/09_config.ipynb #d1e2f301
 POOLINGS = ("mean", "cls", "max", "last")  # supported pooling names ("last": the last real token, for decoders); extract implements them
@@ -70,6 +59,37 @@ CONFIG_RULES = {  # field -> (test, what is expected)
 
 LORA_FIELDS = ("lora_alpha", "lora_dropout", "lora_targets")   # settings of the adapter: only with lora_r
 CONFIG_REQUIRES = {k: ("lora_r", "LoRA is off: set lora_r too") for k in LORA_FIELDS}  # field -> (field it needs, why)
+
+# %% ../nbs/09_config.ipynb #0958c746
+def tracker_settings(every: int, layers: str | int | list[int], poolings: str | list[str] | tuple[str, ...], max_length: int,
+                     batch_size: int, dtype: str) -> dict:
+    "The tracker's settings, checked: they shape the saved arrays, so they are part of a run's configuration."
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1: raise ValueError(f"every: expected an int >= 1, got {every!r}")
+    given, poolings = poolings, [poolings] if isinstance(poolings, str) else list(poolings)
+    if not poolings or any(p not in POOLINGS for p in poolings) or len(set(poolings)) != len(poolings):
+        raise ValueError(f"poolings: expected one or more distinct names of {POOLINGS}, got {given!r}")
+    for name, v in (("max_length", max_length), ("batch_size", batch_size)):
+        if not _int(v) or v < 1: raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
+    if dtype not in ("float32", "float16"): raise ValueError(f"dtype: expected 'float32' or 'float16', got {dtype!r}")
+    items = None if isinstance(layers, str) else [layers] if _int(layers) else list(layers) if isinstance(layers, (list, tuple, range)) else None
+    if layers != "all" and (not items or not all(_int(i) for i in items)):
+        raise ValueError(f"layers: expected 'all', an int or a list of ints (hidden-state indices), got {layers!r}")
+    layers = layers if layers == "all" else [int(i) for i in items]
+    return {"every": every, "layers": layers, "poolings": poolings, "max_length": int(max_length),
+            "batch_size": int(batch_size), "dtype": dtype}
+
+# %% ../nbs/09_config.ipynb #c0d5a126
+def divergence_reason(step: int,                 # the optimizer step the value belongs to
+                      loss: float,               # the training loss at `step`
+                      first_loss: float | None,  # the first step's training loss (None: `loss` is the first)
+                      what: str = "training loss",  # the value's name, for the sentence
+                     ) -> str:                   # why the run diverged, in one sentence; '' when it did not
+    "The divergence rule (one home for every training path): `loss` non-finite, or above `DIVERGENCE_FACTOR` x the first step's."
+    loss = float(loss)
+    if math.isfinite(loss) and (first_loss is None or not math.isfinite(first_loss) or loss <= DIVERGENCE_FACTOR * first_loss): return ""
+    ref = "" if first_loss is None else f" {float(first_loss):.3g}"
+    return f"{what} {loss:.3g} at step {int(step)} (non-finite or above {DIVERGENCE_FACTOR:g} x the first step's{ref})"
+
 
 # %% ../nbs/09_config.ipynb #471c953c
 ALARM_SIGNALS = ("drift", "drift_velocity")

@@ -361,8 +361,8 @@ def _embed(model, tokenizer, texts: list[str], *, poolings: tuple[str, ...], lay
     if capture not in CAPTURES: raise ValueError(f"capture: expected one of {CAPTURES}, got {capture!r}")
     if capture == "hooks" and layer_stack(model) is None: capture = "hidden_states"   # no block stack found: all hidden states
     order = np.argsort(-np.minimum(lengths, max_length), kind="stable")   # longest first: OOM shows up at once
-    out, single = {}, False
-    with _on_device(model, device) as dev, _module_modes(model, dropout), torch.inference_mode(), _autocast(dev, autocast), \
+    out, single = {}, False   # no_grad, not inference_mode: tensors a sharded model (FSDP) makes here are used by its next training step
+    with _on_device(model, device) as dev, _module_modes(model, dropout), torch.no_grad(), _autocast(dev, autocast), \
          linear_kernel(choose_linear_kernel()["kernel"] if dev.type == "cpu" else "default"):
         for start in range(0, len(texts), batch_size):
             sel = order[start:start + batch_size]
