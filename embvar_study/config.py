@@ -4,34 +4,24 @@
 
 # %% ../nbs/09_config.ipynb #5dde4a02
 from __future__ import annotations
-import contextlib, dataclasses, math, re
+import contextlib, dataclasses, json, math, re
 from dataclasses import dataclass, field, asdict
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
 from .data import source_fingerprint, probes_fingerprint, HubUnavailableError
 from .models import model_fingerprint, default_poolings
-from .runs import config_hash
+from .runs import canonical_json, config_hash
 
 # %% auto #0
 __all__ = ['POOLINGS', 'PERTURB_KINDS', 'SCHEDULES', 'DIVERGENCE_FACTOR', 'CONFIG_RULES', 'LORA_FIELDS', 'CONFIG_REQUIRES',
-           'tracker_settings', 'as_field', 'TrainConfig']
-
-# %% ../nbs/09_config.ipynb #0958c746
-def tracker_settings(every: int, layers: str | int | list[int], poolings: str | list[str] | tuple[str, ...], max_length: int,
-                     batch_size: int, dtype: str) -> dict:
-    "The tracker's settings, checked: they shape the saved arrays, so they are part of a run's configuration."
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1: raise ValueError(f"every: expected an int >= 1, got {every!r}")
-    poolings = [poolings] if isinstance(poolings, str) else list(poolings)
-    if not poolings: raise ValueError("poolings: expected at least one of 'mean', 'cls', 'max', got none")
-    if dtype not in ("float32", "float16"): raise ValueError(f"dtype: expected 'float32' or 'float16', got {dtype!r}")
-    layers = layers if layers == "all" else [int(i) for i in ([layers] if isinstance(layers, int) else layers)]
-    return {"every": every, "layers": layers, "poolings": poolings, "max_length": int(max_length),
-            "batch_size": int(batch_size), "dtype": dtype}
+           'ALARM_SIGNALS', 'tracker_settings', 'divergence_reason', 'AlarmRule', 'alarm_rule', 'as_field',
+           'TrainConfig']
 
 # %% ../nbs/09_config.ipynb #d1e2f301
-POOLINGS = ("mean", "cls", "max", "last")
+POOLINGS = ("mean", "cls", "max", "last")  # supported pooling names ("last": the last real token, for decoders); extract implements them
 PERTURB_KINDS = ("token_dropout", "typo", "mc_dropout")
 SCHEDULES = ("linear", "constant", "cosine")
 DIVERGENCE_FACTOR = 10  # a run diverges when its training loss is non-finite or above this multiple of its first step's loss
@@ -69,6 +59,122 @@ CONFIG_RULES = {  # field -> (test, what is expected)
 
 LORA_FIELDS = ("lora_alpha", "lora_dropout", "lora_targets")   # settings of the adapter: only with lora_r
 CONFIG_REQUIRES = {k: ("lora_r", "LoRA is off: set lora_r too") for k in LORA_FIELDS}  # field -> (field it needs, why)
+
+# %% ../nbs/09_config.ipynb #0958c746
+def tracker_settings(every: int, layers: str | int | list[int], poolings: str | list[str] | tuple[str, ...], max_length: int,
+                     batch_size: int, dtype: str) -> dict:
+    "The tracker's settings, checked: they shape the saved arrays, so they are part of a run's configuration."
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1: raise ValueError(f"every: expected an int >= 1, got {every!r}")
+    given, poolings = poolings, [poolings] if isinstance(poolings, str) else list(poolings)
+    if not poolings or any(p not in POOLINGS for p in poolings) or len(set(poolings)) != len(poolings):
+        raise ValueError(f"poolings: expected one or more distinct names of {POOLINGS}, got {given!r}")
+    for name, v in (("max_length", max_length), ("batch_size", batch_size)):
+        if not _int(v) or v < 1: raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
+    if dtype not in ("float32", "float16"): raise ValueError(f"dtype: expected 'float32' or 'float16', got {dtype!r}")
+    items = None if isinstance(layers, str) else [layers] if _int(layers) else list(layers) if isinstance(layers, (list, tuple, range)) else None
+    if layers != "all" and (not items or not all(_int(i) for i in items)):
+        raise ValueError(f"layers: expected 'all', an int or a list of ints (hidden-state indices), got {layers!r}")
+    layers = layers if layers == "all" else [int(i) for i in items]
+    return {"every": every, "layers": layers, "poolings": poolings, "max_length": int(max_length),
+            "batch_size": int(batch_size), "dtype": dtype}
+
+# %% ../nbs/09_config.ipynb #c0d5a126
+def divergence_reason(step: int,                 # the optimizer step the value belongs to
+                      loss: float,               # the training loss at `step`
+                      first_loss: float | None,  # the first step's training loss (None: `loss` is the first)
+                      what: str = "training loss",  # the value's name, for the sentence
+                     ) -> str:                   # why the run diverged, in one sentence; '' when it did not
+    "The divergence rule (one home for every training path): `loss` non-finite, or above `DIVERGENCE_FACTOR` x the first step's."
+    loss = float(loss)
+    if math.isfinite(loss) and (first_loss is None or not math.isfinite(first_loss) or loss <= DIVERGENCE_FACTOR * first_loss): return ""
+    ref = "" if first_loss is None else f" {float(first_loss):.3g}"
+    return f"{what} {loss:.3g} at step {int(step)} (non-finite or above {DIVERGENCE_FACTOR:g} x the first step's{ref})"
+
+
+# %% ../nbs/09_config.ipynb #471c953c
+ALARM_SIGNALS = ("drift", "drift_velocity")
+_RULE_KEYS = ("threshold", "signal", "layer", "pooling", "start", "end", "calibration", "version")
+
+def _is_real(v) -> bool: return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+
+@dataclass(frozen=True)
+class AlarmRule:
+    "A rule that watches a live drift signal and fires when it is strictly above `threshold` (see the table above)."
+    threshold: float                  # fires when the signal is > threshold
+    signal: str = "drift"             # one of ALARM_SIGNALS
+    layer: int = -1                   # saved-layer index, as `Run.embeddings(layer=...)`
+    pooling: str = "mean"             # a tracked pooling
+    start: int = 1                    # first step the rule is checked at
+    end: int | None = None            # last step the rule is checked at (None: to the end)
+    calibration: dict = field(default_factory=dict)  # where the threshold came from (JSON-serialisable)
+    version: int = 1                  # format version
+
+    def __post_init__(self):
+        if not _is_real(self.threshold) or not math.isfinite(self.threshold):
+            raise ValueError(f"alarm.threshold: expected a finite number, got {self.threshold!r}")
+        object.__setattr__(self, "threshold", float(self.threshold))
+        if self.signal not in ALARM_SIGNALS: raise ValueError(f"alarm.signal: expected one of {ALARM_SIGNALS}, got {self.signal!r}")
+        if not _int(self.layer): raise ValueError(f"alarm.layer: expected an int (saved-layer index), got {self.layer!r}")
+        if self.pooling not in POOLINGS: raise ValueError(f"alarm.pooling: expected one of {POOLINGS}, got {self.pooling!r}")
+        if not _int(self.start) or self.start < 0: raise ValueError(f"alarm.start: expected an int >= 0, got {self.start!r}")
+        if self.end is not None and (not _int(self.end) or self.end < self.start):
+            raise ValueError(f"alarm.end: expected None or an int >= start ({self.start}), got {self.end!r}")
+        if not isinstance(self.calibration, dict): raise ValueError(f"alarm.calibration: expected a dict, got {type(self.calibration).__name__}")
+        canonical_json(self.calibration, "alarm.calibration")
+        if self.version != 1: raise ValueError(f"alarm.version: expected 1, got {self.version!r}")
+
+    def active(self, step: int) -> bool:  # whether the rule is checked at `step`
+        "Whether `step` lies in the rule's step range."
+        return self.start <= step and (self.end is None or step <= self.end)
+
+    def fires(self, value: float, step: int) -> bool:  # True when `value` at `step` trips the alarm
+        "Whether the signal `value` observed at `step` trips the alarm."
+        return self.active(step) and float(value) > self.threshold
+
+    def reason(self, value: float, step: int) -> str:  # one sentence for the run folder and the logs
+        "Why the alarm fired, in one sentence."
+        where = self.calibration.get("note") or (f"{self.calibration['k']:g} x noise floor {self.calibration['noise_floor']:.4g}"
+                                                 if {"k", "noise_floor"} <= set(self.calibration) else "")
+        return (f"{self.signal} {float(value):.4g} > threshold {self.threshold:.4g} at step {int(step)} "
+                f"(layer {self.layer}, {self.pooling} pooling{'; ' + where if where else ''})")
+
+    def to_dict(self) -> dict:  # JSON-serialisable, read back by `alarm_rule`
+        "The rule as a plain dict."
+        return asdict(self)
+
+# %% ../nbs/09_config.ipynb #64c81c29
+def _rule_from_dict(d: dict, where: str) -> AlarmRule:
+    d = dict(d)
+    extra = sorted(set(d) - set(_RULE_KEYS) - {"noise_floor", "k", "at"})
+    if extra: raise ValueError(f"alarm: unknown field(s) {extra} in {where}; expected some of {list(_RULE_KEYS) + ['noise_floor', 'k', 'at']}")
+    if "at" in d:
+        if "start" in d or "end" in d: raise ValueError(f"alarm.at: give either 'at' or 'start'/'end' in {where}, got both")
+        d["start"] = d["end"] = d.pop("at")
+    if "noise_floor" in d or "k" in d:
+        q, k = d.pop("noise_floor", None), d.pop("k", None)
+        if "threshold" in d: raise ValueError(f"alarm.threshold: give either 'threshold' or 'noise_floor' and 'k' in {where}, got both")
+        for name, v in (("noise_floor", q), ("k", k)):
+            if not _is_real(v) or not math.isfinite(v) or v <= 0: raise ValueError(f"alarm.{name}: expected a positive finite number, got {v!r}")
+        d["threshold"], d["calibration"] = float(k) * float(q), {**d.get("calibration", {}), "noise_floor": float(q), "k": float(k)}
+    if "threshold" not in d: raise ValueError(f"alarm.threshold: missing in {where} (or give 'noise_floor' and 'k')")
+    return AlarmRule(**d)
+
+def alarm_rule(spec: float | dict | AlarmRule | str | Path | object,  # a threshold, a rule dict, a DriftThreshold, a rule, a JSON file
+              ) -> AlarmRule:
+    "An `AlarmRule` from a drift threshold, `{'noise_floor': q, 'k': k}`, a rule dict, a `DriftThreshold`, a rule or a JSON file."
+    if isinstance(spec, AlarmRule): return spec
+    if _is_real(spec): return AlarmRule(float(spec))
+    if isinstance(spec, dict): return _rule_from_dict(spec, "the rule dict")
+    if isinstance(spec, (str, Path)):
+        try: d = json.loads(Path(spec).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e: raise ValueError(f"alarm: cannot read a rule from {spec} ({e})") from None
+        if not isinstance(d, dict): raise ValueError(f"alarm: expected a JSON object in {spec}, got {type(d).__name__}")
+        return _rule_from_dict(d, str(spec))
+    if hasattr(spec, "value") and hasattr(spec, "source"):   # early_warning.DriftThreshold
+        cal = {k: getattr(spec, k) for k in ("source", "quantile", "margin", "noise_quantile", "n_noise", "note") if hasattr(spec, k)}
+        cal = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in cal.items()}
+        return AlarmRule(float(spec.value), calibration=cal)
+    raise ValueError(f"alarm: expected a number, a dict, an AlarmRule, a DriftThreshold or a JSON file path, got {type(spec).__name__}")
 
 # %% ../nbs/09_config.ipynb #9f1462a7
 @contextlib.contextmanager
@@ -132,7 +238,7 @@ class TrainConfig:
     lora_alpha: float | None = None  # LoRA scaling (the update is scaled by alpha / r); None: 2 x lora_r
     lora_dropout: float | None = None  # dropout on the LoRA input; None: 0
     lora_targets: list | None = None  # modules to adapt (e.g. query value); None: PEFT's default for the architecture
-    alarm: float | dict | None = None  # an alarm rule `tracking.alarm_rule` reads (a drift threshold or a rule dict): the run stops when it fires; in the identity only when set
+    alarm: float | dict | str | None = None  # an alarm rule `alarm_rule` reads (a drift threshold, a rule dict or a rule JSON file): the run stops when it fires; in the identity only when set
 
     def __post_init__(self):
         if isinstance(self.poolings, str): self.poolings = [self.poolings]
@@ -147,10 +253,9 @@ class TrainConfig:
             if getattr(self, name) is not None and getattr(self, needs) is None:
                 raise ValueError(f"{name}: {why}, got {getattr(self, name)!r}")
         if self.alarm is not None:   # checked now (a bad rule fails before any work), kept as its canonical dict
-            from .tracking import alarm_rule
-            if not isinstance(self.alarm, (int, float, dict)) or isinstance(self.alarm, bool):
-                raise ValueError(f"alarm: expected None, a threshold or a rule dict, got {self.alarm!r}")
-            self.alarm = alarm_rule(self.alarm).to_dict()
+            if not isinstance(self.alarm, (int, float, dict, str, Path)) or isinstance(self.alarm, bool):
+                raise ValueError(f"alarm: expected None, a threshold, a rule dict or a rule file path, got {self.alarm!r}")
+            self.alarm = alarm_rule(self.alarm).to_dict()   # a rule file is read now: the run records (and is identified by) its content
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":

@@ -13,17 +13,18 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
+from .config import POOLINGS   # the pooling names' one home (config is light: no torch)
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
     from embvar_study.config import TrainConfig
 
 # %% auto #0
-__all__ = ['POOLINGS', 'PERTURBATIONS', 'LINEAR_KERNELS', 'KERNEL_RULE', 'count_truncated', 'length_groups', 'onednn_available',
-           'linear_kernel', 'choose_linear_kernel', 'position_limit', 'embed_texts', 'perturb_texts', 'embed_perturbed',
-           'resolve_device', 'pinned_threads', 'run_numerics', 'numerics_differ']
+__all__ = ['PERTURBATIONS', 'LINEAR_KERNELS', 'KERNEL_RULE', 'CAPTURES', 'count_truncated', 'length_groups', 'onednn_available',
+           'linear_kernel', 'choose_linear_kernel', 'position_limit', 'saved_layers', 'layer_stack', 'embed_texts',
+           'perturb_texts', 'embed_perturbed', 'resolve_device', 'pinned_threads', 'run_numerics', 'numerics_differ']
 
 # %% ../nbs/07_extract.ipynb #7f4078f1
-POOLINGS = ("mean", "cls", "max", "last")  # supported pooling names ("last": the last real token, for decoders)
 PERTURBATIONS = ("token_dropout", "typo", "mc_dropout")  # supported `embed_perturbed` kinds
 
 def _check_texts(texts, name: str = "texts") -> list[str]:
@@ -248,6 +249,13 @@ def _n_hidden_states(model) -> int | None:
     "L+1 from the config, if it says (checked against the forward's output later)."
     n = getattr(getattr(model, "config", None), "num_hidden_layers", None)
     return int(n) + 1 if isinstance(n, int) else None
+def saved_layers(model: PreTrainedModel,  # HF model (its config's depth is read)
+                 layers: str | int | Sequence[int] = "all",  # as in `embed_texts`
+                ) -> list[int] | None:   # hidden-state indices in [0, L], or None when the config does not give the depth
+    "The hidden states `layers` selects on `model`, checked against its depth before any forward pass."
+    n = _n_hidden_states(model)
+    return None if n is None else _check_layers(layers, n)[0]
+
 
 # %% ../nbs/07_extract.ipynb #df77fb69
 def _check_lengths(lengths: np.ndarray, # (N,) token counts from `_token_lengths`
@@ -279,8 +287,8 @@ def _left_positions(mask: torch.Tensor) -> torch.Tensor | None:  # (B, T) long, 
     return (mask.long().cumsum(1) - 1).clamp(min=0)
 
 def _forward_pooled(model, tokenizer, batch: list[str], max_length: int, dev: torch.device, layers,
-                    poolings: tuple[str, ...]) -> tuple[dict[str, np.ndarray], bool]:
-    "One padded batch through the model: {pooling: (L', B, d) float32} and the single-layer flag."
+                    poolings: tuple[str, ...], capture: str = "hidden_states") -> tuple[dict[str, np.ndarray], bool]:
+    "One padded batch through the model: {pooling: (L', B, d) float32} and the single-layer flag (`capture`: see below)."
     enc = tokenizer(batch, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
     inputs = {"input_ids": enc["input_ids"].to(dev), "attention_mask": enc["attention_mask"].to(dev)}
     params = _forward_params(model)
@@ -288,27 +296,77 @@ def _forward_pooled(model, tokenizer, batch: list[str], max_length: int, dev: to
         inputs["token_type_ids"] = enc["token_type_ids"].to(dev)
     if "position_ids" in params and (pos := _left_positions(inputs["attention_mask"])) is not None:
         inputs["position_ids"] = pos            # left padding: each text's positions as if it were alone
+    mask = inputs["attention_mask"].bool()
+    if capture == "hooks":                                  # only the requested layers, pooled as they pass
+        idx, single = _check_layers(layers, len(layer_stack(model)) + 1)
+        got = {}
+        with _pooling_hooks(model, idx, {"mask": mask}, poolings, got): model(**inputs, return_dict=True)
+        return {p: torch.stack([got[i][p] for i in idx]).cpu().numpy() for p in poolings}, single
     hs = model(**inputs, output_hidden_states=True, return_dict=True).hidden_states
     idx, single = _check_layers(layers, len(hs))            # the config may not tell the truth
     h = torch.stack([hs[i] for i in idx])                   # (L', B, T, d)
-    mask = inputs["attention_mask"].bool()
     return {p: _pool(h, mask, p).cpu().numpy() for p in poolings}, single
+
+
+# %% ../nbs/07_extract.ipynb #f67e8844
+CAPTURES = ("hooks", "hidden_states")   # how `embed_texts` gets hidden states: hooks on the requested layers, or all of them
+
+def _inner_model(model):
+    "The transformers model under a PEFT wrapper (the model itself otherwise)."
+    return model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+
+def layer_stack(model: torch.nn.Module,  # a transformers model (PEFT, FSDP wrappers included)
+               ) -> torch.nn.ModuleList | None:  # its L blocks, or None when not found
+    "The model's stack of blocks: the first `ModuleList` of `config.num_hidden_layers` modules (None if the config does not say or none is found)."
+    n = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    if not isinstance(n, int) or isinstance(n, bool): return None
+    return next((m for m in _inner_model(model).modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n), None)
+
+def _hidden_arg(args: tuple, kwargs: dict) -> torch.Tensor:
+    "The hidden states a block is called with: its first positional tensor, else `hidden_states` (or `x`) by name."
+    if args and torch.is_tensor(args[0]): return args[0]
+    for k in ("hidden_states", "x", "hidden_state"):
+        if torch.is_tensor(kwargs.get(k)): return kwargs[k]
+    raise RuntimeError(f"capture='hooks': cannot find the hidden states among the block's arguments {sorted(kwargs)}; use capture='hidden_states'")
+
+def _last_hidden(out) -> torch.Tensor:
+    "The backbone's last hidden state from its output (a ModelOutput or a tuple)."
+    h = getattr(out, "last_hidden_state", None)
+    return h if h is not None else out[0]
+
+@contextmanager
+def _pooling_hooks(model, idx: list[int], mask_box: dict, poolings: tuple[str, ...], got: dict) -> Iterator[None]:
+    "Hooks that pool hidden state i (for i in `idx`) into `got[i]` = {pooling: (B, d)} on the device; removed on exit."
+    blocks = layer_stack(model); L = len(blocks)
+    backbone = getattr(_inner_model(model), "base_model", None) or _inner_model(model)
+    grab = lambda i, h: got.__setitem__(i, {p: _pool(h[None], mask_box["mask"], p)[0] for p in poolings})
+    handles = []
+    try:
+        for i in sorted(set(idx)):
+            if i < L: handles.append(blocks[i].register_forward_pre_hook(lambda m, a, kw, i=i: grab(i, _hidden_arg(a, kw)), with_kwargs=True))
+            else: handles.append(backbone.register_forward_hook(lambda m, a, out: grab(L, _last_hidden(out))))
+        yield
+    finally:
+        for h in handles: h.remove()
 
 
 # %% ../nbs/07_extract.ipynb #f8577592
 def _embed(model, tokenizer, texts: list[str], *, poolings: tuple[str, ...], layers, batch_size: int, max_length: int,
-           device, autocast: bool | None, dropout: bool = False, what: str = "texts") -> tuple[dict[str, np.ndarray], bool]:
+           device, autocast: bool | None, dropout: bool = False, what: str = "texts",
+           capture: str = "hooks") -> tuple[dict[str, np.ndarray], bool]:
     "Core of `embed_texts`: {pooling: (L', N, d) float32} in input order, and the single-layer flag."
     lengths = _token_lengths(tokenizer, texts, max_length)
     _check_lengths(lengths, texts, max_length, model, what)
     if (n_hidden := _n_hidden_states(model)) is not None: _check_layers(layers, n_hidden)   # before any forward pass
+    if capture not in CAPTURES: raise ValueError(f"capture: expected one of {CAPTURES}, got {capture!r}")
+    if capture == "hooks" and layer_stack(model) is None: capture = "hidden_states"   # no block stack found: all hidden states
     order = np.argsort(-np.minimum(lengths, max_length), kind="stable")   # longest first: OOM shows up at once
-    out, single = {}, False
-    with _on_device(model, device) as dev, _module_modes(model, dropout), torch.inference_mode(), _autocast(dev, autocast), \
+    out, single = {}, False   # no_grad, not inference_mode: tensors a sharded model (FSDP) makes here are used by its next training step
+    with _on_device(model, device) as dev, _module_modes(model, dropout), torch.no_grad(), _autocast(dev, autocast), \
          linear_kernel(choose_linear_kernel()["kernel"] if dev.type == "cpu" else "default"):
         for start in range(0, len(texts), batch_size):
             sel = order[start:start + batch_size]
-            pooled, single = _forward_pooled(model, tokenizer, [texts[i] for i in sel], max_length, dev, layers, poolings)
+            pooled, single = _forward_pooled(model, tokenizer, [texts[i] for i in sel], max_length, dev, layers, poolings, capture)
             for p, a in pooled.items():                      # (L', B, d) back to the caller's order
                 out.setdefault(p, np.empty((a.shape[0], len(texts), a.shape[-1]), np.float32))[:, sel] = a
     return out, single
@@ -326,13 +384,14 @@ def embed_texts(model: PreTrainedModel,             # HF encoder or `...ForSeque
                 device: str | torch.device | None = None,  # run on this device (model moved there and back); default: model's
                 autocast: bool | None = None,  # bf16 autocast; default: on for CUDA, off otherwise
                 return_dict: bool = False,     # always return {pooling: array}, also for a single pooling
+                capture: str = "hooks",        # "hooks": only the requested layers are captured; "hidden_states": all (see above)
                ) -> np.ndarray | dict[str, np.ndarray]:  # (L+1, N, d) for "all", (len(layers), N, d) for a list, (N, d) for an int; float32; dict if several poolings
     "Pooled hidden states of every requested layer for `texts`, in input order; the model is left as it was."
     texts = _check_texts(texts)
     poolings, single_pool = _check_pooling(pooling)
     out, single_layer = _embed(model, tokenizer, texts, poolings=poolings, layers=layers, device=device, autocast=autocast,
                                batch_size=_check_positive_int(batch_size, "batch_size"),
-                               max_length=_check_positive_int(max_length, "max_length"))
+                               max_length=_check_positive_int(max_length, "max_length"), capture=capture)
     if single_layer: out = {p: a[0] for p, a in out.items()}
     return out[poolings[0]] if single_pool and not return_dict else out
 
@@ -438,19 +497,19 @@ def embed_perturbed(model: PreTrainedModel,             # HF encoder or `...ForS
                     seed: int = 0,        # non-negative seed; same seed, same result
                     pooling: str | Sequence[str] = "mean",  # as in `embed_texts`
                     layers: str | int | Sequence[int] = "all",  # as in `embed_texts`
-                    **embed_kwargs: Any,  # batch_size, max_length, device, autocast, return_dict of `embed_texts`
+                    **embed_kwargs: Any,  # batch_size, max_length, device, autocast, return_dict, capture of `embed_texts`
                    ) -> np.ndarray | dict[str, np.ndarray]:  # (k, L+1, N, d), (k, len(layers), N, d) or (k, N, d); float32; dict if several poolings
     "`k` embeddings of `texts` under input noise (dropped words, typos) or MC dropout."
     texts = _check_texts(texts)
     if kind not in PERTURBATIONS: raise ValueError(f"kind: expected one of {PERTURBATIONS}, got {kind!r}")
     k = _check_positive_int(k, "k")
-    unknown = set(embed_kwargs) - {"batch_size", "max_length", "device", "autocast", "return_dict"}
+    unknown = set(embed_kwargs) - {"batch_size", "max_length", "device", "autocast", "return_dict", "capture"}
     if unknown: raise TypeError(f"embed_perturbed: unexpected keyword argument(s) {sorted(unknown)}")
     poolings, single_pool = _check_pooling(pooling)
-    opts = {"batch_size": 32, "max_length": 128, "device": None, "autocast": None, "return_dict": False, **embed_kwargs}
+    opts = {"batch_size": 32, "max_length": 128, "device": None, "autocast": None, "return_dict": False, "capture": "hooks", **embed_kwargs}
     embed = functools.partial(_embed, model, tokenizer, poolings=poolings, layers=layers, device=opts["device"],
                               autocast=opts["autocast"], batch_size=_check_positive_int(opts["batch_size"], "batch_size"),
-                              max_length=_check_positive_int(opts["max_length"], "max_length"))
+                              max_length=_check_positive_int(opts["max_length"], "max_length"), capture=opts["capture"])
     out, single_layer = (_mc_dropout(embed, model, texts, k, seed) if kind == "mc_dropout"
                          else _text_copies(embed, texts, kind, k, rate, seed))
     out = {p: np.ascontiguousarray(a[:, 0] if single_layer else a) for p, a in out.items()}

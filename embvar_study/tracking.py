@@ -19,14 +19,14 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import CallbackHandler
 
-from .extract import embed_texts
+from .extract import embed_texts, saved_layers
 from .metrics import cosine_drift
-from .runs import RunWriter, FolderLock, atomic_write_json, canonical_json, _method_of
-from .config import POOLINGS, tracker_settings
+from .runs import RunWriter, FolderLock, atomic_write_json
+from .config import ALARM_SIGNALS, AlarmRule, alarm_rule, divergence_reason, tracker_settings   # alarm rules live in config (re-exported here)
 from .models import is_decoder, lora_summary, parameter_counts
 
 # %% auto #0
-__all__ = ['ALARM_SIGNALS', 'probe_table', 'AlarmRule', 'alarm_rule', 'NonFiniteEmbeddings', 'model_facts', 'EmbeddingTracker',
+__all__ = ['probe_table', 'NonFiniteEmbeddings', 'model_facts', 'process_rank', 'unwrap_ddp', 'is_sharded', 'EmbeddingTracker',
            'send_metrics', 'trainer_config', 'EmbvarCallback']
 
 # %% ../nbs/10_tracking.ipynb #bee8e345
@@ -42,95 +42,12 @@ def probe_table(probes: list[str] | pd.DataFrame | str | Path) -> pd.DataFrame: 
     raise ValueError(f"probes: expected a list of texts, a DataFrame with a 'text' column or a probe source "
                      f"('builtin', a file path), got {type(probes).__name__}")
 
-# %% ../nbs/10_tracking.ipynb #471c953c
-ALARM_SIGNALS = ("drift", "drift_velocity")
-_RULE_KEYS = ("threshold", "signal", "layer", "pooling", "start", "end", "calibration", "version")
-
-def _is_int(v) -> bool: return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-def _is_real(v) -> bool: return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
-
-@dataclass(frozen=True)
-class AlarmRule:
-    "A rule that watches a live drift signal and fires when it is strictly above `threshold` (see the table above)."
-    threshold: float                  # fires when the signal is > threshold
-    signal: str = "drift"             # one of ALARM_SIGNALS
-    layer: int = -1                   # saved-layer index, as `Run.embeddings(layer=...)`
-    pooling: str = "mean"             # a tracked pooling
-    start: int = 1                    # first step the rule is checked at
-    end: int | None = None            # last step the rule is checked at (None: to the end)
-    calibration: dict = field(default_factory=dict)  # where the threshold came from (JSON-serialisable)
-    version: int = 1                  # format version
-
-    def __post_init__(self):
-        if not _is_real(self.threshold) or not math.isfinite(self.threshold):
-            raise ValueError(f"alarm.threshold: expected a finite number, got {self.threshold!r}")
-        object.__setattr__(self, "threshold", float(self.threshold))
-        if self.signal not in ALARM_SIGNALS: raise ValueError(f"alarm.signal: expected one of {ALARM_SIGNALS}, got {self.signal!r}")
-        if not _is_int(self.layer): raise ValueError(f"alarm.layer: expected an int (saved-layer index), got {self.layer!r}")
-        if self.pooling not in POOLINGS: raise ValueError(f"alarm.pooling: expected one of {POOLINGS}, got {self.pooling!r}")
-        if not _is_int(self.start) or self.start < 0: raise ValueError(f"alarm.start: expected an int >= 0, got {self.start!r}")
-        if self.end is not None and (not _is_int(self.end) or self.end < self.start):
-            raise ValueError(f"alarm.end: expected None or an int >= start ({self.start}), got {self.end!r}")
-        if not isinstance(self.calibration, dict): raise ValueError(f"alarm.calibration: expected a dict, got {type(self.calibration).__name__}")
-        canonical_json(self.calibration, "alarm.calibration")
-        if self.version != 1: raise ValueError(f"alarm.version: expected 1, got {self.version!r}")
-
-    def active(self, step: int) -> bool:  # whether the rule is checked at `step`
-        "Whether `step` lies in the rule's step range."
-        return self.start <= step and (self.end is None or step <= self.end)
-
-    def fires(self, value: float, step: int) -> bool:  # True when `value` at `step` trips the alarm
-        "Whether the signal `value` observed at `step` trips the alarm."
-        return self.active(step) and float(value) > self.threshold
-
-    def reason(self, value: float, step: int) -> str:  # one sentence for the run folder and the logs
-        "Why the alarm fired, in one sentence."
-        where = self.calibration.get("note") or (f"{self.calibration['k']:g} x noise floor {self.calibration['noise_floor']:.4g}"
-                                                 if {"k", "noise_floor"} <= set(self.calibration) else "")
-        return (f"{self.signal} {float(value):.4g} > threshold {self.threshold:.4g} at step {int(step)} "
-                f"(layer {self.layer}, {self.pooling} pooling{'; ' + where if where else ''})")
-
-    def to_dict(self) -> dict:  # JSON-serialisable, read back by `alarm_rule`
-        "The rule as a plain dict."
-        return asdict(self)
-
-# %% ../nbs/10_tracking.ipynb #64c81c29
-def _rule_from_dict(d: dict, where: str) -> AlarmRule:
-    d = dict(d)
-    extra = sorted(set(d) - set(_RULE_KEYS) - {"noise_floor", "k", "at"})
-    if extra: raise ValueError(f"alarm: unknown field(s) {extra} in {where}; expected some of {list(_RULE_KEYS) + ['noise_floor', 'k', 'at']}")
-    if "at" in d:
-        if "start" in d or "end" in d: raise ValueError(f"alarm.at: give either 'at' or 'start'/'end' in {where}, got both")
-        d["start"] = d["end"] = d.pop("at")
-    if "noise_floor" in d or "k" in d:
-        q, k = d.pop("noise_floor", None), d.pop("k", None)
-        if "threshold" in d: raise ValueError(f"alarm.threshold: give either 'threshold' or 'noise_floor' and 'k' in {where}, got both")
-        for name, v in (("noise_floor", q), ("k", k)):
-            if not _is_real(v) or not math.isfinite(v) or v <= 0: raise ValueError(f"alarm.{name}: expected a positive finite number, got {v!r}")
-        d["threshold"], d["calibration"] = float(k) * float(q), {**d.get("calibration", {}), "noise_floor": float(q), "k": float(k)}
-    if "threshold" not in d: raise ValueError(f"alarm.threshold: missing in {where} (or give 'noise_floor' and 'k')")
-    return AlarmRule(**d)
-
-def alarm_rule(spec: float | dict | AlarmRule | str | Path | object,  # a threshold, a rule dict, a DriftThreshold, a rule, a JSON file
-              ) -> AlarmRule:
-    "An `AlarmRule` from a drift threshold, `{'noise_floor': q, 'k': k}`, a rule dict, a `DriftThreshold`, a rule or a JSON file."
-    if isinstance(spec, AlarmRule): return spec
-    if _is_real(spec): return AlarmRule(float(spec))
-    if isinstance(spec, dict): return _rule_from_dict(spec, "the rule dict")
-    if isinstance(spec, (str, Path)):
-        try: d = json.loads(Path(spec).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e: raise ValueError(f"alarm: cannot read a rule from {spec} ({e})") from None
-        if not isinstance(d, dict): raise ValueError(f"alarm: expected a JSON object in {spec}, got {type(d).__name__}")
-        return _rule_from_dict(d, str(spec))
-    if hasattr(spec, "value") and hasattr(spec, "source"):   # early_warning.DriftThreshold
-        cal = {k: getattr(spec, k) for k in ("source", "quantile", "margin", "noise_quantile", "n_noise", "note") if hasattr(spec, k)}
-        cal = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in cal.items()}
-        return AlarmRule(float(spec.value), calibration=cal)
-    raise ValueError(f"alarm: expected a number, a dict, an AlarmRule, a DriftThreshold or a JSON file path, got {type(spec).__name__}")
-
 # %% ../nbs/10_tracking.ipynb #3a4d9dba
 class NonFiniteEmbeddings(ValueError):
     "The probe embeddings at a checkpoint contain NaN or inf (the model diverged)."
+
+def _is_int(v) -> bool: return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+def _is_real(v) -> bool: return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
 
 def _check_live(live, alarm) -> bool:
     if not isinstance(live, bool): raise ValueError(f"live: expected True or False, got {live!r}")
@@ -144,9 +61,27 @@ def model_facts(model: torch.nn.Module, # the model being trained (a PEFT model 
     lora = lora_summary(model)
     return {"parameters": parameter_counts(model), **({"lora": lora} if lora else {})}
 
+# %% ../nbs/10_tracking.ipynb #855ff8a5
+def process_rank() -> tuple[int, int]:  # (rank, world size)
+    "This process's rank and the world size of `torch.distributed`'s default group; (0, 1) when none is initialised."
+    d = torch.distributed
+    return (d.get_rank(), d.get_world_size()) if d.is_available() and d.is_initialized() else (0, 1)
+
+def unwrap_ddp(model: torch.nn.Module) -> torch.nn.Module:
+    "The module inside a `DistributedDataParallel` wrapper (its forward may sync buffers across ranks); the model otherwise."
+    from torch.nn.parallel import DistributedDataParallel
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    "Are the parameters sharded across ranks (FSDP, FSDP2, DeepSpeed ZeRO-3)? Then each forward pass is a collective that every rank joins."
+    import torch.distributed.fsdp as fsdp
+    kinds = tuple(k for k in (getattr(fsdp, "FullyShardedDataParallel", None), getattr(fsdp, "FSDPModule", None)) if isinstance(k, type))
+    if kinds and any(isinstance(m, kinds) for m in model.modules()): return True
+    return any(hasattr(p, "ds_id") or type(p).__name__ == "DTensor" for p in model.parameters())   # ZeRO-3; FSDP2 DTensors
+
 # %% ../nbs/10_tracking.ipynb #cbbd4c05
 class EmbeddingTracker:
-    "Embeds a fixed probe set at tracked steps of any training loop and writes a run folder (see `runs`)."
+    "Embeds a fixed probe set at tracked steps of any training loop and writes a run folder (see `runs`); under `torchrun`, rank 0 writes."
     def __init__(self, model, tokenizer,
                  probes,                    # texts, a DataFrame with `text`, or a probe source ("builtin", a file)
                  run_dir: str | Path,       # run folder to write (created; refused if another writer holds it)
@@ -166,17 +101,25 @@ class EmbeddingTracker:
                  alarm=None,                # an alarm rule, anything `alarm_rule` reads (a threshold, a dict, a JSON file, ...)
                  live: bool = True,         # compute the live metrics (and check the alarm) at each tracked step; False: save only
                 ):
-        self.model, self.tokenizer, self.autocast = model, tokenizer, autocast
-        if poolings is None: poolings = ("last",) if is_decoder(getattr(model, "config", None)) else ("mean",)
+        self.model, self.tokenizer, self.autocast = unwrap_ddp(model), tokenizer, autocast
+        self.rank, self.world = process_rank()
+        self.sharded = self.world > 1 and is_sharded(model)   # every rank must join each probe forward pass
+        if poolings is None: poolings = ("last",) if is_decoder(getattr(self.model, "config", None)) else ("mean",)
         self.settings = tracker_settings(every, layers, poolings, max_length, batch_size, dtype)
         self.probes, self.live = probe_table(probes), _check_live(live, alarm)
         self.drift_layer, self.drift_pooling, self.alarm_rule = self._live_settings(drift_layer, drift_pooling, alarm)
         armed = {"alarm": self.alarm_rule.to_dict()} if self.alarm_rule else {}
-        self.config = {**(config or {}), "tracker": self.settings, **armed, **model_facts(model)}
+        dist = {"distributed": {"world_size": self.world, "sharded": self.sharded}} if self.world > 1 else {}
+        self.config = {**(config or {}), "tracker": self.settings, **armed, **dist, **model_facts(self.model)}
         identity = None if identity is None else {**identity, "tracker": self.settings, **armed}
-        self.writer = RunWriter(run_dir, self.config, self.probes, identity=identity, lock=lock)
+        self.writer = None                              # every check above ran before anything is written
+        if self.rank == 0:
+            try: self.writer = RunWriter(run_dir, self.config, self.probes, identity=identity, lock=lock)
+            except Exception as e: self._agree(e); raise
+        self._agree(None)                               # the other ranks learn whether rank 0 could open the folder
         self.run_dir, self.tracked, self.seconds = Path(run_dir), [], 0.0
         self.metrics, self.alarm, self._ref, self._prev, self._last = {}, None, None, None, -1
+        self.diverged, self._first_loss = "", None     # why the run diverged ('' while it has not), the reference loss
         self.embed_seconds, self.live_seconds, self.log_seconds = 0.0, 0.0, 0.0   # parts of the tracker's time (see "Cost")
 
     def _live_settings(self, layer, pooling, alarm) -> tuple:
@@ -189,12 +132,29 @@ class EmbeddingTracker:
             raise ValueError(f"alarm.pooling: expected one of the tracked poolings {pools}, got {rule.pooling!r}")
         if rule is not None and rule.end is not None and rule.end // self.settings["every"] * self.settings["every"] < rule.start:
             raise ValueError(f"alarm: its steps [{rule.start}, {rule.end}] hold no tracked step (every={self.settings['every']})")
+        saved = saved_layers(self.model, self.settings["layers"])   # checked against the model's depth, before any work
+        if saved is not None:
+            n = len(saved)
+            for name, k in (("drift_layer", layer), ("alarm.layer", rule.layer if rule else 0)):
+                if not -n <= k < n: raise ValueError(f"{name}: expected an int in [-{n}, {n - 1}] (the run saves {n} layers), got {k}")
         return int(layer), pooling, rule
+
+    def _agree(self, payload):
+        "Under torchrun: rank 0's `payload` (None, an exception, or a dict) on every rank; a rank-0 error raised everywhere."
+        if self.world == 1: return payload
+        box = [payload if self.rank == 0 else None]
+        if isinstance(payload, BaseException): box = [{"error": f"{type(payload).__name__}: {payload}", "nonfinite": isinstance(payload, NonFiniteEmbeddings)}]
+        torch.distributed.broadcast_object_list(box, src=0)
+        got = box[0]
+        if self.rank != 0 and isinstance(got, dict) and "error" in got:
+            raise (NonFiniteEmbeddings if got["nonfinite"] else RuntimeError)(f"rank 0 (the writer): {got['error']}")
+        return got
 
     def due(self, step: int) -> bool: return step % self.settings["every"] == 0 and step not in self.tracked
 
-    def embed(self) -> dict:  # pooling -> (L+1, N, d) float32
-        "The probes' pooled hidden states now (eval mode, no grad, RNG and train/eval flags restored)."
+    def embed(self) -> dict | None:  # pooling -> (L+1, N, d) float32; None on a rank that does not embed
+        "The probes' pooled hidden states now (eval mode, no grad, RNG and train/eval flags restored); every rank of a sharded model joins."
+        if self.rank != 0 and not self.sharded: return None      # DDP: each rank holds the whole model, rank 0 embeds alone
         s = self.settings
         cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
         with torch.random.fork_rng(devices=cuda):
@@ -203,24 +163,39 @@ class EmbeddingTracker:
                               return_dict=True, autocast=self.autocast)
         return {p: a[None] if a.ndim == 2 else a for p, a in emb.items()}
 
-    def record(self, step: int, arrays: dict) -> None:
+    def record(self, step: int, arrays: dict | None) -> None:
         "Save `arrays` (pooling -> (L+1, N, d)) as the embeddings of `step` and compute the live metrics; `NonFiniteEmbeddings` if any is not finite."
+        self.tracked.append(int(step)); self._last = max(self._last, int(step))
+        if self.writer is None: return                  # not the writing rank: `step` shares the outcome
         bad = [p for p, a in arrays.items() if not np.isfinite(a).all()]
-        if bad: raise NonFiniteEmbeddings(f"non-finite probe embeddings ({'/'.join(bad)} pooling) at step {step}")
+        if bad:
+            self.diverged = self.diverged or f"non-finite probe embeddings ({'/'.join(bad)} pooling) at step {step}"
+            raise NonFiniteEmbeddings(f"non-finite probe embeddings ({'/'.join(bad)} pooling) at step {step}")
         self.writer.save_embeddings(int(step), arrays, dtype=self.settings["dtype"])
-        self.writer.flush(); self.tracked.append(int(step)); self._last = max(self._last, int(step))
+        self.writer.flush()
         if not self.live: self.metrics = {}; return
         t = time.perf_counter(); self.metrics = self._live(int(step), arrays); self.live_seconds += time.perf_counter() - t
 
     def step(self, step: int, *, force: bool = False,
              log: object = None,     # where to send the live metrics too (see `send_metrics`)
             ) -> dict:               # the live metrics (see above); {} when the step was not tracked (or live=False)
-        "Embed and save the probes if `step` is due (or `force`), once per step; the live metrics, also sent to `log`."
+        "Embed and save the probes if `step` is due (or `force`), once per step; the live metrics, also sent to `log`. Call it on every rank."
         self._last = max(self._last, int(step))
         if not (self.due(step) or (force and step not in self.tracked)): return {}
-        t = time.perf_counter(); arrays = self.embed(); self.embed_seconds += time.perf_counter() - t
-        self.record(step, arrays); self.seconds += time.perf_counter() - t
-        if log is not None and self.metrics:
+        t = time.perf_counter()
+        try:
+            arrays = self.embed(); self.embed_seconds += time.perf_counter() - t
+            self.record(step, arrays)
+        except Exception as e:
+            if self.world > 1: self._agree(e if self.rank == 0 else None)   # the other ranks raise too: no rank is left waiting
+            raise
+        if self.world > 1:                              # rank 0's live metrics and alarm, on every rank (a stop stops them all)
+            got = self._agree({"metrics": self.metrics, "alarm": self.alarm})
+            if self.rank != 0:
+                if "error" in (got or {}): raise RuntimeError(f"rank 0 (the writer): {got['error']}")
+                self.metrics, self.alarm = got["metrics"], got["alarm"]
+        self.seconds += time.perf_counter() - t
+        if log is not None and self.metrics and self.rank == 0:
             t = time.perf_counter(); send_metrics(log, self.metrics, int(step)); self.log_seconds += time.perf_counter() - t
         return dict(self.metrics)
 
@@ -228,25 +203,46 @@ class EmbeddingTracker:
     def alarm_fired(self) -> bool: return self.alarm is not None
 
     def log(self, step: int, *, flush: bool = False, **metrics) -> None:
-        "Add a history row `step=step, **metrics` (numbers, str, bool or None)."
-        self.writer.log(step=int(step), flush=flush, **metrics)
+        "Add a history row `step=step, **metrics` (rank 0 writes); a `train_loss` or `grad_norm` that diverges sets `diverged` (see below)."
+        why = self._check_divergence(int(step), metrics)
+        if why and not self.diverged: self.diverged, metrics = why, {**metrics, "status": "diverged"}
+        if self.writer is not None: self.writer.log(step=int(step), flush=flush or bool(why), **metrics)
+
+    def _check_divergence(self, step: int, row: dict) -> str:
+        "Why the row shows divergence ('' if not): `config.divergence_reason` on `train_loss`, or a non-finite `grad_norm`."
+        loss, gn = row.get("train_loss"), row.get("grad_norm")
+        if _is_real(loss):
+            why = divergence_reason(step, loss, self._first_loss)
+            if self._first_loss is None and math.isfinite(loss): self._first_loss = float(loss)
+            if why: return why
+        if _is_real(gn) and not math.isfinite(gn): return f"non-finite gradient norm at step {step}"
+        return ""
 
     def save_array(self, relpath: str, array: np.ndarray) -> Path:
-        "Save an extra array in the run folder (e.g. perturbed embeddings), checksummed with the rest."
-        return self.writer.save_array(relpath, array)
+        "Save an extra array in the run folder (e.g. perturbed embeddings), checksummed with the rest (rank 0 writes)."
+        return self.writer.save_array(relpath, array) if self.writer is not None else self.run_dir / relpath
 
     def close(self, status: str | None = None, **facts) -> Path:
-        "Write COMPLETE (status and JSON-serialisable facts) and release the folder; returns the run folder."
-        if status is None: status = "stopped_by_alarm" if self.alarm_fired and self._last <= self.alarm["step"] else "completed"
+        "Write COMPLETE (status and JSON-serialisable facts) and release the folder; returns the run folder. Status by default: diverged, stopped_by_alarm or completed."
+        if self.writer is None: return self.run_dir
+        if status is None:
+            status = ("diverged" if self.diverged else
+                      "stopped_by_alarm" if self.alarm_fired and self._last <= self.alarm["step"] else "completed")
+        if status == "diverged" and self.diverged: facts.setdefault("diverged_because", self.diverged)
         if self.alarm_rule is not None:
             facts["alarm"] = self.alarm or {"fired": False, "rule": self.alarm_rule.to_dict()}
         return self.writer.finish(status=status, tracked_steps=len(self.tracked), tracking_s=round(self.seconds, 3),
                                   live_metrics_s=round(self.live_seconds, 4), **facts)
 
+    def abandon(self) -> None:
+        "Release the folder without COMPLETE (an interrupted run); nothing on a rank that does not write."
+        if self.writer is not None and not self.writer._closed: self.writer.abandon()
+
     def __enter__(self): return self
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is None and not self.writer._closed: self.close()
-        elif not self.writer._closed: self.writer.abandon()
+        if self.writer is None or self.writer._closed: return False
+        if exc_type is None: self.close()
+        else: self.writer.abandon()
         return False
 
 # %% ../nbs/10_tracking.ipynb #baa31814
@@ -264,7 +260,6 @@ def send_metrics(log: object,      # a callable (metrics, step=), a writer with 
                                f"a writer with add_scalar, or a list of these, got {type(target).__name__}")
 
 # %% ../nbs/10_tracking.ipynb #d97cae44
-@_method_of(EmbeddingTracker)
 def _live(self: EmbeddingTracker, step: int, arrays: dict) -> dict:
     "The live metrics of `step` from the arrays just saved (pooling -> (n_layers, N, d)); checks the alarm."
     rule, store = self.alarm_rule, np.dtype(self.settings["dtype"])
@@ -292,6 +287,8 @@ def _live(self: EmbeddingTracker, step: int, arrays: dict) -> dict:
                 atomic_write_json(self.writer.path / "alarm.json", self.alarm)
         m["embvar/alarm"] = float(self.alarm_fired)
     return m
+EmbeddingTracker._live = _live
+
 
 # %% ../nbs/10_tracking.ipynb #88c62263
 _LOG_NAMES = {"loss": "train_loss", "learning_rate": "lr", "eval_accuracy": "eval_acc", "train_loss": "mean_train_loss"}
@@ -317,6 +314,16 @@ def _check_stop(stop) -> bool:
     if not isinstance(stop, bool): raise ValueError(f"stop: expected True or False, got {stop!r}")
     return stop
 
+_TRACKER_ARGS = ("layers", "poolings", "identity", "max_length", "batch_size", "dtype", "autocast", "lock",
+                 "drift_layer", "drift_pooling", "live")
+
+def _check_tracker_kwargs(every, kwargs: dict) -> None:
+    "The tracker's settings a callback passes on, checked at the callback's construction (the model's depth later, still before any work)."
+    unknown = sorted(set(kwargs) - set(_TRACKER_ARGS))
+    if unknown: raise TypeError(f"unexpected tracker argument(s) {unknown}; expected some of {list(_TRACKER_ARGS)}")
+    tracker_settings(every, kwargs.get("layers", "all"), kwargs.get("poolings") or "mean", kwargs.get("max_length", 128),
+                     kwargs.get("batch_size", 16), kwargs.get("dtype", "float32"))
+
 class EmbvarCallback(TrainerCallback):
     "A `transformers.TrainerCallback` that tracks the probes' hidden states into a run folder during `Trainer.train`."
     def __init__(self, probes, run_dir: str | Path, every: int = 10, *, config: dict | None = None,
@@ -324,7 +331,8 @@ class EmbvarCallback(TrainerCallback):
                  stop: bool = False,    # end the training when the alarm fires
                  **tracker_kwargs):
         self.probes, self.run_dir, self.every, self.extra, self.kwargs = probes, Path(run_dir), every, config or {}, tracker_kwargs
-        self.alarm, self.stop = None if alarm is None else alarm_rule(alarm), _check_stop(stop)
+        self.alarm, self.stop = None if alarm is None else alarm_rule(alarm), _check_stop(stop)   # a rule file is read now
+        _check_tracker_kwargs(every, tracker_kwargs)                    # before the Trainer starts: nothing loaded, nothing written
         _check_live(tracker_kwargs.get("live", True), alarm)
         self.tracker: EmbeddingTracker | None = None
         self.summary: dict = {}   # Trainer's end-of-training log (runtime, mean loss, ...): a fact for COMPLETE, not a history row
@@ -347,10 +355,17 @@ class EmbvarCallback(TrainerCallback):
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs) -> None:
         last = state.global_step >= state.max_steps or control.should_training_stop
-        metrics = self.tracker.step(state.global_step, force=bool(last))
+        metrics = self._step(state.global_step, bool(last), control)
         if metrics:
             self._publish(args, state, control, metrics)
-            if self.stop and self.tracker.alarm_fired: control.should_training_stop = True
+            if self.stop and self.tracker.alarm_fired: control.should_training_stop = True   # every rank: the alarm is broadcast
+
+    def _step(self, step: int, force: bool, control: TrainerControl) -> dict:
+        "The tracker's step; non-finite probe embeddings end the training as diverged (as `embvar train`), on every rank."
+        try: return self.tracker.step(step, force=force)
+        except NonFiniteEmbeddings as e:
+            self.tracker.diverged = self.tracker.diverged or str(e); control.should_training_stop = True
+            return {}
 
     def _publish(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, metrics: dict) -> None:
         "Send `metrics` to every callback's `on_log` (the report_to integrations included), as `Trainer.log` does."
@@ -367,11 +382,14 @@ class EmbvarCallback(TrainerCallback):
         row = {_LOG_NAMES.get(k, k): v for k, v in (logs or {}).items()
                if (isinstance(v, (int, float, str, bool)) or v is None) and not k.startswith("embvar/")}
         if "train_runtime" in row: self.summary.update(row)
-        elif row: self.tracker.log(state.global_step, **row)
+        elif row:
+            self.tracker.log(state.global_step, **row)      # every rank sees the same (gathered) loss: the same decision
+            if self.tracker.diverged: control.should_training_stop = True
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs) -> None:
-        self.tracker.step(state.global_step, force=True)
-        status = "stopped_by_alarm" if self.stop and self.tracker.alarm_fired else "completed"
+        if not self.tracker.diverged: self._step(state.global_step, True, control)
+        status = ("diverged" if self.tracker.diverged else
+                  "stopped_by_alarm" if self.stop and self.tracker.alarm_fired else "completed")
         self.tracker.close(status=status, steps_done=state.global_step, trainer_summary=self.summary)
 
 # %% ../nbs/10_tracking.ipynb #3a8475ce

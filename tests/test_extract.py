@@ -307,3 +307,54 @@ def test_pretrained_minilm_batch_independent():
     e4 = embed_texts(m, mtok, texts, batch_size=4)
     assert e4.shape == (7, 4, 384)
     np.testing.assert_allclose(e1, e4, atol=1e-5)
+
+
+# --- capture: hooks on the requested layers only (issue 34 item 3) ---
+
+TINY = ("tiny-distilbert", "tiny-bert", "tiny-gpt2", "tiny-llama")   # two encoders, two decoders
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_hooks_equal_the_hidden_states_path(name):
+    "Same arrays, bit for bit, as output_hidden_states=True, for every pooling (`last` included) and layer selection."
+    from embvar_study.config import POOLINGS
+    from embvar_study.models import load_model_and_tokenizer
+    m, t = load_model_and_tokenizer(name, num_labels=2, init_seed=0)
+    for layers in ("all", [2, 0, 2], -1, 1):
+        a = embed_texts(m, t, TEXTS, pooling=POOLINGS, layers=layers, batch_size=3, return_dict=True, capture="hooks")
+        b = embed_texts(m, t, TEXTS, pooling=POOLINGS, layers=layers, batch_size=3, return_dict=True, capture="hidden_states")
+        for p in POOLINGS:
+            assert a[p].shape == b[p].shape and np.array_equal(a[p], b[p]), (name, layers, p)
+
+
+def test_hooks_never_ask_for_all_hidden_states():
+    "The forward is called without output_hidden_states and the hooks see only the requested blocks; hooks are removed."
+    from embvar_study.extract import layer_stack
+    from embvar_study.models import load_model_and_tokenizer
+    m, t = load_model_and_tokenizer("tiny-gpt2", num_labels=2, init_seed=0)
+    calls, seen, forward = [], [], m.forward
+    m.forward = lambda *a, **kw: (calls.append(kw.get("output_hidden_states")), forward(*a, **kw))[1]
+    for i, block in enumerate(layer_stack(m)):
+        block.register_forward_pre_hook(lambda mod, a, i=i: seen.append(i))
+    embed_texts(m, t, TEXTS[:4], pooling="last", layers=[1], batch_size=4)
+    assert calls == [None] and seen == [0, 1]            # one forward; both blocks ran, but only block 1 was captured
+    assert [len(b._forward_pre_hooks) for b in layer_stack(m)] == [1, 1]   # ours are gone, the test's remain
+    embed_texts(m, t, TEXTS[:4], pooling="last", layers=[1], batch_size=4, capture="hidden_states")
+    assert calls == [None, True]
+    with pytest.raises(ValueError, match="capture: expected one of"):
+        embed_texts(m, t, TEXTS[:4], capture="all")
+
+
+def test_hooks_fall_back_without_a_block_stack(distil, tok):
+    "A model whose config does not name its depth keeps working (the hidden_states path)."
+    from embvar_study.extract import layer_stack
+    m = distil
+    n = m.config.num_hidden_layers
+    try:
+        m.config.num_hidden_layers = n + 5       # no ModuleList of that length: no stack found
+        assert layer_stack(m) is None
+        fallback = embed_texts(m, tok, TEXTS[:3], layers=-1)
+        with pytest.raises(ValueError, match="layers: expected"):   # the forward's own hidden states are checked
+            embed_texts(m, tok, TEXTS[:3], layers=n + 1)
+    finally: m.config.num_hidden_layers = n
+    assert np.array_equal(fallback, embed_texts(m, tok, TEXTS[:3], layers=-1))

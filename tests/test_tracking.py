@@ -141,3 +141,74 @@ def test_report_from_callback_runs_and_embvar_train_runs_together(tmp_path):
     trainer, _ = make_trainer(tmp_path / "t9", [cb]); trainer.train()
     main(["report", "--runs", str(tmp_path / "train"), str(tmp_path / "other"), "--group-by", "seed", "--out", str(tmp_path / "r2")])
     assert "different probe sets (6, 24 texts)" in (tmp_path / "r2" / "report.html").read_text()
+
+
+# --- validated before any work; rule files; divergence (issue 33 item 4) ---
+
+def lr_trainer(out: Path, callbacks, lr: float, epochs: int = 2):
+    model, tok = load_model_and_tokenizer("tiny-distilbert", num_labels=2, init_seed=0)
+    enc = tok(TEXTS, padding="max_length", max_length=12, truncation=True)
+    ds = datasets.Dataset.from_dict({**enc, "labels": LABELS})
+    args = transformers.TrainingArguments(
+        output_dir=str(out), per_device_train_batch_size=4, num_train_epochs=epochs, learning_rate=lr, logging_steps=1,
+        save_strategy="no", report_to=[], seed=0, use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)
+    return transformers.Trainer(model=model, args=args, train_dataset=ds, processing_class=tok, callbacks=callbacks)
+
+
+def test_a_bad_alarm_layer_is_refused_before_any_forward_or_write(tmp_path):
+    cb = EmbvarCallback(PROBES, tmp_path / "run", every=2, alarm={"threshold": 0.1, "layer": 99})
+    trainer = lr_trainer(tmp_path / "t", [cb], 1e-3)
+    calls, forward = [], trainer.model.forward
+    trainer.model.forward = lambda *a, **kw: (calls.append(1), forward(*a, **kw))[1]
+    with pytest.raises(ValueError) as e: trainer.train()
+    assert str(e.value) == "alarm.layer: expected an int in [-3, 2] (the run saves 3 layers), got 99"
+    assert calls == [] and not (tmp_path / "run").exists() and not list(tmp_path.glob(".run*"))   # nothing behind
+
+
+def test_bad_tracker_settings_are_refused_at_construction(tmp_path):
+    with pytest.raises(TypeError, match=r"unexpected tracker argument\(s\) \['pooling'\]"):
+        EmbvarCallback(PROBES, tmp_path / "run", pooling="mean")
+    with pytest.raises(ValueError, match="poolings: expected one or more distinct names"):
+        EmbvarCallback(PROBES, tmp_path / "run", poolings=["avg"])
+    with pytest.raises(ValueError, match="alarm.signal: expected one of"):
+        EmbvarCallback(PROBES, tmp_path / "run", alarm={"threshold": 0.1, "signal": "loss"})
+    model, tok = load_model_and_tokenizer("tiny-distilbert", num_labels=2, init_seed=0)
+    with pytest.raises(ValueError, match=r"drift_layer: expected an int in \[-3, 2\]"):
+        EmbeddingTracker(model, tok, PROBES, tmp_path / "run2", drift_layer=5)
+    with pytest.raises(ValueError, match="layers: expected"):
+        EmbeddingTracker(model, tok, PROBES, tmp_path / "run3", layers=[0, 7])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_rule_file_is_read_wherever_a_rule_dict_is(tmp_path):
+    from embvar_study.config import TrainConfig, alarm_rule
+    rule = {"threshold": 1e-4, "layer": -1, "start": 2}
+    (tmp_path / "rule.json").write_text(json.dumps(rule))
+    cb = EmbvarCallback(PROBES, tmp_path / "run", every=2, alarm=str(tmp_path / "rule.json"), stop=True)
+    assert cb.alarm == alarm_rule(rule)
+    stopped = lr_trainer(tmp_path / "t", [cb], 1e-3); stopped.train()
+    assert load_run(tmp_path / "run").status == "stopped_by_alarm" and stopped.state.global_step == 2
+    assert TrainConfig(alarm=str(tmp_path / "rule.json")).alarm == alarm_rule(rule).to_dict()
+    with pytest.raises(ValueError, match="alarm: cannot read a rule from"):
+        EmbvarCallback(PROBES, tmp_path / "run2", alarm=str(tmp_path / "missing.json"))
+
+
+def test_a_trainer_run_at_lr_1e3_ends_diverged(tmp_path):
+    cb = EmbvarCallback(PROBES, tmp_path / "run", every=2)
+    trainer = lr_trainer(tmp_path / "t", [cb], 1e3, epochs=3)
+    trainer.train()
+    run = load_run(tmp_path / "run")
+    assert run.status == "diverged" and "at step" in run.marker["diverged_because"]
+    assert trainer.state.global_step < trainer.state.max_steps            # the training stopped, as `embvar train` stops
+    assert run.history["status"].astype(str).eq("diverged").sum() == 1
+
+
+def test_the_plain_tracker_marks_divergence(tmp_path):
+    model, tok = load_model_and_tokenizer("tiny-distilbert", num_labels=2, init_seed=0)
+    with EmbeddingTracker(model, tok, PROBES, tmp_path / "run", every=2) as t:
+        t.step(0); t.log(1, train_loss=0.7); t.log(2, train_loss=0.69)
+        assert t.diverged == ""
+        t.log(3, train_loss=float("nan"))
+        assert t.diverged.startswith("training loss nan at step 3")
+    run = load_run(tmp_path / "run")
+    assert run.status == "diverged" and run.marker["diverged_because"] == t.diverged
