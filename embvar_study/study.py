@@ -396,7 +396,7 @@ class Study:
 _DONE = ["completed", "diverged", "skipped", "stopped_by_alarm"]   # manifest statuses whose run folder is complete
 
 def check_study(study_dir: str | Path,  # the study folder
-                full: bool = False,      # re-hash every file (`embvar report --only-report --verify`), not the cache
+                full: bool = False,      # re-hash even the files this process already hashed unchanged
                ) -> list[tuple[str, str]]:  # [(run path, one-line error)] of damaged runs
     "Every run named by a manifest that does not load and verify (nothing is loaded beyond the checks)."
     from embvar_study.runs import verify_run, IncompleteRunError
@@ -404,6 +404,7 @@ def check_study(study_dir: str | Path,  # the study folder
     for f in sorted((study_dir / "sweeps").glob("*.csv")):
         m = load_manifest(study_dir, f.stem)
         for p in m[m["status"].isin(_DONE)]["path"].unique():
+            if not (study_dir / p).is_dir(): bad.append((p, f"missing: the manifest of {f.stem} lists it as done")); continue
             try: verify_run(study_dir / p, full=full)
             except (CorruptRunError, IncompleteRunError, FileNotFoundError) as e: bad.append((p, " ".join(str(e).split())))
     return list(dict.fromkeys(bad))
