@@ -70,7 +70,10 @@ def flag_message(msg: str, parser: argparse.ArgumentParser, set_keys: Callable[[
     m = re.match(r"^([A-Za-z_][\w.]*)(\[[^\]]*\])?:\s", msg)
     if not m: return msg
     key, flags = m.group(1), _dest_flags(parser)
-    flag = flags.get(key) or (f"--set {key}" if key in (set_keys() if callable(set_keys) else set_keys) else None)
+    head, _, part = key.partition(".")            # alarm.signal: the field `signal` of what --alarm gives
+    keys = set_keys() if callable(set_keys) else set_keys
+    flag = flags.get(key) or (f"--set {key}" if key in keys else None) or (
+        (f"{flags[head]} {part}" if head in flags else f"--set {head} {part}" if head in keys else None) if part else None)
     return f"{flag}: {msg[m.end():]}" if flag else msg
 
 # %% ../nbs/22_cli.ipynb #06ea016f
@@ -117,6 +120,9 @@ def train_main(argv: list[str]) -> Path:
     from embvar_study.runs import run_folder_state, verify_run
     args = vars(train_parser().parse_args(fix_negatives(argv)))
     run_dir, wait, progress = _folder(args.pop("run_dir"), "run_dir"), args.pop("wait"), not args.pop("no_progress")
+    if isinstance(args.get("alarm"), str):          # --alarm rule.json: a rule file (JSON on the command line is parsed already)
+        from embvar_study.tracking import alarm_rule
+        args["alarm"] = alarm_rule(args["alarm"]).to_dict()
     cfg = TrainConfig.from_dict(args)
     t, done = time.perf_counter(), run_folder_state(run_dir, cfg.run_id()) == "complete"
     path = train_run(cfg, run_dir, progress=progress, wait=wait, say=print)
