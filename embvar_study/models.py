@@ -127,6 +127,9 @@ def resolve_model(name: str | os.PathLike, # alias (see MODEL_ALIASES), model fo
     if name in _TINY_MODELS: return name
     path = Path(name).expanduser()
     if path.is_dir(): return str(path.resolve())
+    if path.is_file() or path.suffix.lower() in (".json", ".bin", ".safetensors", ".pt", ".pth", ".txt"):
+        raise FileNotFoundError(f"name: {name!r} is {'a file' if path.is_file() else 'a file name'}; expected a model folder (the folder "
+                                f"that holds config.json and the weights), an alias ({', '.join(MODEL_ALIASES)}) or a Hub id")
     if name.startswith((".", "/", "~", "\\")) or os.path.isabs(name):
         raise FileNotFoundError(f"name: {name!r} looks like a path but is not a folder (aliases: {', '.join(MODEL_ALIASES)})")
     return name

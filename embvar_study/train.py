@@ -4,7 +4,7 @@
 
 # %% ../nbs/11_train.ipynb #ff32e536
 from __future__ import annotations
-import inspect, math, os, shutil, tempfile, time, warnings
+import contextlib, inspect, math, os, re, shutil, tempfile, time, warnings
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -58,13 +58,22 @@ def _drop_leaked(train_df: pd.DataFrame, eval_df: pd.DataFrame) -> tuple[pd.Data
                       f"(exact duplicates): the held-out metrics use the other {int((~dup).sum())}", stacklevel=3)
     return eval_df[~dup], int(dup.sum())
 
+@contextlib.contextmanager
+def _n_probes(cfg: TrainConfig):
+    "`load_probes`'s `n: expected at most K probes` is about the run's n_probes: said so, with the probe source."
+    try: yield
+    except ValueError as e:
+        m = re.match(r"^(?:probes: )?n: (.*)$", str(e), re.S)
+        if not m: raise
+        raise ValueError(f"n_probes: {m.group(1)} in probes={cfg.probes!r}") from None
+
 def prepare_data(cfg: TrainConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:  # (train, eval, probes)
     "Stratified train/eval subsets chosen by data_seed, probes by probe_seed; facts for COMPLETE in `train.attrs`."
     with as_field("dataset"): df = load_texts(cfg.dataset, split=cfg.split, text_col=cfg.text_col, label_col=cfg.label_col)
     facts = {"n_labels": int(df["label"].nunique()), "label_names": list(df.attrs.get("label_names", []))}
     probes = None
     if cfg.probes == "heldout":   # a fixed partition of the dataset, set aside before any run's subsets are drawn
-        probes = load_probes(df, n=cfg.n_probes or max(1, len(df) // 5), seed=cfg.probe_seed)
+        with _n_probes(cfg): probes = load_probes(df, n=cfg.n_probes or max(1, len(df) // 5), seed=cfg.probe_seed)
         df = df[~df["text"].isin(set(probes["text"]))].reset_index(drop=True)
     n_train, n_eval = split_sizes(cfg, len(df))
     train_df, eval_df = train_eval_split(df, n_train, n_eval, seed=cfg.seeds()["data_seed"])
@@ -72,7 +81,7 @@ def prepare_data(cfg: TrainConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataF
     train_df.attrs.update(facts, n_rows=len(df), eval_duplicates_removed=n_dup)   # classes of the dataset; leaked rows removed
     train_df.attrs["derived"] = {"eval_duplicates_removed": n_dup}   # for COMPLETE's derived facts
     if probes is None:
-        with as_field("probes"): probes = _probe_source(cfg, set(train_df["text"]))
+        with _n_probes(cfg), as_field("probes"): probes = _probe_source(cfg, set(train_df["text"]))
     return train_df, eval_df, probes
 
 # %% ../nbs/11_train.ipynb #d1e2f305
