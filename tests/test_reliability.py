@@ -130,7 +130,7 @@ def test_verify_names_every_damaged_file_and_only_report_verify_stops(tmp_path, 
     assert e.value.code == 1 and f"damaged: {files[0]}" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e: main(["report", "--profile", "smoke", "--only-report", "--verify", "--out", str(sd)])
     err = capsys.readouterr().err
-    assert e.value.code == 2 and "2 damaged run(s); the report was not rendered" in err and not (sd / "report.html").exists()
+    assert e.value.code == 2 and "2 damaged or missing run(s); --only-report trains nothing, so the report was not rendered" in err and not (sd / "report.html").exists()
     _refused(capsys, ["report", "--profile", "smoke", "--verify", "--out", str(sd)], "--verify: --verify goes with --only-report")
     for f in files: _rot(f)                                   # the same bit flipped back
     main(["verify", str(sd)])
