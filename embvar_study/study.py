@@ -346,13 +346,18 @@ def _field_value(run: Run, key: str) -> object:
     v = config_value(run.config, key)
     return tuple(v) if isinstance(v, list) else json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
 
+_LORA_SETTINGS = ("lora_alpha", "lora_dropout", "lora_targets")   # settings of an adapter: compared among LoRA runs only
+
+def _among(runs: list[Run], key: str) -> list[Run]:
+    return [r for r in runs if config_value(r.config, "lora_r") is not None] if key in _LORA_SETTINGS else runs
+
 def split_fields(runs: list[Run],  # the runs to group
                  group_by: str,    # the key the user groups by (always a field of the groups)
                 ) -> list[str]:    # group_by first, then every GROUP_FIELDS key whose values differ between the runs
     "The configuration fields that define the groups of `runs`: `group_by`, and every other field that is not the same in all."
     same_as = lambda k: {GROUP_FIELDS.get(k)} - {None}
     differ = [k for k in GROUP_FIELDS if k != group_by and not (same_as(k) & same_as(group_by))
-              and len({_field_value(r, k) for r in runs}) > 1]
+              and len({_field_value(r, k) for r in _among(runs, k)}) > 1]
     return [group_by, *differ]
 
 def group_word(key: str, value: object) -> str:
@@ -638,7 +643,8 @@ def study_from_runs(run_dirs: list[str | Path],   # run folders, or folders to s
     fields = split_fields(list(runs.values()), group_by)[1:]       # every other field that differs splits the groups
     typed = {k: {f: _field_value(r, f) for f in fields} for k, r in runs.items()}
     rows = [{"run_id": k, "path": str(r.path), "status": r.status, "error": "", "seconds": 0.0, "node": "",
-             "factor": " · ".join([label(values[k]), *(group_word(f, typed[k][f]) for f in fields)]),
+             "factor": " · ".join([label(values[k]), *(group_word(f, typed[k][f]) for f in fields
+                                                         if not (f in _LORA_SETTINGS and config_value(r.config, "lora_r") is None))]),
              **{f: typed[k][f] for f in fields if f not in DESIGN_COLUMNS}} for k, r in runs.items()]
     words = list(dict.fromkeys(GROUP_FIELDS.get(f, f) for f in fields))
     spec = {"profile": "runs", "group_by": group_by + (f" and {', '.join(words)}" if words else ""), "group_key": group_by,
