@@ -70,7 +70,10 @@ def flag_message(msg: str, parser: argparse.ArgumentParser, set_keys: Callable[[
     m = re.match(r"^([A-Za-z_][\w.]*)(\[[^\]]*\])?:\s", msg)
     if not m: return msg
     key, flags = m.group(1), _dest_flags(parser)
-    flag = flags.get(key) or (f"--set {key}" if key in (set_keys() if callable(set_keys) else set_keys) else None)
+    head, _, part = key.partition(".")            # alarm.signal: the field `signal` of what --alarm gives
+    keys = set_keys() if callable(set_keys) else set_keys
+    flag = flags.get(key) or (f"--set {key}" if key in keys else None) or (
+        (f"{flags[head]} {part}" if head in flags else f"--set {head} {part}" if head in keys else None) if part else None)
     return f"{flag}: {msg[m.end():]}" if flag else msg
 
 # %% ../nbs/22_cli.ipynb #06ea016f
@@ -117,6 +120,9 @@ def train_main(argv: list[str]) -> Path:
     from embvar_study.runs import run_folder_state, verify_run
     args = vars(train_parser().parse_args(fix_negatives(argv)))
     run_dir, wait, progress = _folder(args.pop("run_dir"), "run_dir"), args.pop("wait"), not args.pop("no_progress")
+    if isinstance(args.get("alarm"), str):          # --alarm rule.json: a rule file (JSON on the command line is parsed already)
+        from embvar_study.tracking import alarm_rule
+        args["alarm"] = alarm_rule(args["alarm"]).to_dict()
     cfg = TrainConfig.from_dict(args)
     t, done = time.perf_counter(), run_folder_state(run_dir, cfg.run_id()) == "complete"
     path = train_run(cfg, run_dir, progress=progress, wait=wait, say=print)
@@ -154,8 +160,9 @@ def report_parser() -> argparse.ArgumentParser:
     g.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a profile key (lrs, seeds, schedules, ...) or a run field (dataset, n_train, ...); repeatable; values are JSON")
     g.add_argument("--experiments", nargs="+", default=None, metavar="NAME", help=f"run only these experiments, from {', '.join(EXPERIMENT_NAMES)} (default: the profile's)")
-    g.add_argument("--only-report", action="store_true", help="train nothing: rebuild the report from the runs on disk")
-    g.add_argument("--verify", action="store_true", help="with --only-report: re-hash every file of every run before rendering (not the size/mtime cache)")
+    g.add_argument("--only-report", action="store_true", help="train nothing: rebuild the report from the runs on disk, every file of every run re-hashed against COMPLETE first; "
+                   "a damaged or missing run stops it (exit 2), named")
+    g.add_argument("--verify", action="store_true", help="with --only-report: kept for old scripts (--only-report always re-hashes every file of every run)")
     g = p.add_argument_group("any run folders")
     g.add_argument("--runs", nargs="+", default=None, metavar="DIR", help="report on these run folders (or folders holding them) instead of a profile")
     g.add_argument("--group-by", dest="group_by", default="lr", metavar="KEY", help="with --runs: the config key that groups runs (dotted for nested keys)")
@@ -218,6 +225,9 @@ def _check_report_args(a: argparse.Namespace) -> None:
         for dest, flag in _NOT_WITH_RUNS:
             if getattr(a, dest): raise ValueError(f"{dest}: {flag} cannot be used with --runs (a report of run folders has no profile and trains nothing)")
     if getattr(a, "runs_from", None) and a.only_report: raise ValueError("runs_from: --runs-from copies runs in before training; --only-report trains nothing")
+    for d in getattr(a, "runs_from", None) or []:
+        if not Path(d).is_dir():
+            raise ValueError(f"runs_from: {d} is {'a file' if Path(d).exists() else 'not there'}; expected a study folder or a folder of run folders")
     if getattr(a, "verify", False) and not a.only_report: raise ValueError("verify: --verify goes with --only-report (a run of the study verifies each run it skips)")
     if a.cpus_per_run < 1: raise ValueError(f"cpus_per_run: expected an integer >= 1, got {a.cpus_per_run}")
     if a.gpus_per_run is not None and not a.gpus_per_run >= 0: raise ValueError(f"gpus_per_run: expected a number >= 0, got {a.gpus_per_run}")
@@ -254,9 +264,10 @@ def copy_cached_runs(study_dir: Path,       # the study folder (its runs/ receiv
     from embvar_study.runs import verify_run, CorruptRunError, IncompleteRunError
     from embvar_study.study import _DONE
     dest_root, copied, refused = Path(study_dir) / "runs", [], []
+    per_source, present = {Path(s): 0 for s in sources}, 0
     for rid in run_ids:
         dst = dest_root / rid
-        if dst.exists(): continue
+        if dst.exists(): present += 1; continue
         for src in map(Path, sources):
             s = _run_folder_of(src, rid)
             if not (s / "COMPLETE").is_file(): continue
@@ -270,10 +281,13 @@ def copy_cached_runs(study_dir: Path,       # the study folder (its runs/ receiv
             dest_root.mkdir(parents=True, exist_ok=True)
             tmp = dest_root / f".{rid}.copying"
             shutil.rmtree(tmp, ignore_errors=True); shutil.copytree(s, tmp); os.replace(tmp, dst)   # whole or not at all
-            copied.append(rid); break
-    if say and (copied or refused):
-        say(f"--runs-from: {len(copied)} verified run(s) copied in by run id" + (f"; {len(refused)} refused and trained instead: " + "; ".join(refused) if refused else ""))
+            copied.append(rid); per_source[src] += 1; break
+    if say:
+        took = ", ".join(f"{n} from {src}" for src, n in per_source.items())
+        say(f"--runs-from: {len(copied)} of the {len(run_ids) - present} runs this study lacks copied in, verified, by run id ({took})"
+            + (f"; {len(refused)} refused and trained instead: " + "; ".join(refused) if refused else ""))
     return copied
+
 
 # %% ../nbs/22_cli.ipynb #9fa0206e
 def report_main(argv: list[str]) -> Path:
@@ -289,7 +303,7 @@ def report_main(argv: list[str]) -> Path:
     if a.experiments: check_experiments(a.experiments)
     sets, study_dir = parse_sets(a.sets), _folder(a.study_dir or Path("reports") / profile, "study_dir")
     jobs = _jobs(a.jobs) if a.executor == "local" else (1 if a.jobs == "auto" else _jobs(a.jobs))
-    from embvar_study.sweep import get_profile, run_study
+    from embvar_study.sweep import get_profile, run_study, NO_TRAINING_ENV
     from embvar_study.study import study_lock, lock_env, check_study, read_study_spec, check_out_folder
     check_out_folder(study_dir)                                     # not empty and not a study: refused before any work
     from embvar_study.runs import atomic_write_json
@@ -300,9 +314,9 @@ def report_main(argv: list[str]) -> Path:
     with study_lock(study_dir):
         if a.only_report:
             spec = read_study_spec(study_dir)
-            bad = check_study(study_dir, full=a.verify)
-            if bad: raise StudyFailed(f"{len(bad)} damaged run(s); the report was not rendered (rerun without --only-report to recompute them):\n"
-                                      + "\n".join(f"  {p}: {e}" for p, e in bad))
+            bad = check_study(study_dir, full=True)                     # every file of every run hashed: --only-report trains nothing
+            if bad: raise StudyFailed(f"{len(bad)} damaged or missing run(s); --only-report trains nothing, so the report was not rendered "
+                                      f"(rerun without --only-report to train them again):\n" + "\n".join(f"  {p}: {e}" for p, e in bad))
             names = list(spec.get("experiments", []))
             stale, sets = _stale_notebooks(study_dir, names, profile, sets or spec.get("overrides") or {})
             run_names = [*stale, "report"]
@@ -327,7 +341,8 @@ def report_main(argv: list[str]) -> Path:
                   "executor": a.executor, "ray_address": a.ray_address or "", "cpus_per_run": a.cpus_per_run,
                   "gpus_per_run": -1.0 if a.gpus_per_run is None else a.gpus_per_run}
         t = time.perf_counter()
-        R.execute_notebooks(run_names, study_dir, params, templates=a.templates, env=lock_env(study_dir), jobs=min(jobs, 2),
+        env = {**lock_env(study_dir), **({NO_TRAINING_ENV: "1"} if a.only_report else {})}   # a notebook of --only-report cannot train
+        R.execute_notebooks(run_names, study_dir, params, templates=a.templates, env=env, jobs=min(jobs, 2),
                             say=lambda line: (print(line), timing.setdefault("notebooks_s", {}).update(_notebook_time(line))))
         timing["all_notebooks_s"], t = time.perf_counter() - t, time.perf_counter()
         dest = R.render_html(study_dir, study_dir / "notebooks" / "report.ipynb",

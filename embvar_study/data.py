@@ -24,11 +24,16 @@ __all__ = ['MISSING_MARKERS', 'SHORT_MAX_WORDS', 'MEDIUM_MAX_WORDS', 'NO_SENTIME
 _BR_TAG = re.compile(r"<\s*br\s*/?\s*>", re.IGNORECASE)
 _WHITESPACE = re.compile(r"\s+")
 
+def _shown(v: object) -> str:
+    "`v` for a one-line message: its repr when short and on one line, else its type (a model's or tokenizer's repr runs to pages)."
+    r = repr(v)
+    return r if len(r) <= 80 and "\n" not in r else f"a {type(v).__module__}.{type(v).__qualname__} object"
+
 def clean_text(text: str, # raw text, possibly with IMDb's `<br />` markup
               ) -> str:   # text with line-break tags turned into spaces and whitespace collapsed
     "Replace HTML line breaks (`<br />`) with spaces, collapse whitespace runs, strip the ends."
     if not isinstance(text, str):
-        raise ValueError(f"text: expected a str, got {type(text).__name__} {text!r}")
+        raise ValueError(f"text: expected a str, got {type(text).__name__} {_shown(text)}")
     return _WHITESPACE.sub(" ", _BR_TAG.sub(" ", text)).strip()
 
 def _clean_series(s: pd.Series) -> pd.Series:
@@ -39,7 +44,7 @@ def _clean_series(s: pd.Series) -> pd.Series:
 def _check_positive_int(n, name: str, maximum: int | None = None, what: str = "rows") -> int:
     "`n` as an int in [1, maximum], or a ValueError naming `name`."
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"{name}: expected a positive int, got {n!r}")
+        raise ValueError(f"{name}: expected a positive int, got {_shown(n)}")
     if maximum is not None and n > maximum:
         raise ValueError(f"{name}: expected at most {maximum} {what} (all that are available), got {n}")
     return int(n)
@@ -47,7 +52,7 @@ def _check_positive_int(n, name: str, maximum: int | None = None, what: str = "r
 def check_seed(seed, name: str = "seed") -> int:
     "`seed` as a non-negative int, or a ValueError naming `name`."
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"{name}: expected a non-negative int, got {seed!r}")
+        raise ValueError(f"{name}: expected a non-negative int, got {_shown(seed)}")
     return int(seed)
 
 # %% ../nbs/05_data.ipynb #1b2aa4a0
@@ -247,7 +252,7 @@ def _read_source(source, split) -> tuple[pd.DataFrame, dict, str]:
     if isinstance(source, str) and source == "bundled": return _read_table(_resource("mini_corpus.csv")), {}, "bundled corpus"
     if is_file_source(source): return _read_table(source), {}, f"file {os.fspath(source)!r}"
     if not isinstance(source, str) or not source.strip():
-        raise ValueError(f"source: expected 'bundled', a file path, a DataFrame or a Hub dataset id, got {source!r}")
+        raise ValueError(f"source: expected 'bundled', a file path, a DataFrame or a Hub dataset id, got {_shown(source)}")
     if not isinstance(split, str) or not split:
         raise ValueError(f"split: expected a split name such as 'train' or 'test', got {split!r}")
     return *_load_hub_dataset(source, split), f"dataset {source!r} split {split!r}"
@@ -377,7 +382,7 @@ def _length_buckets(texts: pd.Series) -> pd.Series:
 def length_bucket(text: str, # a sentence
                  ) -> str:   # "short" (<= 8 words), "medium" (9-20 words) or "long" (>= 21 words)
     "Length bucket of `text` by whitespace word count (thresholds `SHORT_MAX_WORDS`, `MEDIUM_MAX_WORDS`)."
-    if not isinstance(text, str): raise ValueError(f"text: expected a str, got {type(text).__name__} {text!r}")
+    if not isinstance(text, str): raise ValueError(f"text: expected a str, got {type(text).__name__} {_shown(text)}")
     return _length_buckets(pd.Series([text])).iloc[0]
 
 # %% ../nbs/05_data.ipynb #b8e2e08c
@@ -454,7 +459,7 @@ def load_probes(source: str | os.PathLike | pd.DataFrame = "builtin", # "builtin
         raw = _read_table(source, "source", "'builtin' or a DataFrame")
         df, by = _normalise_probes(raw, "custom", f"file {os.fspath(source)!r}"), "family"
     else:
-        raise ValueError(f"source: expected 'builtin', a probe file path ({', '.join(_TABLE_SUFFIXES)}) or a DataFrame, got {source!r}")
+        raise ValueError(f"source: expected 'builtin', a probe file path ({', '.join(_TABLE_SUFFIXES)}) or a DataFrame, got {_shown(source)}")
     if exclude is not None: df = _exclude_texts(df, exclude)
     if len(df) == 0: raise ValueError("load_probes: expected at least 1 probe, got 0 (all were empty, duplicated or excluded)")
     if n is None: return df
@@ -518,7 +523,7 @@ def source_fingerprint(source: str | os.PathLike, # "bundled", a table file, or 
         got = repr(source) if isinstance(source, str) else type(source).__name__
         raise ValueError(f"source: expected 'bundled', a file path or a Hub dataset id, got {got}")
     for name, value in (("split", split), ("revision", revision)):
-        if not isinstance(value, str) or not value: raise ValueError(f"{name}: expected a non-empty str, got {value!r}")
+        if not isinstance(value, str) or not value: raise ValueError(f"{name}: expected a non-empty str, got {_shown(value)}")
     return {"kind": "hub", "id": source, "split": split, "revision": revision}
 
 # %% ../nbs/05_data.ipynb #6af24faa

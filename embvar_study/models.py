@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 # %% auto #0
 __all__ = ['TINY_SPECIAL_TOKENS', 'TINY_MAX_LENGTH', 'TINY_BODY_SEED', 'MODEL_ALIASES', 'DECODER_TYPES', 'tiny_vocab',
            'tiny_tokenizer_dir', 'tiny_tokenizer', 'minilm_folder', 'resolve_model', 'head_parameter_names',
-           'is_decoder', 'model_is_decoder', 'default_poolings', 'load_model_and_tokenizer', 'apply_lora',
-           'lora_summary', 'parameter_counts', 'model_summary', 'model_fingerprint']
+           'is_decoder', 'model_is_decoder', 'model_depth', 'default_poolings', 'load_model_and_tokenizer',
+           'apply_lora', 'lora_summary', 'parameter_counts', 'model_summary', 'model_fingerprint']
 
 # %% ../nbs/06_models.ipynb #98603624
 TINY_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -128,6 +128,9 @@ def resolve_model(name: str | os.PathLike, # alias (see MODEL_ALIASES), model fo
     if name in _TINY_MODELS: return name
     path = Path(name).expanduser()
     if path.is_dir(): return str(path.resolve())
+    if path.is_file() or path.suffix.lower() in (".json", ".bin", ".safetensors", ".pt", ".pth", ".txt"):
+        raise FileNotFoundError(f"name: {name!r} is {'a file' if path.is_file() else 'a file name'}; expected a model folder (the folder "
+                                f"that holds config.json and the weights), an alias ({', '.join(MODEL_ALIASES)}) or a Hub id")
     if name.startswith((".", "/", "~", "\\")) or os.path.isabs(name):
         raise FileNotFoundError(f"name: {name!r} looks like a path but is not a folder (aliases: {', '.join(MODEL_ALIASES)})")
     return name
@@ -231,10 +234,25 @@ def model_is_decoder(name: str | os.PathLike, # alias, model folder, or Hub id
     resolved = resolve_model(name)
     if resolved in _TINY_MODELS: return resolved in _TINY_DECODERS
     if os.fspath(name) == "minilm-offline": return False
-    cfg = (json.loads((Path(resolved) / "config.json").read_text()) if (Path(resolved) / "config.json").is_file() else None
-           ) if os.path.isdir(resolved) else _cached_config(resolved)
+    cfg = _local_config(resolved)
     from types import SimpleNamespace
     return bool(cfg) and is_decoder(SimpleNamespace(**cfg))
+
+def _local_config(resolved: str) -> dict | None:
+    "The config.json of a resolved model folder, or of a Hub id in the local cache; None when neither is readable here."
+    if not os.path.isdir(resolved): return _cached_config(resolved)
+    try: return json.loads((Path(resolved) / "config.json").read_text())
+    except (OSError, ValueError): return None
+
+def model_depth(name: str | os.PathLike, # alias, model folder, or Hub id
+               ) -> int | None:          # L, the number of transformer layers (a run saves L + 1 hidden states); None if unknown here
+    "The number of layers of `name` from its config alone (no weights loaded): what a layer index can be checked against before any work."
+    try: resolved = resolve_model(name)
+    except (ValueError, FileNotFoundError, ImportError): return None   # refused with its own message where the model is loaded
+    if resolved in _TINY_MODELS: return 2
+    cfg = _local_config(resolved) or {}
+    n = next((cfg[k] for k in ("num_hidden_layers", "n_layers", "n_layer", "num_layers") if isinstance(cfg.get(k), int)), None)
+    return n
 
 def default_poolings(name: str | os.PathLike, # alias, model folder, or Hub id
                     ) -> list[str]:           # ["mean", "cls", "max"] for an encoder, ["mean", "last", "max"] for a decoder

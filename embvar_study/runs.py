@@ -8,11 +8,11 @@ import datetime as _dt
 import hashlib
 import importlib.metadata
 import importlib.util
+import io
 import json
 import math
 import os
 import platform
-import random
 import re
 import shutil
 import socket
@@ -29,12 +29,11 @@ import pandas as pd
 from .checks import as_float_array
 
 # %% auto #0
-__all__ = ['NON_IDENTITY_KEYS', 'RESERVED_KEYS', 'VERIFIED_FILE', 'VERIFY_SAMPLE', 'RunAlreadyComplete', 'IncompleteRunError',
-           'CorruptRunError', 'FolderLockedError', 'canonical_json', 'config_hash', 'atomic_write_bytes',
-           'atomic_write_text', 'atomic_write_json', 'atomic_save_npy', 'package_version', 'git_dirty', 'git_info',
-           'environment_info', 'run_context', 'lock_files', 'lock_holder', 'FolderLock', 'run_folder_state',
-           'RunWriter', 'safe_path', 'read_marker', 'damaged_files', 'verify_run', 'Run', 'load_run', 'is_complete',
-           'find_runs', 'load_runs']
+__all__ = ['NON_IDENTITY_KEYS', 'RESERVED_KEYS', 'RunAlreadyComplete', 'IncompleteRunError', 'CorruptRunError',
+           'FolderLockedError', 'canonical_json', 'config_hash', 'atomic_write_bytes', 'atomic_write_text',
+           'atomic_write_json', 'atomic_save_npy', 'package_version', 'git_dirty', 'git_info', 'environment_info',
+           'run_context', 'lock_files', 'lock_holder', 'FolderLock', 'run_folder_state', 'RunWriter', 'safe_path',
+           'read_marker', 'damaged_files', 'verify_run', 'Run', 'load_run', 'is_complete', 'find_runs', 'load_runs']
 
 # %% ../nbs/08_runs.ipynb #1c9dc01e
 def _method_of(cls: type):
@@ -568,8 +567,6 @@ def read_marker(run_dir: str | Path,  # a run folder
     return m
 
 # %% ../nbs/08_runs.ipynb #6e532c5c
-VERIFIED_FILE = ".verified.json"
-
 def _stats(run_dir: Path, files: dict) -> dict:
     "{relpath: [size, mtime_ns]} of every listed file; `CorruptRunError` for a missing one."
     out = {}
@@ -579,9 +576,38 @@ def _stats(run_dir: Path, files: dict) -> dict:
         st = f.stat(); out[rel] = [st.st_size, st.st_mtime_ns]
     return out
 
-# %% ../nbs/08_runs.ipynb #c0a1b022
-VERIFY_SAMPLE = 2   # files of a run re-hashed at random on every cached verification (bit rot keeps size and mtime)
 
+# %% ../nbs/08_runs.ipynb #c0a1b022
+_VERIFIED: dict = {}   # (path, size, mtime_ns, inode) -> sha256 of each file hashed in full in this process and found equal
+
+def _identity(f: Path) -> tuple:  # (absolute path, size, mtime_ns, inode)
+    st = f.stat(); return (str(f.absolute()), st.st_size, st.st_mtime_ns, st.st_ino)
+
+def _mismatch(run_dir: Path, rel: str, got: str, digest: str) -> CorruptRunError:
+    return _corrupt(run_dir / rel, f"checksum mismatch with COMPLETE of run {run_dir.name} (sha256 {got[:12]}..., COMPLETE says "
+                                   f"{digest[:12]}...): the file changed after the run was written; nothing is computed from it")
+
+def _verify_file(run_dir: Path,        # the run folder
+                 rel: str,             # a path COMPLETE lists
+                 digest: str,          # its sha256 in COMPLETE
+                 *,
+                 full: bool = False,   # hash even if this process already hashed the file unchanged
+                 read: bool = False,   # return the bytes that were hashed (None when the file was trusted unchanged)
+                ) -> bytes | None:
+    "Check one file against its sha256: hashed in full unless this process hashed it before with the same identity."
+    f = run_dir / rel
+    try: key = _identity(f)
+    except OSError: raise _corrupt(f, "listed in COMPLETE but missing") from None
+    if not full and _VERIFIED.get(key) == digest: return None
+    try: data = f.read_bytes() if read else None
+    except OSError as e: raise _corrupt(f, f"cannot be read ({e.strerror or e})") from None
+    got = hashlib.sha256(data).hexdigest() if read else _sha256(f)
+    if got != digest: raise _mismatch(run_dir, rel, got, digest)
+    _VERIFIED[key] = digest
+    return data
+
+
+# %% ../nbs/08_runs.ipynb #07b25006
 def damaged_files(run_dir: str | Path,  # a run folder with a COMPLETE marker
                  ) -> list[tuple[str, str]]:  # [(file path, one-line reason)], empty when every file verifies
     "Re-hash every file COMPLETE lists (no cache): each missing or changed file, named; a bad marker is one entry."
@@ -590,31 +616,20 @@ def damaged_files(run_dir: str | Path,  # a run folder with a COMPLETE marker
     except (CorruptRunError, IncompleteRunError) as e: return [(str(run_dir / "COMPLETE"), " ".join(str(e).split()))]
     bad = []
     for rel, digest in m["files"].items():
-        f = run_dir / rel
-        if not f.is_file(): bad.append((str(f), "listed in COMPLETE but missing")); continue
-        got = _sha256(f)
-        if got != digest: bad.append((str(f), f"checksum mismatch (sha256 {got[:12]}..., COMPLETE says {digest[:12]}...)"))
+        try: _verify_file(run_dir, rel, digest, full=True)
+        except CorruptRunError as e: bad.append((str(run_dir / rel), str(e)[len(str(run_dir / rel)) + 2:]))
     return bad
 
 def verify_run(run_dir: str | Path,  # a complete run folder
                *,
-               full: bool = False,   # re-hash every file even if the cache says it verified unchanged
+               full: bool = False,   # re-hash every file even if this process already hashed it unchanged
               ) -> dict:             # the (checked) COMPLETE marker
-    "Check every file against its sha256 (cached by size and mtime, plus VERIFY_SAMPLE random files re-hashed); `CorruptRunError` names the file."
+    "Check every file against its sha256 in COMPLETE (each hashed in full once per process and file identity); `CorruptRunError` names the file."
     run_dir = Path(run_dir); m = read_marker(run_dir)
-    stats, key = _stats(run_dir, m["files"]), _sha256(run_dir / "COMPLETE")
-    cache = run_dir / VERIFIED_FILE
-    files = m["files"]
-    if not full:
-        with suppress(OSError, ValueError):
-            if json.loads(cache.read_text()) == {"complete": key, "files": stats}:   # unchanged by size and mtime: re-hash a sample
-                files = {k: files[k] for k in random.SystemRandom().sample(sorted(files), min(VERIFY_SAMPLE, len(files)))}
-    for rel, digest in files.items():
-        got = _sha256(run_dir / rel)
-        if got != digest: raise _corrupt(run_dir / rel, f"checksum mismatch (sha256 {got[:12]}..., COMPLETE says {digest[:12]}...)")
-    if files is m["files"]:
-        with suppress(OSError): atomic_write_json(cache, {"complete": key, "files": stats})   # read-only copies stay unverified-cached
+    _stats(run_dir, m["files"])           # a missing file is named before anything is hashed
+    for rel, digest in m["files"].items(): _verify_file(run_dir, rel, digest, full=full)
     return m
+
 
 # %% ../nbs/08_runs.ipynb #9e216281
 class Run:
@@ -625,8 +640,9 @@ class Run:
                  environment: dict | None,      # the software the run was written with (see `environment_info`)
                  marker: dict,                  # the checked COMPLETE marker
                  history: pd.DataFrame,         # history.csv: one row per logged event
-                 probes: pd.DataFrame):         # probes.jsonl: one row per probe, a `text` column
-        self.path, self.config, self.config_hash, self.environment = path, config, config_hash, environment
+                 probes: pd.DataFrame,          # probes.jsonl: one row per probe, a `text` column
+                 verify: bool = True):          # check each array against COMPLETE's sha256 when it is read
+        self.path, self.config, self.config_hash, self.environment, self.verify = path, config, config_hash, environment, verify
         self.marker, self.history, self.probes, self.status = marker, history, probes, marker["status"]
         self.steps = np.array(sorted(marker["steps"]), dtype=np.int64)
         self.poolings = sorted(marker["poolings"])
@@ -657,31 +673,41 @@ def _read_probes(f: Path) -> pd.DataFrame:
 # %% ../nbs/08_runs.ipynb #f9fc1f86
 def load_run(path: str | Path,       # run folder
              *,
-             verify: bool = True,    # check every file against its sha256 in COMPLETE (cached by size and mtime)
+             verify: bool = True,    # check every file against its sha256 in COMPLETE when it is read (see above)
             ) -> Run:                # config, history and probes loaded; embeddings read on demand
     "Load a complete run; `IncompleteRunError` without COMPLETE, `CorruptRunError` naming a missing, changed or malformed file."
     path = Path(path)
     if not path.is_dir(): raise FileNotFoundError(f"{path}: no such run folder")
-    marker = verify_run(path) if verify else read_marker(path)
-    if not verify: _stats(path, marker["files"])   # every listed file must at least exist
+    marker = read_marker(path)
+    _stats(path, marker["files"])     # every listed file is there
+    if verify:                        # the small files now; each array when it is read
+        for rel in ("config.json", "history.csv", "probes.jsonl"): _verify_file(path, rel, marker["files"][rel])
     config = _read_json_object(path / "config.json")
     h, env = config.pop("config_hash", None), config.pop("environment", None)
     if h != marker["config_hash"]:
         raise _corrupt(path / "config.json", f"field 'config_hash': {h!r} differs from COMPLETE's {marker['config_hash']!r}")
     history = _read_table(path / "history.csv", _read_history)
     probes = _read_table(path / "probes.jsonl", _read_probes)
-    return Run(path, config, h, env if isinstance(env, dict) else None, marker, history, probes)
+    return Run(path, config, h, env if isinstance(env, dict) else None, marker, history, probes, verify=verify)
 
 # %% ../nbs/08_runs.ipynb #f1fadf5a
-def _load_npy(f: Path) -> np.ndarray:
-    try: return np.load(f, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as e: raise _corrupt(f, f"cannot be read ({e})") from None
+def _load_npy(f: Path, data: bytes | None = None) -> np.ndarray:  # from `data` (the bytes that were hashed), else memory-mapped
+    try: return np.load(io.BytesIO(data), allow_pickle=False) if data is not None else np.load(f, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e: raise _corrupt(f, f"cannot be read ({e})") from None
 
 @_method_of(Run)
-def _load(self: Run, step: int, pooling: str) -> np.ndarray:  # (L+1, N, d), memory-mapped
-    a = _load_npy(self.path / _step_file(step, pooling))
+def _read_array(self: Run, rel: str) -> np.ndarray:
+    "The array at `rel` (a path COMPLETE lists), checked against its sha256 first unless the run was loaded with verify=False."
+    f = safe_path(self.path, rel, self.path / "COMPLETE")
+    data = _verify_file(self.path, rel, self.marker["files"][rel], read=True) if self.verify else None
+    return _load_npy(f, data)
+
+@_method_of(Run)
+def _load(self: Run, step: int, pooling: str) -> np.ndarray:  # (L+1, N, d)
+    a = self._read_array(_step_file(step, pooling))
     if a.shape != self.shape: raise _corrupt(self.path / _step_file(step, pooling), f"expected shape {self.shape}, got {a.shape}")
     return a
+
 
 # %% ../nbs/08_runs.ipynb #126fb38b
 def _check_saved_pooling(pooling: str, poolings: list[str], run_dir: Path) -> None:
@@ -738,12 +764,12 @@ def embeddings_all_layers(self: Run,
 @_method_of(Run)
 def array(self: Run,
           relpath: str,   # the path given to `RunWriter.save_array`
-         ) -> np.ndarray:  # memory-mapped
+         ) -> np.ndarray:  # checked against its sha256 when first read in this process
     "An extra array saved with `RunWriter.save_array`; the error lists the ones saved."
     if relpath not in self.marker["files"]:
         extra = sorted(f for f in self.marker["files"] if f.endswith(".npy") and not f.startswith("embeddings/"))
         raise ValueError(f"relpath: {relpath!r} is not in {self.path}; saved arrays: {extra}")
-    return _load_npy(safe_path(self.path, relpath, self.path / "COMPLETE"))
+    return self._read_array(relpath)
 
 @_method_of(Run)
 def perturbations(self: Run) -> list[tuple[str, int, np.ndarray]]:  # [(kind, step, (k, L+1, N, d) array)]

@@ -15,10 +15,11 @@ from .runs import (Run, RunWriter, load_run, config_hash, atomic_write_json, ato
                                FolderLock, lock_holder, _method_of)
 
 # %% auto #0
-__all__ = ['LOCK_ENV', 'STUDY_FILE', 'RUNS_REPORT_MARK', 'MANIFEST_COLUMNS', 'DESIGN_COLUMNS', 'EXPERIMENT_FACTORS',
-           'NotComputed', 'study_lock', 'lock_env', 'write_study_spec', 'read_study_spec', 'check_out_folder',
-           'manifest_path', 'write_manifest', 'load_manifest', 'config_value', 'synthetic_study', 'RunSet', 'Study',
-           'check_study', 'load_study', 'arm_label', 'study_from_runs']
+__all__ = ['LOCK_ENV', 'STUDY_FILE', 'RUNS_REPORT_MARK', 'MANIFEST_COLUMNS', 'DESIGN_COLUMNS', 'GROUP_FIELDS',
+           'EXPERIMENT_FACTORS', 'VALUE_WORDS', 'NotComputed', 'study_lock', 'lock_env', 'write_study_spec',
+           'read_study_spec', 'check_out_folder', 'manifest_path', 'write_manifest', 'load_manifest', 'config_value',
+           'format_lr', 'synthetic_study', 'RunSet', 'split_fields', 'group_word', 'Study', 'check_study', 'load_study',
+           'arm_label', 'value_label', 'study_from_runs']
 
 # %% ../nbs/14_study.ipynb #19b2c9c2
 class NotComputed(Exception):
@@ -161,7 +162,13 @@ def _design_row(run: Run, experiment: str = "", factor: str = "") -> dict:
             "replicate": config_value(c, "replicate") or 0, "status": run.status}
 
 # %% ../nbs/14_study.ipynb #222fb603
-from .words import format_lr, VALUE_WORDS, value_label   # their home: words (format_lr names the designs here; value_label is in the examples)
+def format_lr(lr: float | None) -> str:
+    "A learning rate as people write it: 5e-05 -> '5e-5', 0.00025 -> '2.5e-4', 0.1 -> '0.1'."
+    if lr is None or (isinstance(lr, float) and np.isnan(lr)): return "?"
+    x = float(lr)
+    if x == 0 or abs(x) >= 1e-2: return f"{x:g}"
+    mant, exp = f"{x:.2e}".split("e")
+    return f"{mant.rstrip('0').rstrip('.')}e{int(exp)}"
 
 # %% ../nbs/14_study.ipynb #96f737ea
 def _synthetic_lrs(lr: float, schedule: str, total: int) -> np.ndarray:  # (total,) the lr of each step
@@ -321,12 +328,55 @@ def stack(self: RunSet,
     s = int(steps[-1] if step is None else step)
     return np.stack([r.embeddings(layer=layer, pooling=pooling, steps=[s])[0] for r in self.runs])
 
+# %% ../nbs/14_study.ipynb #f1e1d002
+GROUP_FIELDS = {   # config key (dotted into nested dicts) -> its name in labels; every one that differs splits a group of runs
+    "model": "model", "resolved.model.sha256": "model weights", "lora_r": "LoRA r", "lora_alpha": "LoRA alpha",
+    "lora_dropout": "LoRA dropout", "lora_targets": "LoRA targets", "precision": "precision", "trainer.bf16": "bf16",
+    "trainer.fp16": "fp16", "lr": "lr", "trainer.learning_rate": "lr", "schedule": "schedule",
+    "trainer.lr_scheduler_type": "schedule", "dataset": "data", "resolved.dataset.sha256": "data content", "split": "split",
+    "text_col": "text column", "label_col": "label column", "n_train": "n_train", "n_eval": "n_eval", "probes": "probes",
+    "resolved.probes.sha256": "probe content", "n_probes": "n_probes", "epochs": "epochs", "trainer.num_train_epochs": "epochs",
+    "max_steps": "max_steps", "batch_size": "batch size", "trainer.per_device_train_batch_size": "batch size",
+    "warmup_ratio": "warmup", "weight_decay": "weight decay", "max_grad_norm": "max grad norm", "max_length": "max_length",
+    "track_every": "track_every", "poolings": "poolings", "embed_dtype": "storage dtype", "probe_max_length": "probe max_length",
+    "perturb_kinds": "perturbations", "alarm": "alarm"}
+
+def _field_value(run: Run, key: str) -> object:
+    "A run's value of a group field, typed (None where the config does not set it; lists as tuples, so that they can be compared)."
+    v = config_value(run.config, key)
+    return tuple(v) if isinstance(v, list) else json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
+
+_LORA_SETTINGS = ("lora_alpha", "lora_dropout", "lora_targets")   # settings of an adapter: compared among LoRA runs only
+
+def _among(runs: list[Run], key: str) -> list[Run]:
+    return [r for r in runs if config_value(r.config, "lora_r") is not None] if key in _LORA_SETTINGS else runs
+
+def split_fields(runs: list[Run],  # the runs to group
+                 group_by: str,    # the key the user groups by (always a field of the groups)
+                ) -> list[str]:    # group_by first, then every GROUP_FIELDS key whose values differ between the runs
+    "The configuration fields that define the groups of `runs`: `group_by`, and every other field that is not the same in all."
+    same_as = lambda k: {GROUP_FIELDS.get(k)} - {None}
+    differ = [k for k in GROUP_FIELDS if k != group_by and not (same_as(k) & same_as(group_by))
+              and len({_field_value(r, k) for r in _among(runs, k)}) > 1]
+    return [group_by, *differ]
+
+def group_word(key: str, value: object) -> str:
+    "One field of a group in words: 'LoRA r=4' / 'full fine-tuning', 'schedule cosine', 'data imdb.csv', a hash by 8 digits."
+    if key == "lora_r": return "full fine-tuning" if value is None else f"LoRA r={value}"
+    if value is None: return f"{GROUP_FIELDS.get(key, key)} not set"
+    if isinstance(value, float): value = format_lr(value)
+    elif isinstance(value, str) and key.endswith("sha256"): value = value[:8]
+    elif isinstance(value, str) and ("/" in value or os.sep in value): value = Path(value).name
+    elif isinstance(value, tuple): value = ", ".join(map(str, value)) or "none"
+    return f"{GROUP_FIELDS.get(key, key)} {value}"
+
+
 # %% ../nbs/14_study.ipynb #27ef1444
 _LABEL_WORDS = {"lr": "lr", "schedule": "", "init_seed": "init seed", "data_seed": "data seed", "dropout_seed": "dropout seed",
                 "seed": "seed", "replicate": "replicate"}
 
 def _label_columns(t: pd.DataFrame) -> list[str]:
-    return [c for c in ("lr", "schedule", "init_seed", "data_seed", "dropout_seed", "replicate")
+    return [c for c in ("lora_r", "lr", "schedule", "init_seed", "data_seed", "dropout_seed", "replicate")
             if c in t and t[c].nunique(dropna=False) > 1] or ["seed"]
 
 _NOT_LABELS = ("resolved", "environment", "device", "config_hash")   # config keys that never name a run
@@ -348,6 +398,7 @@ def _differing_config(runs: list[Run], most: int = 2) -> list[dict]:  # per run 
     return names if differ else []
 
 def _label_word(column: str, value: object) -> str:
+    if column == "lora_r": return group_word("lora_r", None if value is None or value != value or value == "" else int(float(value)))   # full or LoRA (a manifest read back holds '' for none)
     v = format_lr(value) if column == "lr" else value
     return f"{_LABEL_WORDS[column]} {v}" if _LABEL_WORDS.get(column) else str(v)
 
@@ -389,7 +440,7 @@ class Study:
 _DONE = ["completed", "diverged", "skipped", "stopped_by_alarm"]   # manifest statuses whose run folder is complete
 
 def check_study(study_dir: str | Path,  # the study folder
-                full: bool = False,      # re-hash every file (`embvar report --only-report --verify`), not the cache
+                full: bool = False,      # re-hash even the files this process already hashed unchanged
                ) -> list[tuple[str, str]]:  # [(run path, one-line error)] of damaged runs
     "Every run named by a manifest that does not load and verify (nothing is loaded beyond the checks)."
     from embvar_study.runs import verify_run, IncompleteRunError
@@ -397,6 +448,7 @@ def check_study(study_dir: str | Path,  # the study folder
     for f in sorted((study_dir / "sweeps").glob("*.csv")):
         m = load_manifest(study_dir, f.stem)
         for p in m[m["status"].isin(_DONE)]["path"].unique():
+            if not (study_dir / p).is_dir(): bad.append((p, f"missing: the manifest of {f.stem} lists it as done")); continue
             try: verify_run(study_dir / p, full=full)
             except (CorruptRunError, IncompleteRunError, FileNotFoundError) as e: bad.append((p, " ".join(str(e).split())))
     return list(dict.fromkeys(bad))
@@ -529,6 +581,18 @@ def arm_label(value: object) -> str:
     m = re.fullmatch(r"lora_r(\d+)", str(value))
     return f"LoRA r={m.group(1)}" if m else "full fine-tuning" if str(value) == "full" else str(value)
 
+VALUE_WORDS = {"token_dropout": "token dropout", "typo": "typos", "mc_dropout": "MC dropout", "init_seed": "head seed",
+               "data_seed": "data seed", "dropout_seed": "dropout seed",
+               "builtin": "the built-in probe set", "heldout": "held-out rows"}   # a value the analysis names by its config key -> words
+
+_COMPONENT_PARTS = {"probe", "residual"}   # the other names a variance component is made of
+
+def value_label(value: object) -> str:
+    "A perturbation kind or variance component in words: 'mc_dropout' -> 'MC dropout', 'init_seed:probe' -> 'head seed × probe'; any other value as it is."
+    parts = str(value).split(":")
+    if not all(p in VALUE_WORDS or p in _COMPONENT_PARTS for p in parts): return str(value)
+    return " × ".join(VALUE_WORDS.get(p, p) for p in parts)
+
 def _design_words(experiment: str, t: pd.DataFrame, m: pd.DataFrame) -> str:
     if experiment == "crossed":
         return f"{t['init_seed'].nunique()} head seeds x {t['data_seed'].nunique()} data seeds at lr {format_lr(t['lr'].iloc[0])}"
@@ -565,7 +629,7 @@ def _run_folders(run_dirs: list[str | Path]) -> list[Path]:
 def study_from_runs(run_dirs: list[str | Path],   # run folders, or folders to search for run folders
                     group_by: str = "lr",         # config key (dotted for nested keys) whose value groups the runs
                    ) -> Study:
-    "A `Study` of arbitrary run folders: one experiment `runs`, factor = the `group_by` value of each run (design column or config key)."
+    "A `Study` of arbitrary run folders: one experiment `runs`, factor = the `group_by` value and every other configuration field that differs (`split_fields`)."
     runs = {}
     for f in _run_folders(run_dirs):
         r = load_run(f); runs[r.config_hash] = r
@@ -576,7 +640,14 @@ def study_from_runs(run_dirs: list[str | Path],   # run folders, or folders to s
         raise ValueError(f"group_by: no run has a value for {group_by!r}; use a design column {DESIGN_COLUMNS[3:-1]} or a config key "
                          f"(dotted for nested keys), e.g. {keys[:12]}")
     label = lambda v: "not set" if v is None or v != v else format_lr(v) if group_by == "lr" else str(v)
+    fields = split_fields(list(runs.values()), group_by)[1:]       # every other field that differs splits the groups
+    typed = {k: {f: _field_value(r, f) for f in fields} for k, r in runs.items()}
     rows = [{"run_id": k, "path": str(r.path), "status": r.status, "error": "", "seconds": 0.0, "node": "",
-             "factor": label(values[k])} for k, r in runs.items()]
-    spec = {"profile": "runs", "group_by": group_by, "sources": [str(Path(d).resolve()) for d in run_dirs]}
+             "factor": " · ".join([label(values[k]), *(group_word(f, typed[k][f]) for f in fields
+                                                         if not (f in _LORA_SETTINGS and config_value(r.config, "lora_r") is None))]),
+             **{f: typed[k][f] for f in fields if f not in DESIGN_COLUMNS}} for k, r in runs.items()]
+    words = list(dict.fromkeys(GROUP_FIELDS.get(f, f) for f in fields))
+    spec = {"profile": "runs", "group_by": group_by + (f" and {', '.join(words)}" if words else ""), "group_key": group_by,
+            "split_by": fields, "sources": [str(Path(d).resolve()) for d in run_dirs]}
     return Study(Path(run_dirs[0]), spec, {"runs": pd.DataFrame(rows)}, runs)
+

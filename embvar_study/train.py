@@ -4,7 +4,7 @@
 
 # %% ../nbs/11_train.ipynb #ff32e536
 from __future__ import annotations
-import inspect, math, time, warnings
+import contextlib, inspect, math, os, re, shutil, tempfile, time, warnings
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -14,15 +14,15 @@ import torch
 
 from .config import TrainConfig, SCHEDULES, DIVERGENCE_FACTOR, as_field
 from .data import load_texts, train_eval_split, load_probes, parse_heldout
-from .models import load_model_and_tokenizer, model_summary, apply_lora
+from .models import load_model_and_tokenizer, model_summary, apply_lora, model_depth
 from .extract import embed_perturbed, count_truncated, position_limit, length_groups, linear_kernel, choose_linear_kernel
 from .extract import resolve_device, pinned_threads, numerics_differ
 from .runs import FolderLock, run_folder_state, verify_run, CorruptRunError
-from .tracking import EmbeddingTracker, NonFiniteEmbeddings
+from .tracking import EmbeddingTracker, NonFiniteEmbeddings, alarm_rule
 
 # %% auto #0
 __all__ = ['STEP0_CACHE', 'split_sizes', 'prepare_data', 'Batches', 'evaluate', 'forward_backward', 'make_optimizer',
-           'make_schedule', 'train_run']
+           'make_schedule', 'check_before_work', 'train_run']
 
 # %% ../nbs/11_train.ipynb #d1e2f302
 def split_sizes(cfg: TrainConfig, n_rows: int) -> tuple[int, int]:  # (n_train, n_eval)
@@ -58,13 +58,22 @@ def _drop_leaked(train_df: pd.DataFrame, eval_df: pd.DataFrame) -> tuple[pd.Data
                       f"(exact duplicates): the held-out metrics use the other {int((~dup).sum())}", stacklevel=3)
     return eval_df[~dup], int(dup.sum())
 
+@contextlib.contextmanager
+def _n_probes(cfg: TrainConfig):
+    "`load_probes`'s `n: expected at most K probes` is about the run's n_probes: said so, with the probe source."
+    try: yield
+    except ValueError as e:
+        m = re.match(r"^(?:probes: )?n: (.*)$", str(e), re.S)
+        if not m: raise
+        raise ValueError(f"n_probes: {m.group(1)} in probes={cfg.probes!r}") from None
+
 def prepare_data(cfg: TrainConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:  # (train, eval, probes)
     "Stratified train/eval subsets chosen by data_seed, probes by probe_seed; facts for COMPLETE in `train.attrs`."
     with as_field("dataset"): df = load_texts(cfg.dataset, split=cfg.split, text_col=cfg.text_col, label_col=cfg.label_col)
     facts = {"n_labels": int(df["label"].nunique()), "label_names": list(df.attrs.get("label_names", []))}
     probes = None
     if cfg.probes == "heldout":   # a fixed partition of the dataset, set aside before any run's subsets are drawn
-        probes = load_probes(df, n=cfg.n_probes or max(1, len(df) // 5), seed=cfg.probe_seed)
+        with _n_probes(cfg): probes = load_probes(df, n=cfg.n_probes or max(1, len(df) // 5), seed=cfg.probe_seed)
         df = df[~df["text"].isin(set(probes["text"]))].reset_index(drop=True)
     n_train, n_eval = split_sizes(cfg, len(df))
     train_df, eval_df = train_eval_split(df, n_train, n_eval, seed=cfg.seeds()["data_seed"])
@@ -72,7 +81,7 @@ def prepare_data(cfg: TrainConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataF
     train_df.attrs.update(facts, n_rows=len(df), eval_duplicates_removed=n_dup)   # classes of the dataset; leaked rows removed
     train_df.attrs["derived"] = {"eval_duplicates_removed": n_dup}   # for COMPLETE's derived facts
     if probes is None:
-        with as_field("probes"): probes = _probe_source(cfg, set(train_df["text"]))
+        with _n_probes(cfg), as_field("probes"): probes = _probe_source(cfg, set(train_df["text"]))
     return train_df, eval_df, probes
 
 # %% ../nbs/11_train.ipynb #d1e2f305
@@ -166,6 +175,39 @@ def make_schedule(optimizer: torch.optim.Optimizer, schedule: str, warmup: int, 
     if schedule not in make: raise ValueError(f"schedule: expected one of {SCHEDULES}, got {schedule!r}")
     return make[schedule]()
 
+# %% ../nbs/11_train.ipynb #c1a0b002
+def _check_writable(run_dir: Path) -> None:
+    "`ValueError` naming run_dir when it is a file or its nearest existing folder cannot be written (nothing is created)."
+    if run_dir.exists() and not run_dir.is_dir(): raise ValueError(f"run_dir: {run_dir} is a file; expected a folder")
+    base = next(p for p in (run_dir, *run_dir.parents) if p.exists())
+    if not base.is_dir(): raise ValueError(f"run_dir: {base} is a file, so {run_dir} cannot be created")
+    try: fd, probe = tempfile.mkstemp(dir=base, prefix=".embvar-write-check-"); os.close(fd); os.unlink(probe)
+    except OSError as e: raise ValueError(f"run_dir: cannot write to {run_dir} ({base}: {e.strerror or e})") from None
+
+def _check_alarm(cfg: TrainConfig) -> None:
+    "The run's alarm rule against what the run tracks: a tracked pooling, a tracked step in its range, a layer the model has."
+    rule = alarm_rule(cfg.alarm)
+    if rule.pooling not in cfg.poolings:
+        raise ValueError(f"alarm.pooling: expected one of the run's poolings {cfg.poolings}, got {rule.pooling!r}")
+    if rule.end is not None and rule.end // cfg.track_every * cfg.track_every < rule.start:
+        raise ValueError(f"alarm: its steps [{rule.start}, {rule.end}] hold no tracked step (track_every={cfg.track_every})")
+    depth = model_depth(cfg.model)
+    if depth is not None and not -(depth + 1) <= rule.layer <= depth:
+        raise ValueError(f"alarm.layer: expected an int in [-{depth + 1}, {depth}] ({cfg.model} has {depth} layers: "
+                         f"{depth + 1} saved hidden states), got {rule.layer}")
+
+def check_before_work(cfg: TrainConfig,  # the run's parameters (already checked field by field)
+                      run_dir: str | Path,  # the run folder it would write
+                      run_id: str | None = None,  # `cfg.run_id()` when the caller has it (it hashes data and model files)
+                     ) -> str:           # what run_dir holds for this config: "empty", "incomplete" or "complete"
+    "Every refusal that needs neither data nor model: the output folder and the alarm rule; nothing is created or loaded."
+    run_dir = Path(run_dir)
+    _check_writable(run_dir)
+    state = run_folder_state(run_dir, run_id or cfg.run_id())   # another run's folder: refused, untouched
+    if cfg.alarm is not None: _check_alarm(cfg)
+    return state
+
+
 # %% ../nbs/11_train.ipynb #d1e2f312
 STEP0_CACHE: dict = {}   # (model, probes, embedding settings, device, threads) -> {pooling: (L+1, N, d)}; per process
 
@@ -195,35 +237,44 @@ def train_run(config: TrainConfig | dict,  # the run's parameters
     "Fine-tune `config.model` with tracking; write a complete run folder to `run_dir`."
     cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(config)
     run_dir, device = Path(run_dir), resolve_device(cfg.device)
+    rid, existed = cfg.run_id(), run_dir.exists()
+    check_before_work(cfg, run_dir, rid)         # refused before the lock, the data or the model: nothing is created
     with FolderLock(run_dir, "run folder", timeout=wait) as lock, pinned_threads(cfg.threads if device.type == "cpu" else None):
-        if run_folder_state(run_dir, cfg.run_id()) == "complete":   # (another run's folder is refused here, before loading)
+        state = run_folder_state(run_dir, rid)   # again, under the lock (another writer may have finished it)
+        if state == "complete":
             try: verify_run(run_dir)
             except CorruptRunError as e: raise CorruptRunError(f"{e}; delete {run_dir} to compute this run again") from None
             if (why := numerics_differ(run_dir, cfg)):
                 warnings.warn(f"{run_dir}: kept, but computed with other numerics than this machine uses now ({why}): "
                               f"a rebuild would differ in the last bits; delete it to compute it again", stacklevel=2)
             return run_dir
-        train_df, eval_df, probes = prepare_data(cfg)
-        if say: say(f"data: {len(train_df)} training / {len(eval_df)} held-out examples of {cfg.dataset} "
-                    f"({train_df.attrs['n_rows']} rows), {len(probes)} probes")
-        with as_field("model"):
-            model, tok = load_model_and_tokenizer(cfg.model, num_labels=train_df.attrs["n_labels"], init_seed=cfg.seeds()["init_seed"])
-        if (lora := cfg.lora()) is not None:   # adapter + head trained, body frozen; B = 0: step 0 is the base model's
-            with as_field("lora_targets"): model = apply_lora(model, lora["r"], alpha=lora["alpha"], dropout=lora["dropout"],
-                                                              targets=lora["targets"], init_seed=cfg.seeds()["init_seed"])
-        model.to(device)
-        _check_lengths(cfg, model)
-        n_trunc = count_truncated(tok, probes["text"].tolist(), cfg.probe_max_length)
-        if n_trunc:   # said once here; the tracked steps embed the same truncated probes silently
-            warnings.warn(f"{n_trunc} of {len(probes)} probes are longer than probe_max_length={cfg.probe_max_length} tokens "
-                          f"and are truncated at every checkpoint (recorded in COMPLETE: derived.probes_truncated)", stacklevel=2)
-        derived = {**train_df.attrs.get("derived", {}), "n_labels": train_df.attrs["n_labels"], "label_names": train_df.attrs["label_names"],
-                   "n_rows": train_df.attrs["n_rows"], "n_train": len(train_df), "n_eval": len(eval_df),
-                   "n_probes": len(probes), "probes_truncated": int(n_trunc), "model_summary": model_summary(model),
-                   "device_used": str(device), "torch_threads": torch.get_num_threads()}
-        tracker = EmbeddingTracker(model, tok, probes, run_dir, every=cfg.track_every, poolings=cfg.poolings,
-                                   config={**cfg.to_dict(), "resolved": cfg.resolved()}, identity=cfg.identity(), max_length=cfg.probe_max_length, batch_size=cfg.embed_batch_size,
-                                   dtype=cfg.embed_dtype, autocast=_use_bf16(device, cfg.precision), lock=lock, alarm=cfg.alarm)
+        try:                                       # set-up: a refusal here removes a folder this call created
+            train_df, eval_df, probes = prepare_data(cfg)
+            if say: say(f"data: {len(train_df)} training / {len(eval_df)} held-out examples of {cfg.dataset} "
+                        f"({train_df.attrs['n_rows']} rows), {len(probes)} probes")
+            with as_field("model"):
+                model, tok = load_model_and_tokenizer(cfg.model, num_labels=train_df.attrs["n_labels"], init_seed=cfg.seeds()["init_seed"])
+            if (lora := cfg.lora()) is not None:   # adapter + head trained, body frozen; B = 0: step 0 is the base model's
+                with as_field("lora_targets"): model = apply_lora(model, lora["r"], alpha=lora["alpha"], dropout=lora["dropout"],
+                                                                  targets=lora["targets"], init_seed=cfg.seeds()["init_seed"])
+            model.to(device)
+            _check_lengths(cfg, model)
+            n_trunc = count_truncated(tok, probes["text"].tolist(), cfg.probe_max_length)
+            if n_trunc:   # said once here; the tracked steps embed the same truncated probes silently
+                warnings.warn(f"{n_trunc} of {len(probes)} probes are longer than probe_max_length={cfg.probe_max_length} tokens "
+                              f"and are truncated at every checkpoint (recorded in COMPLETE: derived.probes_truncated)", stacklevel=2)
+            derived = {**train_df.attrs.get("derived", {}), "n_labels": train_df.attrs["n_labels"], "label_names": train_df.attrs["label_names"],
+                       "n_rows": train_df.attrs["n_rows"], "n_train": len(train_df), "n_eval": len(eval_df),
+                       "n_probes": len(probes), "probes_truncated": int(n_trunc), "model_summary": model_summary(model),
+                       "device_used": str(device), "torch_threads": torch.get_num_threads()}
+            tracker = EmbeddingTracker(model, tok, probes, run_dir, every=cfg.track_every, poolings=cfg.poolings,
+                                       config={**cfg.to_dict(), "resolved": cfg.resolved()}, identity=cfg.identity(), max_length=cfg.probe_max_length, batch_size=cfg.embed_batch_size,
+                                       dtype=cfg.embed_dtype, autocast=_use_bf16(device, cfg.precision), lock=lock, alarm=cfg.alarm)
+        except BaseException:                      # nothing of this call is left: the corrected command is not blocked
+            if state == "empty" and run_dir.is_dir():
+                for p in ([run_dir] if not existed else list(run_dir.iterdir())):
+                    shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink()
+            raise
         with warnings.catch_warnings():   # truncated probes were reported once, above: not at every checkpoint
             warnings.filterwarnings("ignore", message=".*truncated to max_length")
             try: _train_loop(cfg, model, tok, train_df, eval_df, tracker, device, progress, derived)

@@ -195,7 +195,7 @@ def test_only_report_names_every_damaged_run_and_renders_nothing(tmp_path):
     r = embvar("report", "--profile", "smoke", "--only-report", "--out", str(study))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     lines = r.stderr.strip().splitlines()
-    assert lines[0].startswith("embvar report: error: 2 damaged run(s); the report was not rendered"), lines[0]
+    assert lines[0].startswith("embvar report: error: 2 damaged or missing run(s); --only-report trains nothing, so the report was not rendered"), lines[0]
     assert len(lines) == 3 and all("checksum" in l for l in lines[1:]), lines
     assert {run.name for run in runs} == {next(p for p in Path(l.split(":")[0].strip()).parts if p in {x.name for x in runs}) for l in lines[1:]}
     assert not (study / "report.html").exists() and not (study / "notebooks").exists()

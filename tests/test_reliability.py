@@ -130,7 +130,7 @@ def test_verify_names_every_damaged_file_and_only_report_verify_stops(tmp_path, 
     assert e.value.code == 1 and f"damaged: {files[0]}" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e: main(["report", "--profile", "smoke", "--only-report", "--verify", "--out", str(sd)])
     err = capsys.readouterr().err
-    assert e.value.code == 2 and "2 damaged run(s); the report was not rendered" in err and not (sd / "report.html").exists()
+    assert e.value.code == 2 and "2 damaged or missing run(s); --only-report trains nothing, so the report was not rendered" in err and not (sd / "report.html").exists()
     _refused(capsys, ["report", "--profile", "smoke", "--verify", "--out", str(sd)], "--verify: --verify goes with --only-report")
     for f in files: _rot(f)                                   # the same bit flipped back
     main(["verify", str(sd)])
@@ -316,3 +316,148 @@ def test_a_runs_report_labels_runs_by_what_differs(tmp_path):
         flags = [x if x != "bundled" else ds for x in TRAIN]
         main(["train", *flags, "--max-steps", "2", "--out", str(tmp_path / "runs" / name)])
     assert study_from_runs([tmp_path / "runs"]).runs("runs").labels() == ["dataset bundled", "dataset other.csv"]
+
+
+# ---------------------------------------------------------------- issue 33: nothing silently wrong
+
+def _flip(f, byte: int = -2, mask: int = 0x40):
+    "Flip bits of one byte of `f` (an exponent bit by default), size and modification time kept: bit rot."
+    import os
+    st = f.stat(); b = bytearray(f.read_bytes()); b[byte] ^= mask; f.write_bytes(bytes(b)); os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+READ_IN_A_FRESH_PROCESS = """
+import sys
+from embvar_study.runs import load_run, CorruptRunError
+try: load_run(sys.argv[1]).embeddings(-1, "mean"); print("read")
+except CorruptRunError as e: print("refused:", e)
+"""
+
+
+def test_a_flipped_exponent_bit_is_refused_by_every_process_that_reads_it_naming_the_file(tmp_path):
+    import subprocess, sys
+    from embvar_study.runs import verify_run
+    from embvar_study.study import synthetic_study, load_study
+    sd = synthetic_study(tmp_path / "syn")
+    run = load_study(sd).runs("lr_sweep").runs[0].path; f = run / "embeddings" / "step_000012.mean.npy"
+    verify_run(run)                                                   # hashed in this process, then rotted
+    _flip(f)
+    outs = [subprocess.run([sys.executable, "-c", READ_IN_A_FRESH_PROCESS, str(run)], capture_output=True, text=True).stdout
+            for _ in range(4)]                                        # the cached check let this through 4 times of 4
+    assert all(o.startswith(f"refused: {f}: checksum mismatch with COMPLETE of run {run.name}") for o in outs), outs
+    assert all(len(o.strip().splitlines()) == 1 and "nothing is computed from it" in o for o in outs)
+    from embvar_study import runs as R
+    R._VERIFIED.clear()                                               # this process, as a new one: the Study path refuses too
+    with pytest.raises(R.CorruptRunError, match="step_000012.mean.npy: checksum mismatch"):
+        load_study(sd).runs("lr_sweep").stack(-1, "mean")
+    _flip(f)                                                          # repaired
+    g = sorted((sd / "runs").glob("*/embeddings/step_000006.mean.npy"))[0]
+    import numpy as np
+    n = g.stat().st_size; nan = np.float32(np.nan).tobytes()
+    st = g.stat(); b = bytearray(g.read_bytes()); b[n - 8:n - 4] = nan; g.write_bytes(bytes(b))   # NaN bytes, size kept
+    import os; os.utime(g, ns=(st.st_atime_ns, st.st_mtime_ns))
+    o = subprocess.run([sys.executable, "-c", READ_IN_A_FRESH_PROCESS, str(g.parent.parent)], capture_output=True, text=True).stdout
+    assert o.startswith(f"refused: {g}: checksum mismatch"), o          # named, not "array must not contain infs or NaNs"
+
+
+def test_only_report_never_trains_a_damaged_or_missing_run(diverged_study, tmp_path, capsys):
+    import shutil
+    from conftest import folder_state
+    sd = tmp_path / "copy"; shutil.copytree(diverged_study, sd)
+    f = sorted((sd / "runs").glob("*/embeddings/step_000002.mean.npy"))[0]; _flip(f)
+    before = folder_state(sd / "runs")
+    with pytest.raises(SystemExit) as e: main(["report", "--profile", "smoke", "--only-report", "--out", str(sd)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err
+    assert "1 damaged or missing run(s); --only-report trains nothing, so the report was not rendered" in err
+    assert f"runs/{f.parent.parent.name}: {f}: checksum mismatch" in err
+    assert folder_state(sd / "runs") == before and not (sd / "damaged").exists()     # nothing moved aside, nothing trained
+    _flip(f); gone = sorted(p for p in (sd / "runs").iterdir() if p.is_dir() and not p.name.startswith("."))[0]; shutil.rmtree(gone)
+    with pytest.raises(SystemExit) as e: main(["report", "--profile", "smoke", "--only-report", "--out", str(sd)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"runs/{gone.name}: missing: the manifest of lr_sweep lists it as done" in err
+    assert not gone.exists()
+
+
+def test_a_notebook_of_only_report_refuses_to_train(tmp_path, monkeypatch):
+    from embvar_study.sweep import run_study, NO_TRAINING_ENV, TrainingRefused
+    monkeypatch.setenv(NO_TRAINING_ENV, "1")
+    with pytest.raises(TrainingRefused, match=r"--only-report trains nothing, but 4 run\(s\) of this plan are missing or damaged: \w{12} \(not on disk\)"):
+        run_study("smoke", tmp_path / "s", experiments=["lr_sweep"], overrides={"n_train": 32, "n_eval": 16}, say=None)
+    assert not (tmp_path / "s" / "runs").exists() and not (tmp_path / "s" / "sweeps").exists()
+
+
+def test_runs_from_checks_its_folders_before_any_work_and_counts_per_folder(tmp_path, capsys):
+    out = tmp_path / "new"
+    _refused(capsys, ["report", "--profile", "smoke", "--runs-from", str(tmp_path), "rep/doesnotexist", "--out", str(out)],
+             "embvar report: error: --runs-from: rep/doesnotexist is not there; expected a study folder or a folder of run folders")
+    assert not out.exists()
+
+
+ONE_STEP = ["--model", "tiny-distilbert", "--dataset", "bundled", "--n-train", "16", "--n-eval", "8", "--n-probes", "8",
+            "--max-length", "16", "--probe-max-length", "16", "--max-steps", "1", "--track-every", "1", "--no-progress"]
+
+
+def test_train_refuses_a_bad_alarm_before_any_work_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+    import embvar_study.train as T
+    loaded = []
+    monkeypatch.setattr(T, "prepare_data", lambda *a, **k: loaded.append(1) or (_ for _ in ()).throw(AssertionError("data loaded")))
+    out = tmp_path / "run"
+    _refused(capsys, ["train", *ONE_STEP, "--alarm", '{"threshold":0.1,"layer":99}', "--out", str(out)],
+             "embvar train: error: --alarm layer: expected an int in [-3, 2] (tiny-distilbert has 2 layers: 3 saved hidden states), got 99")
+    _refused(capsys, ["train", *ONE_STEP, "--alarm", '{"threshold":0.1,"signal":"loss"}', "--out", str(out)],
+             "embvar train: error: --alarm signal: expected one of ('drift', 'drift_velocity'), got 'loss'")
+    _refused(capsys, ["train", *ONE_STEP, "--alarm", str(tmp_path / "nope.json"), "--out", str(out)],
+             "embvar train: error: --alarm: cannot read a rule from")
+    assert loaded == [] and not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_train_takes_an_alarm_rule_file_and_the_corrected_command_is_not_blocked(tmp_path, capsys):
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit): main(["train", *ONE_STEP, "--alarm", '{"threshold":0.1,"layer":99}', "--out", str(out)])
+    rule = tmp_path / "rule.json"; rule.write_text(json.dumps({"threshold": 0.5, "layer": -1}))
+    main(["train", *ONE_STEP, "--alarm", str(rule), "--out", str(out)])        # not "refusing to overwrite"
+    m = json.loads((out / "COMPLETE").read_text())
+    assert m["alarm"]["rule"]["threshold"] == 0.5 and m["status"] in ("completed", "stopped_by_alarm")
+
+
+def test_a_set_up_refusal_removes_the_folder_it_created(tmp_path):
+    from embvar_study.train import train_run
+    from embvar_study.config import TrainConfig
+    cfg = TrainConfig(model="tiny-distilbert", dataset="bundled", n_train=16, n_eval=8, n_probes=8, max_length=10_000, max_steps=1)
+    with pytest.raises(ValueError, match="max_length: expected at most 256"): train_run(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_errors_name_the_flag_and_value_not_a_hub_model_or_a_bare_n(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mdl").mkdir(); (tmp_path / "mdl" / "config.json").write_text("{}")
+    _refused(capsys, ["train", "--model", "mdl/config.json", "--dataset", "bundled", "--out", "run"],
+             "embvar train: error: --model: 'mdl/config.json' is a file; expected a model folder (the folder that holds config.json")
+    (tmp_path / "p3.csv").write_text("text\none probe\ntwo probe\nthree probe\n")
+    _refused(capsys, ["train", *ONE_STEP[:-7], "--probes", "p3.csv", "--n-probes", "10", "--out", "run"],
+             "embvar train: error: --n-probes: expected at most 3 probes (all that are available), got 10 in probes='p3.csv'")
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["mdl", "p3.csv"]   # no partial run folder (the lock file stays, by design)
+
+
+def test_a_message_never_holds_a_model_repr(tmp_path):
+    import torch
+    from embvar_study.data import load_texts, load_probes
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(20)])        # its repr: ~900 characters, 22 lines
+    for f in (load_texts, load_probes):
+        with pytest.raises(ValueError) as e: f(model)
+        msg = str(e.value)
+        assert "\n" not in msg and len(msg) < 200 and msg.endswith("got a torch.nn.modules.container.Sequential object"), msg
+
+
+def test_a_runs_report_never_pools_lora_with_full_fine_tuning(tmp_path):
+    from embvar_study.study import study_from_runs
+    for name, lr, extra in (("a", "5e-4", ["--seed", "0"]), ("b", "5e-4", ["--seed", "1"]), ("lora4", "5e-4", ["--lora-r", "4"]),
+                            ("lrhuge", "1e-2", [])):
+        main(["train", *ONE_STEP, "--lr", lr, *extra, "--out", str(tmp_path / "runs" / name)])
+    st = study_from_runs([tmp_path / "runs"])
+    groups = {f: sorted(r.path.name for r in st.runs("runs", f).runs) for f in sorted(set(st.manifests["runs"]["factor"]))}
+    assert groups == {"0.01 · full fine-tuning": ["lrhuge"], "5e-4 · LoRA r=4": ["lora4"], "5e-4 · full fine-tuning": ["a", "b"]}
+    assert st.spec["group_by"] == "lr and LoRA r" and st.runs("runs").table["lora_r"].tolist().count(4) == 1
+    labels = dict(zip([r.path.name for r in st.runs("runs").runs], st.runs("runs").labels()))
+    assert labels["lora4"].startswith("LoRA r=4") and labels["a"].startswith("full fine-tuning")

@@ -177,17 +177,25 @@ def test_bad_queries_list_valid_values(tmp_path):
         run.embeddings(steps=[0, 7])
 
 
-def test_embeddings_are_memory_mapped(tmp_path, monkeypatch):
+def test_embeddings_are_hashed_on_first_read_then_memory_mapped(tmp_path, monkeypatch):
     emb = write_run(tmp_path / "r")
     run = load_run(tmp_path / "r")
-    modes, real = [], np.load
+    runs._VERIFIED.clear()                                         # as in a fresh process
+    modes, real, hashed = [], np.load, []
     def spy(*a, **k):
         modes.append(k.get("mmap_mode"))
         return real(*a, **k)
     monkeypatch.setattr(runs.np, "load", spy)
+    real_verify = runs._verify_file
+    monkeypatch.setattr(runs, "_verify_file", lambda d, rel, *a, **k: hashed.append(rel) or real_verify(d, rel, *a, **k))
     e = run.embeddings(1, "mean")
-    assert modes == ["r"] * 3 and not isinstance(e, np.memmap)     # a copy of one layer, not the maps
+    assert modes == [None] * 3 and not isinstance(e, np.memmap)     # parsed from the bytes that were hashed
+    assert hashed == [f"embeddings/step_{s:06d}.mean.npy" for s in (0, 5, 10)]
     np.testing.assert_array_equal(e, np.stack([emb[s][1] for s in (0, 5, 10)]))
+    modes.clear()
+    e2 = run.embeddings(2, "mean")                                 # unchanged files: trusted in this process, memory-mapped
+    assert modes == ["r"] * 3 and not isinstance(e2, np.memmap)     # a copy of one layer, not the maps
+    np.testing.assert_array_equal(e2, np.stack([emb[s][2] for s in (0, 5, 10)]))
 
 
 def test_writer_validation(tmp_path):
@@ -255,9 +263,16 @@ def test_corrupt_file_named(tmp_path):
     write_run(tmp_path / "r")
     f = tmp_path / "r" / "embeddings" / "step_000005.max.npy"
     data = bytearray(f.read_bytes()); data[len(data) // 2] ^= 0x10; f.write_bytes(bytes(data))
+    run = load_run(tmp_path / "r")                 # the small files verify; the array is checked when read
+    run.embeddings(0, "mean")
+    with pytest.raises(CorruptRunError, match=r"step_000005.max.npy: checksum mismatch with COMPLETE of run r .*nothing is computed"):
+        run.embeddings(0, "max")
     with pytest.raises(CorruptRunError, match="step_000005.max.npy: checksum mismatch"):
-        load_run(tmp_path / "r")
-    load_run(tmp_path / "r", verify=False)        # skipping verification loads
+        runs.verify_run(tmp_path / "r")
+    load_run(tmp_path / "r", verify=False).embeddings(0, "max")        # skipping verification loads
+    h = tmp_path / "r" / "history.csv"; h.write_text(h.read_text() + "0,0,0,0,ok\n")
+    with pytest.raises(CorruptRunError, match="history.csv: checksum mismatch"):
+        load_run(tmp_path / "r")                   # a small file: refused at load
     f.unlink()
     with pytest.raises(CorruptRunError, match="step_000005.max.npy: listed in COMPLETE but missing"):
         load_run(tmp_path / "r", verify=False)
@@ -425,8 +440,10 @@ def test_save_array_perturbations_and_buffered_log(tmp_path):
         run.array("perturb/nope.npy")
     # extra arrays are checksummed like every file
     f = tmp_path / "r" / "perturb" / "step_000010.typo.npy"; b = bytearray(f.read_bytes()); b[-1] ^= 1; f.write_bytes(bytes(b))
-    with pytest.raises(CorruptRunError, match="step_000010.typo.npy"):
-        load_run(tmp_path / "r")
+    with pytest.raises(CorruptRunError, match="step_000010.typo.npy: checksum mismatch"):
+        load_run(tmp_path / "r").array("perturb/step_000010.typo.npy")
+    with pytest.raises(CorruptRunError, match="step_000010.typo.npy: checksum mismatch"):
+        load_run(tmp_path / "r").perturbations()
 
 
 def test_methods_written_in_their_own_cells_belong_to_their_class():

@@ -443,3 +443,22 @@ def test_error_paths(call, message):
     with pytest.raises(ValueError) as e:
         call()
     assert message in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("call", [
+    lambda c: stats.bootstrap_ci(X, confidence=c, n_resamples=50, seed=0),
+    lambda c: stats.cluster_bootstrap_ci(M, confidence=c, n_resamples=50, seed=0),
+    lambda c: stats.mean_difference_ci(X, X + 1, confidence=c, n_resamples=50, seed=0),
+    lambda c: stats.seed_interval(X, confidence=c),
+    lambda c: stats.difference_interval(X, X + 1, confidence=c),
+    lambda c: stats.standardized_difference_interval(0.5, 5, 5, confidence=c),
+    lambda c: stats.interval_method(5, confidence=c),
+    lambda c: stats.effect_size_table({"a": X, "b": X + 1}, confidence=c, n_resamples=50, seed=0),
+], ids=["bootstrap_ci", "cluster_bootstrap_ci", "mean_difference_ci", "seed_interval", "difference_interval",
+        "standardized_difference_interval", "interval_method", "effect_size_table"])
+@pytest.mark.parametrize("bad", [1.5, -0.1, float("nan"), True, "0.95"])
+def test_every_interval_refuses_a_confidence_outside_0_1_in_one_line_naming_it(call, bad):
+    # issue 33: confidence=1.5 reached numpy ("Quantiles must be in the range [0, 1]"), naming no argument
+    with pytest.raises(ValueError) as e: call(bad)
+    msg = str(e.value)
+    assert msg == f"confidence: expected a number strictly between 0 and 1 (e.g. 0.95), got {bad!r}" and "\n" not in msg

@@ -204,14 +204,15 @@ def test_study_from_runs_groups_by_a_design_column(trainer_runs):
     assert {f: len(st.runs("runs", f)) for f in ("1e-4", "3e-4")} == {"1e-4": 2, "3e-4": 2}
     assert st.design("runs") == "2 learning rates (1e-4, 3e-4), 2 seeds each"
     by_schedule = study_from_runs([trainer_runs / "lr0.0001_s0", trainer_runs], "schedule")   # a folder named twice: once
-    assert list(by_schedule.manifests["runs"]["factor"]) == ["linear"] * 4
+    assert sorted(by_schedule.manifests["runs"]["factor"]) == ["linear · lr 1e-4"] * 2 + ["linear · lr 3e-4"] * 2   # lr differs: it splits
+    assert by_schedule.spec["group_by"] == "schedule and lr" and by_schedule.spec["split_by"] == ["trainer.learning_rate"]
 
 
 def test_study_from_runs_groups_by_a_dotted_config_key(trainer_runs):
     st = study_from_runs([trainer_runs], "optim.name")
-    groups = {f: sorted(r.config["trainer"]["seed"] for r in st.runs("runs", f).runs) for f in ("adam", "sgd")}
-    assert groups == {"adam": [0, 0], "sgd": [1, 1]}
-    assert set(study_from_runs([trainer_runs], "trainer.seed").manifests["runs"]["factor"]) == {"0", "1"}
+    groups = {f: sorted(r.config["trainer"]["seed"] for r in st.runs("runs", f).runs) for f in sorted(set(st.manifests["runs"]["factor"]))}
+    assert groups == {"adam · lr 1e-4": [0], "adam · lr 3e-4": [0], "sgd · lr 1e-4": [1], "sgd · lr 3e-4": [1]}   # lr splits too
+    assert set(study_from_runs([trainer_runs], "trainer.seed").manifests["runs"]["factor"]) == {f"{s} · lr {lr}" for s in (0, 1) for lr in ("1e-4", "3e-4")}
     (trainer_runs.parent / "empty").mkdir()
     with pytest.raises(NotComputed, match="empty holds no complete run folder"): study_from_runs([trainer_runs.parent / "empty"])
 
