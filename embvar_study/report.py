@@ -673,7 +673,8 @@ def section_stability(study: Study, **o) -> list:
     o = _opts(**o)
     if "stability" not in study.experiments: return [RawHTML(NOT_APPLICABLE)]      # not this study's question: the section is left out, not listed
     study.runs("stability", min_runs=2, diverged=True)                     # NotComputed (one line) when its runs are missing
-    return EW.stability_section(study, layer=o["layer"], pooling=o["pooling"], n_resamples=o["n_resamples"])
+    from embvar_study import stability as ST
+    return ST.stability_section(study, layer=o["layer"], pooling=o["pooling"], n_resamples=o["n_resamples"])
 
 # %% ../nbs/21_report.ipynb #114b9959
 def section_agreement(study: Study, **o) -> list:
@@ -892,7 +893,8 @@ def _lora_finding(study: Study, o: dict) -> list[dict]:
 
 def _stability_finding(study: Study, o: dict) -> list[dict]:
     from embvar_study import early_warning as EW
-    f = memo(study, ("stability_finding", o["pooling"]), lambda: EW.stability_finding(study, pooling=o["pooling"]))
+    from embvar_study import stability as ST
+    f = memo(study, ("stability_finding", o["pooling"]), lambda: ST.stability_finding(study, pooling=o["pooling"]))
     return [_finding("stability", f["text"], f["value"], f["ci"], f["verdict"])]
 
 def key_findings(study: Study, **o) -> list[dict]:  # [{key, text, value, ci, verdict}]
