@@ -668,7 +668,7 @@ def section_early_warning(study: Study, **o) -> list:
 NOT_APPLICABLE = '<p class="not-applicable"></p>'   # a section's output when the study does not ask its question: the section is dropped
 
 def section_stability(study: Study, **o) -> list:
-    "Does drift warn earlier than the loss? The stability experiment's answer (`early_warning.stability_section`), in the main body."
+    "Does drift add anything beyond the learning rate? The stability experiment's answer (`stability.stability_section`), in the main body."
     from embvar_study import early_warning as EW
     o = _opts(**o)
     if "stability" not in study.experiments: return [RawHTML(NOT_APPLICABLE)]      # not this study's question: the section is left out, not listed

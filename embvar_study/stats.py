@@ -23,7 +23,7 @@ __all__ = ['SeedLike', 'INTERVAL_METHOD', 'CI', 'bootstrap_ci', 'cluster_bootstr
            'JackknifeResult', 'jackknife', 'PermutationResult', 'permutation_test', 'cohens_d', 'hedges_g',
            'mean_difference_ci', 'difference_interval', 'standardized_difference_interval', 'permutation_min_pvalue',
            'effect_size_table', 'quantile_summary', 'auc_variance_hm', 'stratum_sizes', 'stratified_auc',
-           'stratified_auc_interval', 'stratified_delong', 'logistic_fit']
+           'stratified_auc_interval', 'stratified_delong', 'logistic_fit', 'stratified_auc_ci']
 
 # %% ../nbs/04_stats.ipynb #af0e6ff8
 _CHUNK_ELEMENTS = 2**21
@@ -747,3 +747,20 @@ def logistic_fit(X: ArrayLike,        # (..., n, p) standardised features (a bat
         step = np.linalg.solve(H, grad[..., None])[..., 0]; w = w - step
         if np.abs(step).max() < 1e-10: break
     return w
+
+# %% ../nbs/04_stats.ipynb #3bc1dde1
+def stratified_auc_ci(score: ArrayLike,         # (..., n) a score per run
+                      failed: ArrayLike,        # (n,) bool outcome
+                      strata: ArrayLike,        # (n,) stratum per run
+                      confidence: float = 0.95, # nominal coverage
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # (...) stratified AUC, low, high
+    "The stratified AUC with a logit-scale interval from its stratified DeLong variance (the stratified Newcombe score interval where the AUC is 0 or 1)."
+    if not 0 < confidence < 1: raise ValueError(f"confidence: expected a level in (0, 1), got {confidence!r}")
+    A, v = stratified_delong(score, None, failed, strata)
+    A, v = np.asarray(A, np.float64), np.asarray(v, np.float64); z = float(ndtri((1 + confidence) / 2))
+    inner = (A > 0) & (A < 1)
+    Ac = np.clip(A, 1e-12, 1 - 1e-12); L = np.log(Ac / (1 - Ac)); s = np.sqrt(v) / (Ac * (1 - Ac))
+    lo, hi = 1 / (1 + np.exp(-(L - z * s))), 1 / (1 + np.exp(-(L + z * s)))
+    n1, n0 = stratum_sizes(failed, strata)
+    slo, shi = stratified_auc_interval(A, n1, n0, confidence)
+    return A, np.where(inner, lo, slo), np.where(inner, hi, shi)

@@ -55,7 +55,7 @@ def test_stability_profile(tmp_path):
     grid = experiment_grid(p, "stability")
     assert sorted((g["lr"], g["seed"]) for g in grid) == [(5e-5, 0), (5e-5, 1), (1e-3, 0), (1e-3, 1)]
     full = get_profile("stability", {"dataset": str(data)})
-    assert len(experiment_grid(full, "stability")) == 36 and full["base"]["track_every"] == 2
+    assert len(experiment_grid(full, "stability")) == 70 and full["base"]["track_every"] == 4 == full["base"]["eval_every"]
     assert _spec(p, {}, ["stability"], None)["resolved"]["failure"]["delta"] == 0.05
     assert all("stability" not in PROFILES[k]["experiments"] for k in ("paper", "quick", "smoke")) and "stability" not in _CLASSIC
 
@@ -198,9 +198,10 @@ def test_within_rate_failure_in_drift_is_recovered():
     assert (inc["low"] > 0).all(), inc                                      # drift adds to noise trainer's signals
     ans = ST.stability_answer(inc, wa, ST.pooled_auc_table(sig))
     assert ans["verdict"] == "adds information" and ans["text"].startswith("Drift adds information")
-    es = ST.early_stopping_table(sig, n_draws=200, n_boot=100).set_index(["fraction", "selection"])
-    d, r = es.loc[(0.2, "drift, last layer")], es.loc[(0.2, "at random")]
-    assert d["expected_best"] > r["expected_best"] and d["low"] > r["expected_best"]   # drift keeps the runs that learn
+    es = ST.early_stopping_table(sig, n_draws=500).set_index(["fraction", "selection"])
+    d, r, a = es.loc[(0.2, "drift, last layer")], es.loc[(0.2, "at random")], es.loc[(0.2, "all t finished")]
+    assert d["learned_kept"] > 0.99 > r["learned_kept"] and d["expected_best"] > r["expected_best"]   # drift keeps the runs that learn
+    assert a["compute"] == 1 and d["compute"] == pytest.approx((8 * 8 + 2 * 32) / (8 * 40))          # t=8 started, p=2 finished from step 8 of 40
     ac = ST.alarm_cost(sig)
     a = ac[ac["signal"] == "drift, last layer"]
     assert (a["p"] < 0.05).all() and a["verdict"].str.startswith("fewer successful runs stopped").all()
@@ -246,3 +247,23 @@ def test_direction_is_never_flipped_to_below_chance():
     t = sig[np.isclose(sig["fraction"], 0.2)].set_index("run_id").loc[s["run_id"]]
     assert np.allclose(s["score"].to_numpy(), -t["eval_acc"].to_numpy())    # the fixed direction, the same for every run
     assert stratified_auc(s["score"].to_numpy(), s["failed"].to_numpy(bool), s["lr"].to_numpy()) == pytest.approx(r["auc"])
+
+
+def test_stability_section_from_tables(monkeypatch):
+    "The section's sentences and tables come from the tables: the verdict, the counts and the answer's numbers change with the data."
+    from embvar_study.report import Table
+    from embvar_study.sweep import STABILITY_FAILURE
+    def tables(sig):
+        ws = ST.within_scores(sig); wa = ST.within_auc_table(ws); pooled = ST.pooled_auc_table(sig); inc = ST.incremental_value(sig)
+        return {"sig": sig, "failure": STABILITY_FAILURE, "counts": ST.outcome_counts(sig), "within": wa, "notes": [], "pooled": pooled,
+                "increment": inc, "early": ST.early_stopping_table(sig, n_draws=200), "alarm": ST.alarm_cost(sig), "answer": ST.stability_answer(inc, wa, pooled)}
+    out = {}
+    for kind in ("within", "rate"):
+        T = tables(_study(kind, seed=3))
+        monkeypatch.setattr(ST, "stability_tables", lambda study, pooling="mean", T=T: T)
+        items = ST.stability_section(object())
+        assert sum(isinstance(i, Table) for i in items) == 6
+        text = "\n".join(i for i in items if isinstance(i, str))
+        assert T["answer"]["text"] in text and "No interval: " in text and "of 64 runs failed" in text
+        out[kind] = T["answer"]["verdict"]
+    assert out["within"] == "adds information" and out["rate"] != "adds information"
