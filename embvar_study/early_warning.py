@@ -16,6 +16,7 @@ from numpy.typing import ArrayLike
 from .checks import as_float_array
 from .metrics import cosine_drift, drift_curve
 from .stats import _check_confidence, _check_n_resamples
+from .stats import logistic_fit, stratified_auc_interval
 from .study import RunSet, NotComputed, format_lr
 
 # %% auto #0
@@ -244,22 +245,12 @@ def _outcomes(failed, n: int) -> np.ndarray:  # (n,) bool; NotComputed when one 
 # %% ../nbs/18_early_warning.ipynb #a58fc367
 AUC_MIN_PER_CLASS = 6    # Newcombe's score interval covers 93.6-96.2% from 6 runs per class (6 vs 6 ... 28 vs 8; tests/test_coverage.py), 90.8% at 5 vs 5
 
-def _newcombe_var(t: np.ndarray, n1: int, n0: int) -> np.ndarray:  # (...) Var(AUC) at true AUC t, Hanley-McNeil with N* = (n1 + n0)/2 - 1
-    m = (n1 + n0) / 2 - 1
-    return t * (1 - t) / (n1 * n0) * (1 + (m - 1) * (1 - t) / (2 - t) + (m - 1) * t / (1 + t))
-
 def auc_score_interval(auc: ArrayLike,          # (...) observed AUCs
                        n1: int, n0: int,         # runs per class (failed, healthy)
                        confidence: float = 0.95, # nominal coverage
                       ) -> tuple[np.ndarray, np.ndarray]:  # (...) low, (...) high
-    "Newcombe's (2006, method 5) score interval: the AUCs t with (A - t)^2 <= z^2 V(t), found by bisection, vectorised over `auc`."
-    A = np.asarray(auc, float); z = float(_sps.norm.ppf((1 + _check_confidence(confidence)) / 2))
-    f = lambda t: (A - t) ** 2 - z ** 2 * _newcombe_var(t, n1, n0)     # > 0 outside the interval, <= 0 at t = A
-    lo, mid_lo, hi, mid_hi = np.zeros_like(A), A.copy(), np.ones_like(A), A.copy()
-    for _ in range(60):
-        m = (lo + mid_lo) / 2; out = f(m) > 0; lo, mid_lo = np.where(out, m, lo), np.where(out, mid_lo, m)
-        m = (mid_hi + hi) / 2; out = f(m) > 0; hi, mid_hi = np.where(out, m, hi), np.where(out, mid_hi, m)
-    return (lo + mid_lo) / 2, (hi + mid_hi) / 2
+    "Newcombe's (2006, method 5) score interval: the AUCs t with (A - t)^2 <= z^2 V(t), found by bisection, vectorised over `auc` (`stats.stratified_auc_interval` with one stratum)."
+    return stratified_auc_interval(auc, [n1], [n0], _check_confidence(confidence))
 
 def auc_ci(scores: ArrayLike,         # (n,) a score per run, e.g. drift at step k
            failed: ArrayLike,         # (n,) bool / 0-1 outcome per run (1 = failed)
@@ -499,22 +490,15 @@ def stability_signals(rs: RunSet,                # the stability experiment's ru
         fs = failure_step(run.history, rule="accuracy", chance=c, delta=float(failure["delta"]))
         rows.append(run_signals(run, fractions=fractions, pooling=pooling, window=window).assign(
             run_id=d["run_id"], lr=float(d["lr"]), seed=int(d["seed"]), chance=c, failed=stability_failed(run.history, failure, c),
-            failure_step=np.nan if fs is None else float(fs)))
+            failure_step=np.nan if fs is None else float(fs), final_acc=float(run.history["eval_acc"].dropna().iloc[-1])))
     t = pd.concat(rows, ignore_index=True)
     first = ["run_id", "lr", "seed", "chance", "failed", "failure_step"]
     return t[first + [c for c in t.columns if c not in first]]
 
 # %% ../nbs/18_early_warning.ipynb #d3ab8b36
 def _logistic(X: np.ndarray, y: np.ndarray, ridge: float, iters: int = 50) -> np.ndarray:  # (p+1,) intercept, weights
-    "Ridge-penalised logistic regression by Newton's method on standardised columns (the intercept unpenalised)."
-    A = np.column_stack([np.ones(len(X)), X]); w = np.zeros(A.shape[1]); P = np.diag([0.0] + [ridge] * X.shape[1])
-    for _ in range(iters):
-        p = 1 / (1 + np.exp(-np.clip(A @ w, -30, 30)))
-        g = A.T @ (p - y) + P @ w
-        H = (A * (p * (1 - p))[:, None]).T @ A + P + 1e-9 * np.eye(len(w))
-        step = np.linalg.solve(H, g); w -= step
-        if np.abs(step).max() < 1e-10: break
-    return w
+    "Ridge-penalised logistic regression on standardised columns (`stats.logistic_fit`)."
+    return logistic_fit(X, y, ridge, iters)
 
 def _aucs(S: np.ndarray, y: np.ndarray) -> np.ndarray:  # (p,) AUC of every column of S (n, p) for y (ties 1/2)
     R = _sps.rankdata(S, axis=0); n1 = int(y.sum())

@@ -22,7 +22,8 @@ SeedLike = Union[None, int, np.random.SeedSequence, np.random.Generator]   # any
 __all__ = ['SeedLike', 'INTERVAL_METHOD', 'CI', 'bootstrap_ci', 'cluster_bootstrap_ci', 'interval_method', 'seed_interval',
            'JackknifeResult', 'jackknife', 'PermutationResult', 'permutation_test', 'cohens_d', 'hedges_g',
            'mean_difference_ci', 'difference_interval', 'standardized_difference_interval', 'permutation_min_pvalue',
-           'effect_size_table', 'quantile_summary']
+           'effect_size_table', 'quantile_summary', 'auc_variance_hm', 'stratum_sizes', 'stratified_auc',
+           'stratified_auc_interval', 'stratified_delong', 'logistic_fit', 'stratified_auc_ci']
 
 # %% ../nbs/04_stats.ipynb #af0e6ff8
 _CHUNK_ELEMENTS = 2**21
@@ -644,3 +645,122 @@ def quantile_summary(values: ArrayLike,     # (..., n, ...) samples along `axis`
     out.update({k: _scalar(v) for k, v in zip(keys, np.quantile(x, q, axis=ax))})
     out["max"] = _scalar(x.max(axis=ax))
     return out
+
+# %% ../nbs/04_stats.ipynb #21309b1e
+def auc_variance_hm(t: ArrayLike,   # (...) true AUC
+                    n1: ArrayLike,  # (...) positives (failed runs), broadcast with t
+                    n0: ArrayLike,  # (...) negatives (successful runs)
+                   ) -> np.ndarray: # (...) Var(AUC) at t
+    "Hanley & McNeil's (1982) variance of an AUC at its true value t, in Newcombe's (2006, method 5) form with N* = (n1 + n0)/2 - 1."
+    t, n1, n0 = (np.asarray(v, np.float64) for v in (t, n1, n0))
+    m = (n1 + n0) / 2 - 1
+    return t * (1 - t) / (n1 * n0) * (1 + (m - 1) * (1 - t) / (2 - t) + (m - 1) * t / (1 + t))
+
+# %% ../nbs/04_stats.ipynb #6a0a2a7e
+def _strata(failed, strata, n: int) -> tuple[np.ndarray, np.ndarray]:  # (n,) bool outcome, (n,) stratum code
+    y = np.asarray(failed)
+    if y.shape != (n,) or not np.isin(y, [0, 1, True, False]).all():
+        raise ValueError(f"failed: expected one 0/1 (or bool) outcome per score, shape ({n},), got {y!r:.80}")
+    g = np.asarray(strata)
+    if g.shape != (n,): raise ValueError(f"strata: expected one stratum per score, shape ({n},), got shape {g.shape}")
+    return y.astype(bool), np.unique(g, return_inverse=True)[1].reshape(-1)
+
+def stratum_sizes(failed: ArrayLike,  # (n,) bool outcome (1 = failed)
+                  strata: ArrayLike,  # (n,) stratum of every run (e.g. its learning rate)
+                 ) -> tuple[np.ndarray, np.ndarray]:  # (K,) failed and (K,) successful runs of the K strata that have both
+    "Failed and successful runs per stratum, for the strata with both outcomes (the only ones with within-stratum pairs)."
+    y, g = _strata(failed, strata, np.size(failed))
+    n1, n0 = np.bincount(g[y], minlength=g.max() + 1), np.bincount(g[~y], minlength=g.max() + 1)
+    both = (n1 > 0) & (n0 > 0)
+    return n1[both], n0[both]
+
+def stratified_auc(score: ArrayLike,    # (..., n) a score per run (higher: more likely failed)
+                   failed: ArrayLike,   # (n,) bool outcome
+                   strata: ArrayLike,   # (n,) stratum per run: only (failed, successful) pairs of the same stratum count
+                  ) -> np.ndarray:      # (...) P(score of the failed run > score of the successful one) over within-stratum pairs, ties 1/2
+    "The stratified AUC: the Mann-Whitney AUC over the pairs of a failed and a successful run of the same stratum (each stratum weighted by its pairs); NaN when no stratum has both outcomes."
+    s = as_float_array(score, "score", dims="(..., n) scores")
+    y, g = _strata(failed, strata, s.shape[-1])
+    same = g[y][:, None] == g[~y][None, :]                               # (n1, n0) within-stratum pairs
+    if not same.any(): return np.full(s.shape[:-1], np.nan)
+    pos, neg = s[..., y][..., :, None], s[..., ~y][..., None, :]
+    return (((pos > neg) + 0.5 * (pos == neg)) * same).sum((-2, -1)) / same.sum()
+
+# %% ../nbs/04_stats.ipynb #c50c632d
+def stratified_auc_interval(auc: ArrayLike,    # (...) observed stratified AUCs
+                            n1: ArrayLike,     # (K,) failed runs per stratum (strata with both outcomes)
+                            n0: ArrayLike,     # (K,) successful runs per stratum
+                            confidence: float = 0.95,  # nominal coverage
+                           ) -> tuple[np.ndarray, np.ndarray]:  # (...) low, (...) high
+    "Newcombe's (2006, method 5) score interval, stratified: the AUCs t with (A - t)^2 <= z^2 sum_k w_k^2 V_k(t), w_k = n1_k n0_k / sum n1 n0 (one stratum: Newcombe's interval); bisection, vectorised over `auc`."
+    A = np.asarray(auc, np.float64); n1 = np.atleast_1d(np.asarray(n1, np.float64)); n0 = np.atleast_1d(np.asarray(n0, np.float64))
+    if n1.shape != n0.shape or n1.ndim != 1 or not ((n1 >= 1) & (n0 >= 1)).all():
+        raise ValueError(f"n1, n0: expected equal-length lists of positive run counts per stratum, got {n1.tolist()} and {n0.tolist()}")
+    if not 0 < confidence < 1: raise ValueError(f"confidence: expected a level in (0, 1), got {confidence!r}")
+    z = float(ndtri((1 + confidence) / 2)); w = n1 * n0 / (n1 * n0).sum()
+    V = lambda t: (w ** 2 * auc_variance_hm(t[..., None], n1, n0)).sum(-1)
+    f = lambda t: (A - t) ** 2 - z ** 2 * V(t)                         # > 0 outside the interval, <= 0 at t = A
+    lo, mid_lo, hi, mid_hi = np.zeros_like(A), A.copy(), np.ones_like(A), A.copy()
+    for _ in range(60):
+        m = (lo + mid_lo) / 2; out = f(m) > 0; lo, mid_lo = np.where(out, m, lo), np.where(out, mid_lo, m)
+        m = (mid_hi + hi) / 2; out = f(m) > 0; hi, mid_hi = np.where(out, m, hi), np.where(out, mid_hi, m)
+    return (lo + mid_lo) / 2, (hi + mid_hi) / 2
+
+# %% ../nbs/04_stats.ipynb #9334f26d
+def stratified_delong(a: ArrayLike,        # (..., n) first score per run
+                      b: ArrayLike | None,  # (..., n) second score on the same runs, or None (the single AUC of a)
+                      failed: ArrayLike,   # (n,) bool outcome
+                      strata: ArrayLike,   # (n,) stratum per run
+                     ) -> tuple[np.ndarray, np.ndarray]:  # (...) stratified AUC(a) - AUC(b) (or AUC(a)), (...) its DeLong variance
+    "DeLong, DeLong & Clarke-Pearson (1988) per stratum, combined with the stratified AUC's pair weights: the difference of two stratified AUCs on the same runs and its variance sum_k w_k^2 (Var d10_k / n1_k + Var d01_k / n0_k)."
+    A = as_float_array(a, "a", dims="(..., n) scores"); y, g = _strata(failed, strata, A.shape[-1])
+    B = np.full_like(A, 0.0) if b is None else as_float_array(b, "b", dims="(..., n) scores")
+    if B.shape != A.shape: raise ValueError(f"b: expected scores of shape {A.shape}, got {B.shape}")
+    pl = lambda S, pos, neg: (S[..., pos][..., :, None] > S[..., neg][..., None, :]) + 0.5 * (S[..., pos][..., :, None] == S[..., neg][..., None, :])
+    diffs, vars_, wts = [], [], []
+    for k in range(g.max() + 1):
+        pos, neg = (g == k) & y, (g == k) & ~y
+        n1, n0 = int(pos.sum()), int(neg.sum())
+        if not (n1 and n0): continue
+        D = pl(A, pos, neg) - (0.5 if b is None else pl(B, pos, neg))    # (..., n1, n0)
+        d10, d01 = D.mean(-1), D.mean(-2)
+        v = (d10.var(-1, ddof=1) / n1 if n1 > 1 else 0.0) + (d01.var(-1, ddof=1) / n0 if n0 > 1 else 0.0)
+        diffs.append(D.mean((-2, -1)) + (0.5 if b is None else 0.0)); vars_.append(v); wts.append(n1 * n0)
+    if not wts: raise ValueError("failed, strata: no stratum has both a failed and a successful run")
+    w = np.asarray(wts, np.float64) / sum(wts)
+    return sum(wk * d for wk, d in zip(w, diffs)), sum(wk ** 2 * v for wk, v in zip(w, vars_))
+
+# %% ../nbs/04_stats.ipynb #4d62bbb0
+def logistic_fit(X: ArrayLike,        # (..., n, p) standardised features (a batch of designs)
+                 y: ArrayLike,        # (..., n) or (n,) 0/1 outcome
+                 ridge: float = 1.0,  # L2 penalty on the weights (the intercept unpenalised)
+                 iters: int = 50,     # Newton steps at most
+                ) -> np.ndarray:      # (..., p + 1) intercept, weights
+    "Ridge-penalised logistic regression by Newton's method, vectorised over leading batch axes."
+    X = as_float_array(X, "X", dims="(..., n, p) features"); Y = np.broadcast_to(np.asarray(y, np.float64), X.shape[:-1])
+    A = np.concatenate([np.ones(X.shape[:-1] + (1,)), X], -1); p1 = A.shape[-1]
+    P = np.diag([0.0] + [float(ridge)] * (p1 - 1)); w = np.zeros(X.shape[:-2] + (p1,))
+    for _ in range(iters):
+        pr = 1 / (1 + np.exp(-np.clip(np.einsum("...np,...p->...n", A, w), -30, 30)))
+        grad = np.einsum("...np,...n->...p", A, pr - Y) + w @ P
+        H = np.einsum("...np,...n,...nq->...pq", A, pr * (1 - pr), A) + P + 1e-9 * np.eye(p1)
+        step = np.linalg.solve(H, grad[..., None])[..., 0]; w = w - step
+        if np.abs(step).max() < 1e-10: break
+    return w
+
+# %% ../nbs/04_stats.ipynb #3bc1dde1
+def stratified_auc_ci(score: ArrayLike,         # (..., n) a score per run
+                      failed: ArrayLike,        # (n,) bool outcome
+                      strata: ArrayLike,        # (n,) stratum per run
+                      confidence: float = 0.95, # nominal coverage
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # (...) stratified AUC, low, high
+    "The stratified AUC with a logit-scale interval from its stratified DeLong variance (the stratified Newcombe score interval where the AUC is 0 or 1)."
+    if not 0 < confidence < 1: raise ValueError(f"confidence: expected a level in (0, 1), got {confidence!r}")
+    A, v = stratified_delong(score, None, failed, strata)
+    A, v = np.asarray(A, np.float64), np.asarray(v, np.float64); z = float(ndtri((1 + confidence) / 2))
+    inner = (A > 0) & (A < 1)
+    Ac = np.clip(A, 1e-12, 1 - 1e-12); L = np.log(Ac / (1 - Ac)); s = np.sqrt(v) / (Ac * (1 - Ac))
+    lo, hi = 1 / (1 + np.exp(-(L - z * s))), 1 / (1 + np.exp(-(L + z * s)))
+    n1, n0 = stratum_sizes(failed, strata)
+    slo, shi = stratified_auc_interval(A, n1, n0, confidence)
+    return A, np.where(inner, lo, slo), np.where(inner, hi, shi)

@@ -55,7 +55,7 @@ def test_stability_profile(tmp_path):
     grid = experiment_grid(p, "stability")
     assert sorted((g["lr"], g["seed"]) for g in grid) == [(5e-5, 0), (5e-5, 1), (1e-3, 0), (1e-3, 1)]
     full = get_profile("stability", {"dataset": str(data)})
-    assert len(experiment_grid(full, "stability")) == 36 and full["base"]["track_every"] == 2
+    assert len(experiment_grid(full, "stability")) == 70 and full["base"]["track_every"] == 4 == full["base"]["eval_every"]
     assert _spec(p, {}, ["stability"], None)["resolved"]["failure"]["delta"] == 0.05
     assert all("stability" not in PROFILES[k]["experiments"] for k in ("paper", "quick", "smoke")) and "stability" not in _CLASSIC
 
@@ -155,3 +155,115 @@ def test_stability_finding_reverses_with_the_data():
     assert fwd["value"] > 0 > rev["value"] and fwd["verdict"] == rev["verdict"] == "undecided"        # the paired interval is refused
     assert "favours drift at 4 and the trainer's signal at 0" in fwd["text"] and "favours drift at 0 and the trainer's signal at 4" in rev["text"]
     assert f"is {fwd['value']:+.2f} (SE" in fwd["text"] and "with 18 failed and 18 successful runs" in fwd["text"]
+
+
+# --- the within-configuration analysis (embvar_study.stability, issue 31) on synthetic studies at the design's size
+from embvar_study import stability as ST
+from embvar_study.stats import stratified_auc
+
+
+def _study(kind: str, *, seed: int, n_seeds: int = 16, lrs=(1e-4, 6e-4, 8e-4, 1e-3), p_fail=(0.0, 0.4, 0.5, 0.6)) -> pd.DataFrame:
+    """A signal table of len(lrs) x n_seeds runs. 'within': drift higher in a failed run than in a learned run of the same
+    rate (and rising with the rate); 'rate': drift rises with the rate only, independent of the outcome within a rate;
+    'loss': failure planted in the held-out loss only. The other trainer's signals are noise."""
+    rng = np.random.default_rng(seed); rows = []
+    for i, (lr, p) in enumerate(zip(lrs, p_fail)):
+        fail = rng.permutation(np.arange(n_seeds) < round(p * n_seeds))
+        for s in range(n_seeds):
+            for f in STABILITY_FRACTIONS:
+                v = {f"drift_{l}": 0.1 * f + rng.normal(0, 0.02) for l in range(4)}
+                v.update(velocity=rng.normal(), train_loss=rng.normal(0.69, 0.02), grad_norm=rng.normal(1, 0.1),
+                         eval_acc=rng.normal(0.55, 0.03), eval_loss=rng.normal(0.69, 0.01))
+                v["drift_3"] += 0.05 * i                                     # drift rises with the rate: the pooled AUC is high
+                if kind == "within": v["drift_3"] += 0.06 * fail[s]
+                if kind == "loss": v["eval_loss"] += 0.02 * fail[s]
+                rows.append({"run_id": f"l{i}s{s:02d}", "lr": lr, "seed": s, "chance": 0.5, "failed": bool(fail[s]), "failure_step": np.nan,
+                             "final_acc": 0.5 if fail[s] else 0.75 + rng.normal(0, 0.02), "fraction": f, "step": int(f * 40), "total_steps": 40, **v})
+    return pd.DataFrame(rows)
+
+
+def _at(t, f, col="signal", name="drift, last layer"): return t[np.isclose(t["fraction"], f) & (t[col] == name)].iloc[0]
+
+
+def test_within_rate_failure_in_drift_is_recovered():
+    sig = _study("within", seed=3)
+    wa = ST.within_auc_table(ST.within_scores(sig))
+    for f in STABILITY_FRACTIONS:
+        r = _at(wa, f)
+        assert r["auc"] >= 0.9 and r["low"] > 0.5 and r["reading"] == "separates within rates", r
+        assert (r["failed"], r["learned"]) == (24, 24)                       # the mixed rates only (1e-4 never fails)
+        b = _at(wa, f, name="drift, best layer")
+        assert b["auc"] >= 0.9
+    inc = ST.incremental_value(sig)
+    assert (inc["low"] > 0).all(), inc                                      # drift adds to noise trainer's signals
+    ans = ST.stability_answer(inc, wa, ST.pooled_auc_table(sig))
+    assert ans["verdict"] == "adds information" and ans["text"].startswith("Drift adds information")
+    es = ST.early_stopping_table(sig, n_draws=500).set_index(["fraction", "selection"])
+    d, r, a = es.loc[(0.2, "drift, last layer")], es.loc[(0.2, "at random")], es.loc[(0.2, "all t finished")]
+    assert d["learned_kept"] > 0.99 > r["learned_kept"] and d["expected_best"] > r["expected_best"]   # drift keeps the runs that learn
+    assert a["compute"] == 1 and d["compute"] == pytest.approx((8 * 8 + 2 * 32) / (8 * 40))          # t=8 started, p=2 finished from step 8 of 40
+    ac = ST.alarm_cost(sig)
+    a = ac[ac["signal"] == "drift, last layer"]
+    assert (a["p"] < 0.05).all() and a["verdict"].str.startswith("fewer successful runs stopped").all()
+
+
+def test_drift_that_tracks_the_rate_only():
+    sig = _study("rate", seed=4)
+    pooled = ST.pooled_auc_table(sig)
+    wa = ST.within_auc_table(ST.within_scores(sig))
+    for f in STABILITY_FRACTIONS:
+        p = _at(pooled, f)
+        assert p["auc"] >= 0.75 and p["low"] > 0.5                          # pooled over rates drift "predicts" failure ...
+        lr = _at(pooled, f, name="learning rate (known before training)")
+        assert lr["auc"] >= 0.75                                            # ... as the rate alone does
+        w = _at(wa, f)
+        assert w["low"] < 0.5 < w["high"], w                                # within rates it does not
+    ans = ST.stability_answer(ST.incremental_value(sig), wa, pooled)
+    assert ans["verdict"] in ("adds none", "undecided"), ans
+    # the drift alarm is the learning rate in disguise: it stops no fewer successful runs than the rate alone
+    ac = ST.alarm_cost(sig)
+    a = ac[ac["signal"] == "drift, last layer"]
+    assert (a["verdict"] == "no better than the rate").all() and (a["p"] >= 0.05).all(), a
+
+
+def test_trainer_signal_planted_drift_adds_nothing():
+    sig = _study("loss", seed=5)
+    wa = ST.within_auc_table(ST.within_scores(sig))
+    assert _at(wa, 0.2, name="held-out loss")["low"] > 0.5
+    inc = ST.incremental_value(sig).set_index("fraction")
+    assert inc.loc[0.2, "auc_base"] > 0.8 and inc.loc[0.2, "low"] < 0 < inc.loc[0.2, "high"] + 1e-12
+
+
+def test_direction_is_never_flipped_to_below_chance():
+    sig = _study("within", seed=6)
+    sig["eval_acc"] = sig["eval_acc"] + 0.05 * sig["failed"]                 # failed runs have *higher* held-out accuracy here
+    wa = ST.within_auc_table(ST.within_scores(sig))
+    r = _at(wa, 0.2, name="held-out accuracy")
+    assert r["auc"] < 0.5 and r["reading"] == "below chance: not compared" and r["direction"] == "lower = failed (definition)"
+    g = _at(wa, 0.2, name="gradient norm")
+    assert g["direction"].startswith("chosen on other seeds")
+    ws = ST.within_scores(sig)
+    s = ws[np.isclose(ws["fraction"], 0.2) & (ws["signal"] == "held-out accuracy")]
+    t = sig[np.isclose(sig["fraction"], 0.2)].set_index("run_id").loc[s["run_id"]]
+    assert np.allclose(s["score"].to_numpy(), -t["eval_acc"].to_numpy())    # the fixed direction, the same for every run
+    assert stratified_auc(s["score"].to_numpy(), s["failed"].to_numpy(bool), s["lr"].to_numpy()) == pytest.approx(r["auc"])
+
+
+def test_stability_section_from_tables(monkeypatch):
+    "The section's sentences and tables come from the tables: the verdict, the counts and the answer's numbers change with the data."
+    from embvar_study.report import Table
+    from embvar_study.sweep import STABILITY_FAILURE
+    def tables(sig):
+        ws = ST.within_scores(sig); wa = ST.within_auc_table(ws); pooled = ST.pooled_auc_table(sig); inc = ST.incremental_value(sig)
+        return {"sig": sig, "failure": STABILITY_FAILURE, "counts": ST.outcome_counts(sig), "within": wa, "notes": [], "pooled": pooled,
+                "increment": inc, "early": ST.early_stopping_table(sig, n_draws=200), "alarm": ST.alarm_cost(sig), "answer": ST.stability_answer(inc, wa, pooled)}
+    out = {}
+    for kind in ("within", "rate"):
+        T = tables(_study(kind, seed=3))
+        monkeypatch.setattr(ST, "stability_tables", lambda study, pooling="mean", T=T: T)
+        items = ST.stability_section(object())
+        assert sum(isinstance(i, Table) for i in items) == 6
+        text = "\n".join(i for i in items if isinstance(i, str))
+        assert T["answer"]["text"] in text and "No interval: " in text and "of 64 runs failed" in text
+        out[kind] = T["answer"]["verdict"]
+    assert out["within"] == "adds information" and out["rate"] != "adds information"
