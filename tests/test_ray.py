@@ -131,16 +131,23 @@ def test_finished_runs_are_never_recomputed(ray_sweep):
     assert folder_state(out / m["path"][0]) == before[m["path"][0]]
 
 
-def test_a_run_that_fails_for_its_own_reasons_is_recorded_not_retried(cluster, tmp_path):
+def test_a_run_that_fails_for_its_own_reasons_is_recorded_not_retried(cluster, tmp_path, monkeypatch):
+    "Max_retries=3 restarts a run whose worker died, never one that failed for its own reasons: the task starts once."
     bad = "no-such-org/no-such-model"                # fails inside the task (offline), not at planning
-    t = time.perf_counter()
-    m = run_sweep("fail", BASE, [{"lr": 5e-5, "seed": 0, "model": bad}], tmp_path, executor="ray",
+    attempts = str(tmp_path / "attempts.txt")
+    real = ray_executor._ray_task
+
+    def counted(*args):                              # a closure: pickled by value, so the worker runs it
+        with open(attempts, "a") as f: f.write("started\n")
+        return real(*args)
+    monkeypatch.setattr(ray_executor, "_ray_task", counted)
+    m = run_sweep("fail", BASE, [{"lr": 5e-5, "seed": 0, "model": bad}], tmp_path / "study", executor="ray",
                   ray_options={"max_retries": 3}, say=None)
     assert list(m["status"]) == ["failed"]
     assert m["error"][0].startswith("HubUnavailableError") and bad in m["error"][0]
-    assert not is_complete(tmp_path / m["path"][0])
-    assert list(load_manifest(tmp_path, "fail")["status"]) == ["failed"]
-    assert time.perf_counter() - t < 60
+    assert Path(attempts).read_text().splitlines() == ["started"]   # one attempt, no retry
+    assert not is_complete(tmp_path / "study" / m["path"][0])
+    assert list(load_manifest(tmp_path / "study", "fail")["status"]) == ["failed"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -194,11 +201,9 @@ def test_a_tune_trial_ends_at_its_alarm(cluster, tmp_path):
             if report_to_tune(tracker, step, loss=loss.item() if loss is not None else 0.0): return
         tracker.close()
 
-    t = time.perf_counter()
     grid = tune.Tuner(tune.with_resources(trainable, {"cpu": 1}),
                       param_space={"lr": tune.grid_search([3.0, 1e-6]), "out": str(out), "rule": rule},
                       run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"), stop=alarm_stopper(), verbose=0)).fit()
-    took = time.perf_counter() - t
     assert not grid.errors, grid.errors
     res = {r.config["lr"]: r for r in grid}
     hist = {lr: r.metrics_dataframe.sort_values("step") for lr, r in res.items()}
@@ -210,7 +215,6 @@ def test_a_tune_trial_ends_at_its_alarm(cluster, tmp_path):
     assert hist[1e-6]["step"].tolist() == list(range(9)) and (hist[1e-6]["embvar/alarm"] == 0).all()
     for lr, run in ((3.0, stopped), (1e-6, stable)):     # what Tune received is the drift of the run folder
         np.testing.assert_allclose(hist[lr]["embvar/drift"], drift_curve(run.embeddings(-1, "mean")), atol=1e-6, rtol=0)
-    assert took < 60, f"took {took:.0f}s"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -348,25 +352,29 @@ def test_ray_not_installed(tmp_path, monkeypatch, capsys):
 
 
 def test_unreachable_address_fails_fast_from_the_cli(tmp_path):
+    "Fast: a TCP check refuses the address before `ray.init` (which retries for minutes) is ever called; nothing runs."
     out = tmp_path / "report"
-    t = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", "from embvar_study.cli import main; main()", "report", "--profile", "smoke",
+    probe = ("import atexit, ray\n"
+             "calls, real = [], ray.init\n"
+             "ray.init = lambda *a, **k: calls.append(k) or real(*a, **k)\n"
+             "atexit.register(lambda: print('ray.init calls:', len(calls)))\n"
+             "from embvar_study.cli import main; main()\n")
+    r = subprocess.run([sys.executable, "-c", probe, "report", "--profile", "smoke",
                         "--executor", "ray", "--ray-address", "127.0.0.1:1", "--out", str(out)],
-                       env=env(), capture_output=True, text=True, timeout=120)
-    took = time.perf_counter() - t
+                       env=env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-2000:])
     assert "embvar report: error: --ray-address: cannot reach a Ray cluster at '127.0.0.1:1'" in r.stderr
     assert "ray start --head --port=1" in r.stderr
+    assert "ray.init calls: 0" in r.stdout.splitlines(), r.stdout[-500:]
     assert not (out / "runs").exists() and not (out / "sweeps").exists() and not (out / "notebooks").exists()   # nothing ran
-    assert took < 60, f"took {took:.0f}s"
 
 
 def test_every_experiment_template_takes_the_executor_parameters():
     import nbformat, papermill as pm
-    from embvar_study.report import template_dir
+    from embvar_study.report import template_for
     for name in EXPERIMENT_NAMES:
-        params = pm.inspect_notebook(str(template_dir() / f"{name}.ipynb"))
+        params = pm.inspect_notebook(str(template_for(name)))
         assert {"executor", "ray_address", "gpus_per_run", "cpus_per_run", "jobs", "runs_per_gpu"} <= set(params), name
         assert params["executor"]["default"] == '"local"' and params["ray_address"]["default"] == '""', name
-        src = "\n".join(c.source for c in nbformat.read(template_dir() / f"{name}.ipynb", as_version=4).cells)
+        src = "\n".join(c.source for c in nbformat.read(template_for(name), as_version=4).cells)
         assert "executor=executor" in src and "ray_address=ray_address, gpus_per_run=gpus_per_run, cpus_per_run=cpus_per_run" in src
