@@ -14,7 +14,7 @@ from numpy.typing import ArrayLike
 from .checks import as_float_array, check_at_least
 from .metrics import cosine_drift, cross_run_dispersion, total_variance
 from .align import PAIR_MEASURES, pairwise_run_table
-from .stats import _check_confidence, _check_n_resamples, seed_interval, interval_method
+from .stats import check_confidence, check_n_resamples, seed_interval, interval_method
 from .study import RunSet, NotComputed
 
 # %% auto #0
@@ -83,7 +83,7 @@ def measure_agreement(pairs: pd.DataFrame,        # align.pairwise_run_table(...
     D = D[[m for m in D if np.isfinite(D[m]).all()]]                    # cka_debiased is undefined with N = 3 probes
     if not {"i", "j"} <= set(pairs): raise ValueError("pairs: expected the columns i and j of align.pairwise_run_table")
     if resample not in ("runs", "pairs"): raise ValueError(f"resample: expected 'runs' or 'pairs', got {resample!r}")
-    n_resamples, confidence = _check_n_resamples(n_resamples), _check_confidence(confidence)
+    n_resamples, confidence = check_n_resamples(n_resamples), check_confidence(confidence)
     check_at_least(len(D), 3, "pairs", "run pairs (3 runs give 3 pairs)")
     i, j = pairs["i"].to_numpy(int), pairs["j"].to_numpy(int)
     K = int(max(i.max(), j.max())) + 1

@@ -15,7 +15,7 @@ from numpy.typing import ArrayLike
 from .checks import as_float_array, check_at_least
 from .metrics import cosine_drift
 from .align import generalized_procrustes
-from .stats import _check_confidence, _check_n_resamples, _rng
+from .stats import check_confidence, check_n_resamples, _rng
 from .study import RunSet, NotComputed
 
 # %% auto #0
@@ -97,9 +97,9 @@ class VarianceComponents:
 
 # %% ../nbs/17_components.ipynb #b22ccaba
 def _check_resamples(n_resamples, confidence) -> tuple[int, float]:
-    n = _check_n_resamples(n_resamples)
+    n = check_n_resamples(n_resamples)
     if n < 2: raise ValueError(f"n_resamples: expected an integer >= 2 (bootstrap resamples; the standard error needs two), got {n_resamples!r}")
-    return n, _check_confidence(confidence)
+    return n, check_confidence(confidence)
 
 # %% ../nbs/17_components.ipynb #242b8ffb
 def _check_names(names, k: int, default: tuple) -> tuple:

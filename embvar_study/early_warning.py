@@ -15,7 +15,7 @@ from numpy.typing import ArrayLike
 
 from .checks import as_float_array
 from .metrics import cosine_drift, drift_curve
-from .stats import _check_confidence, _check_n_resamples
+from .stats import check_confidence, check_n_resamples
 from .stats import logistic_fit, stratified_auc_interval
 from .study import RunSet, NotComputed, format_lr
 
@@ -250,7 +250,7 @@ def auc_score_interval(auc: ArrayLike,          # (...) observed AUCs
                        confidence: float = 0.95, # nominal coverage
                       ) -> tuple[np.ndarray, np.ndarray]:  # (...) low, (...) high
     "Newcombe's (2006, method 5) score interval: the AUCs t with (A - t)^2 <= z^2 V(t), found by bisection, vectorised over `auc` (`stats.stratified_auc_interval` with one stratum)."
-    return stratified_auc_interval(auc, [n1], [n0], _check_confidence(confidence))
+    return stratified_auc_interval(auc, [n1], [n0], check_confidence(confidence))
 
 def auc_ci(scores: ArrayLike,         # (n,) a score per run, e.g. drift at step k
            failed: ArrayLike,         # (n,) bool / 0-1 outcome per run (1 = failed)
@@ -264,7 +264,7 @@ def auc_ci(scores: ArrayLike,         # (n,) a score per run, e.g. drift at step
     "ROC AUC (Mann-Whitney U / n1 n0) of `scores` for `failed`, with Newcombe's score interval over runs."
     s = as_float_array(scores, "scores", ndim=1, dims="(n,)")
     y = _outcomes(failed, s.size)
-    _check_n_resamples(n_resamples); confidence = _check_confidence(confidence)
+    check_n_resamples(n_resamples); confidence = check_confidence(confidence)
     pos, neg = s[y], s[~y]
     n1, n0 = pos.size, neg.size
     auc = float(_sps.mannwhitneyu(pos, neg, alternative="two-sided").statistic) / (n1 * n0)

@@ -395,7 +395,8 @@ def section_stability(study: Study, **o) -> list:
     o = report_options(**o)
     if "stability" not in study.experiments: return [RawHTML(NOT_APPLICABLE)]      # not this study's question: the section is left out, not listed
     study.runs("stability", min_runs=2, diverged=True)                     # NotComputed (one line) when its runs are missing
-    return EW.stability_section(study, layer=o["layer"], pooling=o["pooling"], n_resamples=o["n_resamples"])
+    from embvar_study import stability as ST
+    return ST.stability_section(study, layer=o["layer"], pooling=o["pooling"], n_resamples=o["n_resamples"])
 
 # %% ../nbs/20b_sections.ipynb #c38cd632
 def section_agreement(study: Study, **o) -> list:

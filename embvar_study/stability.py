@@ -345,7 +345,7 @@ def stability_section(study: object,           # a loaded study with the stabili
                       pooling: str = "mean", **_ignored,   # the report's options (layer, n_resamples: unused here)
                      ) -> list:                # report items: Markdown strings and report.Table
     "The report section 'Does drift add anything beyond the learning rate?': runs per rate, the computed answer, the stratified AUC table, the pooled AUC beside the rate's, the incremental value, early stopping and the alarm's cost."
-    from embvar_study.report import Table
+    from embvar_study.display import Table
     T = stability_tables(study, pooling=pooling)
     c, wa, inc, es, ac = T["counts"], T["within"], T["increment"], T["early"], T["alarm"]
     mixed = c[c["both outcomes"]]

@@ -19,11 +19,11 @@ from ._batching import rescaled_pow2 as _rescaled
 SeedLike = Union[None, int, np.random.SeedSequence, np.random.Generator]   # anything np.random.default_rng accepts
 
 # %% auto #0
-__all__ = ['SeedLike', 'INTERVAL_METHOD', 'CI', 'bootstrap_ci', 'cluster_bootstrap_ci', 'interval_method', 'seed_interval',
-           'JackknifeResult', 'jackknife', 'PermutationResult', 'permutation_test', 'cohens_d', 'hedges_g',
-           'mean_difference_ci', 'difference_interval', 'standardized_difference_interval', 'permutation_min_pvalue',
-           'effect_size_table', 'quantile_summary', 'auc_variance_hm', 'stratum_sizes', 'stratified_auc',
-           'stratified_auc_interval', 'stratified_delong', 'logistic_fit', 'stratified_auc_ci']
+__all__ = ['SeedLike', 'INTERVAL_METHOD', 'check_confidence', 'check_n_resamples', 'CI', 'bootstrap_ci', 'cluster_bootstrap_ci',
+           'interval_method', 'seed_interval', 'JackknifeResult', 'jackknife', 'PermutationResult', 'permutation_test',
+           'cohens_d', 'hedges_g', 'mean_difference_ci', 'difference_interval', 'standardized_difference_interval',
+           'permutation_min_pvalue', 'effect_size_table', 'quantile_summary', 'auc_variance_hm', 'stratum_sizes',
+           'stratified_auc', 'stratified_auc_interval', 'stratified_delong', 'logistic_fit', 'stratified_auc_ci']
 
 # %% ../nbs/04_stats.ipynb #af0e6ff8
 _CHUNK_ELEMENTS = 2**21
@@ -31,14 +31,14 @@ _CLUSTER_CHUNK_ELEMENTS = 2**16
 _BOOT_METHODS = ("bca", "percentile", "basic")
 _ALTERNATIVES = ("two-sided", "less", "greater")
 
-def _check_confidence(confidence) -> float:
+def check_confidence(confidence) -> float:
     ok = (isinstance(confidence, (int, float, np.integer, np.floating)) and not isinstance(confidence, bool)
           and 0 < float(confidence) < 1)
     if not ok:
         raise ValueError(f"confidence: expected a number strictly between 0 and 1 (e.g. 0.95), got {confidence!r}")
     return float(confidence)
 
-def _check_n_resamples(n_resamples) -> int:
+def check_n_resamples(n_resamples) -> int:
     try: n = operator.index(n_resamples)
     except TypeError: n = None
     if n is None or isinstance(n_resamples, bool) or n < 1:
@@ -218,7 +218,7 @@ def bootstrap_ci(values: ArrayLike,            # (..., n, ...) samples; the samp
     ax = _check_axis(axis, x)
     check_at_least(x.shape[ax], 2, "values", f"samples along axis {axis}")
     _check_callable(statistic)
-    n_resamples, confidence = _check_n_resamples(n_resamples), _check_confidence(confidence)
+    n_resamples, confidence = check_n_resamples(n_resamples), check_confidence(confidence)
     method, rng = _check_choice(method, "method", _BOOT_METHODS), _rng(seed)
     x = np.moveaxis(x, ax, -1)
     batch_shape, n = x.shape[:-1], x.shape[-1]
@@ -287,7 +287,7 @@ def cluster_bootstrap_ci(values: ArrayLike,            # (n_clusters, n_items), 
     C, I = x.shape
     check_at_least(C, 2, "values", "clusters (rows, e.g. seeds)")
     _check_callable(statistic)
-    n_resamples, confidence = _check_n_resamples(n_resamples), _check_confidence(confidence)
+    n_resamples, confidence = check_n_resamples(n_resamples), check_confidence(confidence)
     method, rng = _check_choice(method, "method", _BOOT_METHODS), _rng(seed)
     estimate = _apply_statistic(statistic, x.reshape(1, C * I), -1, (1,))
     if np.ptp(x) == 0:                                   # every resample is the same matrix
@@ -305,7 +305,7 @@ def interval_method(n_seeds: int,              # seeds (clusters) behind the int
                    ) -> str:                   # one line to print under a table
     "How an interval over seeds was made, in words (or why there is none)."
     if n_seeds < 2: return f"no interval: {n_seeds} seed (an interval over seeds needs at least 2)"
-    return f"{100 * _check_confidence(confidence):g}% t interval over {n_seeds} seeds ({n_seeds - 1} df)"
+    return f"{100 * check_confidence(confidence):g}% t interval over {n_seeds} seeds ({n_seeds - 1} df)"
 
 INTERVAL_METHOD = "t interval over the per-seed means (seeds - 1 degrees of freedom); none with 1 seed"
 
@@ -315,7 +315,7 @@ def seed_interval(values: ArrayLike,          # (S, ...) one value per seed (e.g
                  ) -> dict:                   # estimate, low, high, se, df (arrays of the trailing shape), note (str)
     "Student t interval of the mean over seeds, vectorized over trailing statistics; NaN bounds with 1 seed."
     x = as_float_array(values, "values", min_ndim=1, dims="(S, ...) with the seeds along axis 0")
-    confidence, S = _check_confidence(confidence), x.shape[0]
+    confidence, S = check_confidence(confidence), x.shape[0]
     est = x.mean(axis=0)
     if S < 2:
         nan = np.full(est.shape, np.nan)
@@ -414,7 +414,7 @@ def permutation_test(a: ArrayLike,                 # (n_a,) sample of condition 
     if func is None:
         raise ValueError(f"statistic: expected one of 'mean_diff', 'median_diff' or a callable(a, b, axis), got {statistic!r}")
     _check_callable(func)
-    n_resamples = _check_n_resamples(n_resamples)
+    n_resamples = check_n_resamples(n_resamples)
     alternative, rng = _check_choice(alternative, "alternative", _ALTERNATIVES), _rng(seed)
     res = _sps.permutation_test((a, b), func, permutation_type="samples" if paired else "independent",
                                 vectorized=True, n_resamples=n_resamples, alternative=alternative, rng=rng,
@@ -468,7 +468,7 @@ def mean_difference_ci(a: ArrayLike,              # (n_a,) sample
                       ) -> CI:                    # CI of mean(a) - mean(b)
     "Bootstrap CI of mean(a) - mean(b) (scipy.stats.bootstrap with two samples)."
     a, b = _two_samples(a, b, paired)
-    n_resamples, confidence = _check_n_resamples(n_resamples), _check_confidence(confidence)
+    n_resamples, confidence = check_n_resamples(n_resamples), check_confidence(confidence)
     method, rng = _check_choice(method, "method", _BOOT_METHODS), _rng(seed)
     estimate = float(a.mean() - b.mean())
     if (np.ptp(a - b) == 0) if paired else (np.ptp(a) == 0 and np.ptp(b) == 0):   # every resample agrees
@@ -497,7 +497,7 @@ def difference_interval(a: ArrayLike,               # (S_a, ...) one value per s
     y = as_float_array(b, "b", min_ndim=1, dims="(S_b, ...) with the seeds along axis 0")
     if x.shape[1:] != y.shape[1:]: raise ValueError(f"a and b: expected the same trailing shape, got {x.shape} and {y.shape}")
     if paired and x.shape[0] != y.shape[0]: raise ValueError(f"a and b: paired=True needs as many seeds in each, got {x.shape[0]} and {y.shape[0]}")
-    confidence, (na, nb) = _check_confidence(confidence), (x.shape[0], y.shape[0])
+    confidence, (na, nb) = check_confidence(confidence), (x.shape[0], y.shape[0])
     est = x.mean(axis=0) - y.mean(axis=0)
     if min(na, nb) < 2:
         nan = _scalar(np.full(est.shape, np.nan))
@@ -540,7 +540,7 @@ def standardized_difference_interval(d: ArrayLike,          # (...) Cohen's d (p
     for n, name in ((n_a, "n_a"), (n_b, "n_b")):
         if name == "n_b" and n is None: continue
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1: raise ValueError(f"{name}: expected an int >= 1, got {n!r}")
-    confidence, paired = _check_confidence(confidence), n_b is None
+    confidence, paired = check_confidence(confidence), n_b is None
     x = np.asarray(d, dtype=np.float64)
     scale, df = (math.sqrt(n_a), n_a - 1) if paired else (math.sqrt(n_a * n_b / (n_a + n_b)), n_a + n_b - 2)
     nan = _scalar(np.full(x.shape, np.nan))
@@ -608,7 +608,7 @@ def effect_size_table(groups: Mapping,              # name -> (n,) sample, e.g. 
                      ) -> pd.DataFrame:             # one row per comparison a - b; attrs['ci_method'] says how
     "Pairwise effect sizes over seeds: difference with its t interval and t-test p-value, Cohen's d / Hedges' g with the noncentral-t interval, exact permutation p and its floor."
     samples = _group_samples(groups, reference, paired)
-    n_resamples, confidence, rng = _check_n_resamples(n_resamples), _check_confidence(confidence), _rng(seed)
+    n_resamples, confidence, rng = check_n_resamples(n_resamples), check_confidence(confidence), _rng(seed)
     pairs = ([(k, reference) for k in samples if k != reference] if reference is not None
              else list(itertools.combinations(samples, 2)))
     table = pd.DataFrame([_comparison_row(ka, kb, samples[ka], samples[kb], paired, n_resamples, confidence, rng)

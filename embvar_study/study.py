@@ -16,10 +16,9 @@ from .runs import (Run, RunWriter, load_run, config_hash, atomic_write_json, ato
 
 # %% auto #0
 __all__ = ['LOCK_ENV', 'STUDY_FILE', 'RUNS_REPORT_MARK', 'MANIFEST_COLUMNS', 'DESIGN_COLUMNS', 'GROUP_FIELDS',
-           'EXPERIMENT_FACTORS', 'VALUE_WORDS', 'NotComputed', 'study_lock', 'lock_env', 'write_study_spec',
-           'read_study_spec', 'check_out_folder', 'manifest_path', 'write_manifest', 'load_manifest', 'config_value',
-           'format_lr', 'synthetic_study', 'RunSet', 'split_fields', 'group_word', 'Study', 'check_study', 'load_study',
-           'arm_label', 'value_label', 'study_from_runs']
+           'EXPERIMENT_FACTORS', 'NotComputed', 'study_lock', 'lock_env', 'write_study_spec', 'read_study_spec',
+           'check_out_folder', 'manifest_path', 'write_manifest', 'load_manifest', 'config_value', 'synthetic_study',
+           'RunSet', 'split_fields', 'group_word', 'Study', 'check_study', 'load_study', 'arm_label', 'study_from_runs']
 
 # %% ../nbs/14_study.ipynb #19b2c9c2
 class NotComputed(Exception):
@@ -162,13 +161,7 @@ def _design_row(run: Run, experiment: str = "", factor: str = "") -> dict:
             "replicate": config_value(c, "replicate") or 0, "status": run.status}
 
 # %% ../nbs/14_study.ipynb #222fb603
-def format_lr(lr: float | None) -> str:
-    "A learning rate as people write it: 5e-05 -> '5e-5', 0.00025 -> '2.5e-4', 0.1 -> '0.1'."
-    if lr is None or (isinstance(lr, float) and np.isnan(lr)): return "?"
-    x = float(lr)
-    if x == 0 or abs(x) >= 1e-2: return f"{x:g}"
-    mant, exp = f"{x:.2e}".split("e")
-    return f"{mant.rstrip('0').rstrip('.')}e{int(exp)}"
+from .words import format_lr, VALUE_WORDS, value_label   # their home: words (format_lr names the designs here; value_label is in the examples)
 
 # %% ../nbs/14_study.ipynb #96f737ea
 def _synthetic_lrs(lr: float, schedule: str, total: int) -> np.ndarray:  # (total,) the lr of each step
@@ -580,18 +573,6 @@ def arm_label(value: object) -> str:
     "An experiment's arm in words: 'full' -> 'full fine-tuning', 'lora_r64' -> 'LoRA r=64'; any other value as it is."
     m = re.fullmatch(r"lora_r(\d+)", str(value))
     return f"LoRA r={m.group(1)}" if m else "full fine-tuning" if str(value) == "full" else str(value)
-
-VALUE_WORDS = {"token_dropout": "token dropout", "typo": "typos", "mc_dropout": "MC dropout", "init_seed": "head seed",
-               "data_seed": "data seed", "dropout_seed": "dropout seed",
-               "builtin": "the built-in probe set", "heldout": "held-out rows"}   # a value the analysis names by its config key -> words
-
-_COMPONENT_PARTS = {"probe", "residual"}   # the other names a variance component is made of
-
-def value_label(value: object) -> str:
-    "A perturbation kind or variance component in words: 'mc_dropout' -> 'MC dropout', 'init_seed:probe' -> 'head seed × probe'; any other value as it is."
-    parts = str(value).split(":")
-    if not all(p in VALUE_WORDS or p in _COMPONENT_PARTS for p in parts): return str(value)
-    return " × ".join(VALUE_WORDS.get(p, p) for p in parts)
 
 def _design_words(experiment: str, t: pd.DataFrame, m: pd.DataFrame) -> str:
     if experiment == "crossed":
