@@ -291,7 +291,6 @@ def _lora_finding(study: Study, o: dict) -> list[dict]:
 
 # %% ../nbs/20a_findings.ipynb #5b662eb1
 def _stability_finding(study: Study, o: dict) -> list[dict]:
-    from embvar_study import early_warning as EW
     from embvar_study import stability as ST
     f = memo(study, ("stability_finding", o["pooling"]), lambda: ST.stability_finding(study, pooling=o["pooling"]))
     return [_finding("stability", f["text"], f["value"], f["ci"], f["verdict"])]

@@ -391,7 +391,6 @@ NOT_APPLICABLE = '<p class="not-applicable"></p>'   # a section's output when th
 # %% ../nbs/20b_sections.ipynb #acfbad93
 def section_stability(study: Study, **o) -> list:
     "Does drift warn earlier than the loss? The stability experiment's answer (`early_warning.stability_section`), in the main body."
-    from embvar_study import early_warning as EW
     o = report_options(**o)
     if "stability" not in study.experiments: return [RawHTML(NOT_APPLICABLE)]      # not this study's question: the section is left out, not listed
     study.runs("stability", min_runs=2, diverged=True)                     # NotComputed (one line) when its runs are missing

@@ -161,7 +161,7 @@ def _design_row(run: Run, experiment: str = "", factor: str = "") -> dict:
             "replicate": config_value(c, "replicate") or 0, "status": run.status}
 
 # %% ../nbs/14_study.ipynb #222fb603
-from .words import format_lr, VALUE_WORDS, value_label   # their home: words (format_lr names the designs here; value_label is in the examples)
+from .words import format_lr, VALUE_WORDS, value_label   # noqa: F401 (re-exported) their home: words (format_lr names the designs here; value_label is in the examples)
 
 # %% ../nbs/14_study.ipynb #96f737ea
 def _synthetic_lrs(lr: float, schedule: str, total: int) -> np.ndarray:  # (total,) the lr of each step

@@ -5,12 +5,11 @@
 # %% ../nbs/10_tracking.ipynb #d13d8a6a
 from __future__ import annotations
 import importlib
-import json
+import json  # noqa: F401 (used by the examples below)
 import math
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ from transformers.trainer_callback import CallbackHandler
 from .extract import embed_texts, saved_layers
 from .metrics import cosine_drift
 from .runs import RunWriter, FolderLock, atomic_write_json
-from .config import ALARM_SIGNALS, AlarmRule, alarm_rule, divergence_reason, tracker_settings   # alarm rules live in config (re-exported here)
+from .config import ALARM_SIGNALS, AlarmRule, alarm_rule, divergence_reason, tracker_settings   # noqa: F401 (alarm rules live in config, re-exported here)
 from .models import is_decoder, lora_summary, parameter_counts
 
 # %% auto #0

@@ -16,7 +16,7 @@ by its presence and kind: PNG bytes change with matplotlib's version). Floats ar
 compared (a benchmark that prints a time).
 """
 from __future__ import annotations
-import argparse, copy, json, os, re, sys
+import argparse, json, os, re, sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -172,8 +172,11 @@ def main(argv=None) -> int:
             k, n = share(p); print(f"{p.relative_to(ROOT)}: {k} of {n} non-export code cells carry outputs ({k / max(n, 1):.0%})")
         return 0
     job = write if a.write else check
-    with ProcessPoolExecutor(max_workers=a.workers) as pool:
-        results = list(pool.map(job, paths))
+    if a.workers <= 1: results = [job(p) for p in paths]
+    else:
+        import multiprocessing
+        with ProcessPoolExecutor(max_workers=a.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            results = list(pool.map(job, paths))
     bad = [r for r in results if r and (a.check or "failed" in r.split("\n")[0])]
     for r in results:
         if r and a.write: print(r.split("\n")[0])

@@ -1,7 +1,7 @@
 """The command line as a user meets it: `--version`, a misspelt profile refused at once with a suggestion, negative
 numbers reaching validation, help in groups, defaults that fit a small dataset, run identity from content (a changed
 CSV or probe file is a new run), and every failure one line on stderr with exit code 2 naming the flag or file."""
-import os, subprocess, sys, time
+import os, subprocess, sys
 from pathlib import Path
 
 import pytest

@@ -221,8 +221,8 @@ def test_measure_agreement_refused_with_few_runs():
 
 
 # ------------------------------------------------------------------ the stability design (issue 31): within-rate intervals
-from embvar_study.stability import NONE_MARGIN, STRATIFIED_MIN_PER_CLASS, decide, dodge_best, incremental_value
-from embvar_study.stats import logistic_fit, stratified_auc, stratified_auc_ci, stratified_auc_interval, stratified_delong, stratum_sizes
+from embvar_study.stability import NONE_MARGIN, STRATIFIED_MIN_PER_CLASS, dodge_best, incremental_value
+from embvar_study.stats import logistic_fit, stratified_auc_ci, stratified_auc_interval, stratified_delong
 from embvar_study.sweep import PROFILES
 
 STAB_SEEDS = len(PROFILES["stability"]["seeds"])         # the committed design: seeds per learning rate

@@ -1,5 +1,5 @@
 """Tests of embvar_study.models: tiny tokenizer, model resolution and loading, the seed contract."""
-import hashlib, importlib.metadata, shutil, sys, time
+import hashlib, importlib.metadata, shutil, sys
 
 import pytest
 import torch
