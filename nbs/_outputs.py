@@ -10,7 +10,8 @@ Notebooks: nbs/index.ipynb, the module notebooks nbs/NN_*.ipynb and the guides n
 templates in nbs/experiments/ are parameterised and committed without outputs). Cells run as nbdev_test runs them:
 `#| eval: false` cells and cells flagged with settings.ini's `tst_flags` are skipped (their committed outputs are kept).
 
-Volatile fields are not compared: memory addresses, temporary paths, durations, and image bytes (a figure is compared
+Volatile fields are not compared: stderr (progress bars, warnings), sha256 digests, timestamps, pids, memory
+addresses, temporary paths, durations, and image bytes (a figure is compared
 by its presence and kind: PNG bytes change with matplotlib's version). Floats are compared to 4 significant digits
 (the last bits of a float sum differ between CPU kernels). A cell tagged `volatile` is run but its outputs are not
 compared (a benchmark that prints a time).
@@ -80,7 +81,10 @@ def _clean_outputs(outputs: list) -> list:
     return out
 
 
-_VOLATILE = [(re.compile(r"0x[0-9a-fA-F]{6,}"), "0x…"),
+_VOLATILE = [(re.compile(r"\b[0-9a-f]{64}\b"), "<sha256>"),
+             (re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?([+-]\d\d:\d\d|Z)?"), "<when>"),
+             (re.compile(r"\bpid \d+"), "pid <n>"),
+             (re.compile(r"0x[0-9a-fA-F]{6,}"), "0x…"),
              (re.compile(r"(/tmp|/var/folders|/private/var)/[^\s'\")]+"), "<tmp>"),
              (re.compile(r"\b\d+(\.\d+)?\s?(s|ms|µs|us|ns|sec|seconds)\b"), "<time>"),
              (re.compile(r"\b\d+m\d+(\.\d+)?s\b"), "<time>")]
@@ -95,6 +99,7 @@ def normalise(outputs: list | None) -> list:
     res = []
     for o in outputs or []:
         kind = o.get("output_type")
+        if kind == "stream" and o.get("name") == "stderr": continue      # progress bars and warnings: volatile
         if kind == "stream": items = {"text/plain": _text(o.get("text", ""))}
         elif kind == "error": items = {"error": o.get("ename", "")}
         else: items = {k: (_text(v) if k.startswith("text/") else "<bytes>") for k, v in (o.get("data") or {}).items()}
@@ -171,7 +176,8 @@ def main(argv=None) -> int:
         for p in paths:
             k, n = share(p); print(f"{p.relative_to(ROOT)}: {k} of {n} non-export code cells carry outputs ({k / max(n, 1):.0%})")
         return 0
-    job = write if a.write else check
+    sys.path.insert(0, str(NBS)); import _outputs as me          # spawned workers import the functions by module name
+    job = me.write if a.write else me.check
     if a.workers <= 1: results = [job(p) for p in paths]
     else:
         import multiprocessing
