@@ -49,7 +49,7 @@ def _check_positive_int(n, name: str, maximum: int | None = None, what: str = "r
         raise ValueError(f"{name}: expected at most {maximum} {what} (all that are available), got {n}")
     return int(n)
 
-def check_seed(seed, name: str = "seed") -> int:
+def check_seed(seed: object, name: str = "seed") -> int:
     "`seed` as a non-negative int, or a ValueError naming `name`."
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"{name}: expected a non-negative int, got {_shown(seed)}")
@@ -241,7 +241,7 @@ def _resource(name: str) -> Path:
     "Path of a file in the package's `resources/` folder."
     return Path(str(importlib.resources.files("embvar_study") / "resources" / name))
 
-def is_file_source(source) -> bool:
+def is_file_source(source: object) -> bool:
     "Does `source` name something local (by type, table suffix or existence) rather than a Hub id?"
     if isinstance(source, os.PathLike): return True
     return isinstance(source, str) and (source.lower().endswith(_TABLE_SUFFIXES) or os.path.exists(os.path.expanduser(source)))

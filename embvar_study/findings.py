@@ -35,18 +35,18 @@ def report_options(layer: int = -1, pooling: str = "mean", n_resamples: int = 20
     return {"layer": layer, "pooling": pooling, "n_resamples": n_resamples}
 
 # %% ../nbs/20a_findings.ipynb #3819ef18
-def summary_of(study: Study, experiment: str, by, o: dict):
+def summary_of(study: Study, experiment: str, by: object, o: dict) -> pd.DataFrame:
     from embvar_study import analysis as A
     return memo(study, ("summary", experiment, str(by), o["layer"], o["pooling"], o["n_resamples"]),
                 lambda: A.drift_summary(study.runs(experiment), by, o["layer"], o["pooling"], n_resamples=o["n_resamples"]))
 
 # %% ../nbs/20a_findings.ipynb #cb07ddaf
-def curves_of(study: Study, experiment: str, o: dict):
+def curves_of(study: Study, experiment: str, o: dict) -> pd.DataFrame:
     from embvar_study import analysis as A
     return memo(study, ("curves", experiment, o["layer"], o["pooling"]), lambda: A.drift_curves(study.runs(experiment), o["layer"], o["pooling"]))
 
 # %% ../nbs/20a_findings.ipynb #1a5a282f
-def last_rows(s: pd.DataFrame, by) -> pd.DataFrame:
+def last_rows(s: pd.DataFrame, by: object) -> pd.DataFrame:
     return s[s["step"] == s.groupby(by)["step"].transform("max")]
 
 # %% ../nbs/20a_findings.ipynb #acb46bd9

@@ -219,7 +219,7 @@ def pair_scores(fa: LayerFactors,  # factors of side a (La layers)
                 fb: LayerFactors,  # factors of side b (Lb layers), the same N probes
                 measures: list,  # names from MEASURES
                 w: np.ndarray,  # (B, N) resample multiplicities (`boot_counts`); B may be 0
-                progress=None,  # callable(done, total) after each chunk of resamples, or None
+                progress: object = None,  # callable(done, total) after each chunk of resamples, or None
                ) -> dict:  # {measure: (La, Lb, 1 + B)}: [..., 0] the full-sample value, [..., 1:] the resamples (bootstrapped measures)
     "Every measure of every layer pair, from the per-layer factors: the full sample and the resamples in one batched pass."
     N = fa.Z.shape[1]

@@ -21,13 +21,13 @@ __all__ = ['float_rows', 'check_pair_rows', 'check_not_constant', 'row_norms', '
            'cosine_distance_variance', 'class_variance', 'conditional_variance', 'participation_ratio_corrected']
 
 # %% ../nbs/02_metrics.ipynb #0372afda
-def float_rows(x, name, xp, dims="(..., N, d)", min_rows=1, what="rows (N)"):
+def float_rows(x: np.ndarray, name: str, xp: object, dims: str="(..., N, d)", min_rows: int=1, what: str="rows (N)") -> np.ndarray:
     "Validate a `(..., N, d)` set of row vectors, in backend `xp`."
     a = valid_floats(x, name, xp, min_ndim=2, dims=dims)
     check_at_least(a.shape[-2], min_rows, name, what)
     return a
 
-def check_pair_rows(a, b, name_a, name_b, same_d=True):
+def check_pair_rows(a: np.ndarray, b: np.ndarray, name_a: str, name_b: str, same_d: bool=True) -> None:
     "Raise unless `a` (..., N, d) and `b` share N (and d when `same_d`)."
     ok = a.shape[-2:] == b.shape[-2:] if same_d else a.shape[-2] == b.shape[-2]
     if not ok:
@@ -35,7 +35,7 @@ def check_pair_rows(a, b, name_a, name_b, same_d=True):
         raise ValueError(f"{name_a} and {name_b}: expected {want}, got shapes {_shape(a)} and {_shape(b)}")
 
 # %% ../nbs/02_metrics.ipynb #4037eff9
-def check_not_constant(x, name, what):
+def check_not_constant(x: np.ndarray, name: str, what: str) -> None:
     "Raise if, for some leading index, all N rows of `x` (..., N, d) are identical."
     xp = ops_of(x)
     bad = (xp.amax(x, axis=-2) == xp.amin(x, axis=-2)).all(axis=-1)
@@ -49,7 +49,7 @@ def _norms(x):
     xp = ops_of(x)
     return chunked_apply(lambda a: xp.sqrt(xp.einsum("...d,...d->...", a, a)), [x], x.shape[:-2], cost=x.shape[-2] * x.shape[-1])
 
-def row_norms(x, name):
+def row_norms(x: np.ndarray, name: str) -> np.ndarray:
     "L2 norms along the last axis, `(..., N)`; raises if one is zero (cosine undefined) or overflows."
     norms = _norms(x)
     if not bool((norms > 0).all()):
@@ -71,7 +71,7 @@ def _small_drift(A, B, na, nb, rows):
     u -= xp.broadcast_to(B, shape)[rows] * (1.0 / xp.broadcast_to(nb, shape[:-1])[rows])[:, None]
     return 0.5 * xp.einsum("kd,kd->k", u, u)
 
-def cos_dist_block(a, b, na, nb, sc):
+def cos_dist_block(a: np.ndarray, b: np.ndarray, na: np.ndarray, nb: np.ndarray, sc: object) -> np.ndarray:
     "(..., N) 1 - cos(a_i, b_i) of broadcast blocks: dot-product route, tiny distances redone by `_small_drift`."
     xp = sc.xp
     A, B = promoted_f64(a, sc, "a"), promoted_f64(b, sc, "b")                   # exact float64 promotion
@@ -207,7 +207,7 @@ def norm_variance(X: ArrayLike,  # (..., N, d) embeddings
 # %% ../nbs/02_metrics.ipynb #fd84e52f
 _METRICS = ("euclidean", "cosine")
 
-def distance_matrix(x, metric, squared=False):
+def distance_matrix(x: np.ndarray, metric: str, squared: bool=False) -> np.ndarray:
     "(..., N, N) distance matrix of validated rows x (..., N, d) (non-zero rows for cosine); `squared` euclidean."
     xp = ops_of(x); N = x.shape[-2]
     if metric == "cosine":
@@ -226,7 +226,7 @@ def distance_matrix(x, metric, squared=False):
     return D
 
 # %% ../nbs/02_metrics.ipynb #667c2384
-def set_for_metric(X, metric, name, xp, min_rows=1):
+def set_for_metric(X: np.ndarray, metric: str, name: str, xp: object, min_rows: int=1) -> np.ndarray:
     "A validated set for `metric`: non-zero rows when it is the cosine."
     if metric not in _METRICS: raise ValueError(f"metric: expected one of {_METRICS}, got {metric!r}")
     x = float_rows(X, name, xp, min_rows=min_rows)
@@ -377,7 +377,7 @@ def spectrum_summary(X: ArrayLike,  # (..., N, d) embeddings, N >= 2, non-zero r
                 top_eigen_ratio=p[..., 0])
 
 # %% ../nbs/02_metrics.ipynb #c26ab30c
-def msd_block(a, b, sc):
+def msd_block(a: np.ndarray, b: np.ndarray, sc: object) -> np.ndarray:
     "(...) mean over rows of ||a_i - b_i||^2 for broadcast blocks a, b (..., N, d)."
     diff = sc.xp.copyto(sc("diff", np.broadcast_shapes(tuple(a.shape), tuple(b.shape))), a)
     diff -= b                                    # float32 b is promoted exactly by the subtraction

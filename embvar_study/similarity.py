@@ -19,7 +19,7 @@ __all__ = ['RSA_STREAM_N', 'RSA_RANK_MAX_N', 'INVARIANCES', 'MEASURES', 'check_k
            'cknna', 'rdm_vector', 'Measure', 'linear_r2']
 
 # %% ../nbs/02a_similarity.ipynb #7c9b0dfd
-def check_k(k, N, name="k"):
+def check_k(k: int, N: int, name: str="k") -> None:
     if not (isinstance(k, (int, np.integer)) and not isinstance(k, bool) and 1 <= k <= N - 1):
         raise ValueError(f"{name}: expected an integer with 1 <= k <= N-1 = {N - 1} (self excluded), got {k!r}")
 
@@ -33,7 +33,7 @@ def _knn_chunk(x, n, k, sc):
     return top_k(S, k)
 
 # %% ../nbs/02a_similarity.ipynb #d8726106
-def knn_sets(x, name, k):
+def knn_sets(x: np.ndarray, name: str, k: int) -> np.ndarray:
     "(..., N, k) indices of the k cosine-nearest rows, nearest first, self excluded."
     n, sc, (N, d) = row_norms(x, name), Scratch(ops_of(x)), x.shape[-2:]
     return chunked_apply(lambda a, b: _knn_chunk(a, b, k, sc), [x, n], x.shape[:-2], cost=3 * N * N + N * d)
@@ -48,7 +48,7 @@ def knn_indices(X: ArrayLike,  # (..., N, d) embeddings, non-zero rows
     return knn_sets(x, "X", k)
 
 # %% ../nbs/02a_similarity.ipynb #c90ebc64
-def common_count(ia, ib, N):
+def common_count(ia: np.ndarray, ib: np.ndarray, N: int) -> np.ndarray:
     "(..., N) size of the intersection of two index sets (..., N, k)."
     xp, k = ops_of(ia), ia.shape[-1]
     if k * k <= 4 * N: return (ia[..., :, None] == ib[..., None, :]).sum(axis=(-2, -1))
@@ -77,7 +77,7 @@ def knn_overlap(X: ArrayLike,  # (..., N, dx) embeddings from one run, non-zero 
 # %% ../nbs/02a_similarity.ipynb #6589ad6f
 _TIE_RTOL = 1e-10   # relative gap below which sorted neighbours count as tied
 
-def tied_ranks(v, rtol=_TIE_RTOL):
+def tied_ranks(v: np.ndarray, rtol: float=_TIE_RTOL) -> np.ndarray:
     "Average ranks (1-based, float64) along the last axis; sorted neighbours within rtol*max|v| are tied."
     xp, M = ops_of(v), v.shape[-1]
     order = stable_argsort(v)
@@ -92,7 +92,7 @@ def tied_ranks(v, rtol=_TIE_RTOL):
     return put_last(xp.empty(tuple(v.shape)), order, xp.f64(first + last) / 2 + 1)
 
 # %% ../nbs/02a_similarity.ipynb #a91f51ce
-def rank_vector(x, metric):
+def rank_vector(x: np.ndarray, metric: str) -> np.ndarray:
     "(..., M) centred, unit-norm ranks of the upper-triangle distances of rows x (..., N, d)."
     xp = ops_of(x)
     iu, ju = xp.triu_indices(x.shape[-2])
@@ -151,14 +151,14 @@ def rsa(X: ArrayLike,  # (..., N, dx) embeddings, N >= 3
     return xp.clip(rho, -1.0, 1.0)
 
 # %% ../nbs/02a_similarity.ipynb #e9c8a519
-def centred_unit(x, sc, key):
+def centred_unit(x: np.ndarray, sc: object, key: str) -> np.ndarray:
     "Centred rows of x (..., N, d), each set first divided by a power of two so that its largest magnitude is in [0.5, 1)."
     c, _ = rescaled_pow2(x, out=sc(key, tuple(x.shape)))
     c -= c.mean(axis=-2, keepdims=True)
     return c
 
 # %% ../nbs/02a_similarity.ipynb #36365e36
-def hsic(a, b, debiased, sc):
+def hsic(a: np.ndarray, b: np.ndarray, debiased: bool, sc: object) -> np.ndarray:
     "(...) HSIC numerator <K, L>_F (debiased if asked) of centred rows a (..., N, da), b (..., N, db)."
     xp, (N, da), db = sc.xp, a.shape[-2:], b.shape[-1]
     if da * db <= N * (da + db):   # feature space: ||b^T a||_F^2
@@ -170,7 +170,7 @@ def hsic(a, b, debiased, sc):
         v = xp.einsum("...ij,...ij->...", K, L)
     return debias_hsic(v, a, b) if debiased else v
 
-def debias_hsic(v, a, b):
+def debias_hsic(v: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     "The unbiased HSIC numerator from the plain one, v = <K, L>_F, and the centred rows a, b (..., N, d)."
     xp, N = ops_of(a), a.shape[-2]
     r = xp.einsum("...nd,...nd->...n", a, a)
@@ -189,7 +189,7 @@ def _self_hsic(a, debiased, sc, cost):
     def f(b): c = centred_unit(b, sc, "cs"); return hsic(c, c, debiased, sc)
     return chunked_apply(f, [a], a.shape[:-2], cost=cost(a.shape[-1], a.shape[-1]))
 
-def cka_ratio(xy, sx, sy):
+def cka_ratio(xy: np.ndarray, sx: np.ndarray, sy: np.ndarray) -> np.ndarray:
     "HSIC(x, y) / sqrt(HSIC(x, x) HSIC(y, y)); nan where a self term is not positive."
     xp = ops_of(xy)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -340,7 +340,7 @@ def mutual_knn(X: ArrayLike,  # (..., N, dx) embeddings, non-zero rows
     j = knn_overlap(X, Y, k=k, per_point=True)
     return (2 * k * j / (1 + j) / k).mean(axis=-1)      # Jaccard c / (2k - c) turned back into c / k
 
-def hsic_unbiased(K, L):
+def hsic_unbiased(K: np.ndarray, L: np.ndarray) -> np.ndarray:
     "Unbiased HSIC of (B, N, N) kernels (Song et al. 2012)."
     xp, N = ops_of(K), K.shape[-1]
     i = xp.arange(N)
@@ -378,7 +378,7 @@ def cknna(X: ArrayLike,  # (..., N, dx) embeddings, non-zero rows, N >= 4
 
 
 # %% ../nbs/02a_similarity.ipynb #cab6b105
-def rdm_vector(x, rdm):
+def rdm_vector(x: np.ndarray, rdm: str) -> np.ndarray:
     "(M,) upper-triangle RDM of rows x (N, d): squared euclidean / d (rsatoolbox), 1 - pearson, or 1 - cosine."
     xp = ops_of(x)
     if rdm == "correlation": x = x - x.mean(axis=-1, keepdims=True)

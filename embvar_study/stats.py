@@ -31,14 +31,14 @@ _CLUSTER_CHUNK_ELEMENTS = 2**16
 _BOOT_METHODS = ("bca", "percentile", "basic")
 _ALTERNATIVES = ("two-sided", "less", "greater")
 
-def check_confidence(confidence) -> float:
+def check_confidence(confidence: object) -> float:
     ok = (isinstance(confidence, (int, float, np.integer, np.floating)) and not isinstance(confidence, bool)
           and 0 < float(confidence) < 1)
     if not ok:
         raise ValueError(f"confidence: expected a number strictly between 0 and 1 (e.g. 0.95), got {confidence!r}")
     return float(confidence)
 
-def check_n_resamples(n_resamples) -> int:
+def check_n_resamples(n_resamples: object) -> int:
     try: n = operator.index(n_resamples)
     except TypeError: n = None
     if n is None or isinstance(n_resamples, bool) or n < 1:

@@ -207,7 +207,7 @@ def _synthetic_config(lr: float, seed: int, every: int, *, init: int | None = No
     return {"model": "synthetic", "dataset": "synthetic", "probes": "synthetic", "lr": lr, "schedule": schedule, "seed": seed,
             "init_seed": seed if init is None else init, "data_seed": seed if data is None else data, "dropout_seed": seed,
             "replicate": replicate, "batch_size": 16, "epochs": 1, "track_every": every,
-            **({"perturb_kinds": ["typo", "token_dropout"]} if perturb else {})}
+            "perturb_kinds": ["typo", "token_dropout"] if perturb else []}   # recorded always, as embvar train records it
 
 def _synthetic_design(lrs: tuple[float, ...], seeds: tuple[int, ...], every: int) -> dict:  # experiment -> [(factor, config)]
     cfg = lambda lr, seed, **kw: _synthetic_config(lr, seed, every, **kw)
@@ -243,7 +243,7 @@ def synthetic_study(study_dir: str | Path,     # folder to write (created; must 
         for factor, c in points:
             key = json.dumps(c, sort_keys=True)
             if key not in done:
-                done[key] = _synthetic_run(study_dir / "runs" / config_hash(c), c, base, probes, steps, every, bool(c.get("perturb_kinds")))
+                done[key] = _synthetic_run(study_dir / "runs" / config_hash(c), c, base, probes, steps, every, bool(c["perturb_kinds"]))
             rows.append({"factor": factor, **{k: c[k] for k in ("lr", "schedule", "seed", "init_seed", "data_seed", "replicate")},
                          "run_id": done[key], "path": f"runs/{done[key]}", "status": "completed", "error": "", "seconds": 0.0, "node": ""})
         write_manifest(study_dir, e, rows)
@@ -347,10 +347,13 @@ def _among(runs: list[Run], key: str) -> list[Run]:
 def split_fields(runs: list[Run],  # the runs to group
                  group_by: str,    # the key the user groups by (always a field of the groups)
                 ) -> list[str]:    # group_by first, then every GROUP_FIELDS key whose values differ between the runs
-    "The configuration fields that define the groups of `runs`: `group_by`, and every other field that is not the same in all."
+    """The configuration fields that define the groups of `runs`: `group_by`, and every other field whose recorded values are
+    not the same in all. A field a run does not record (a callback's run records fewer than `embvar train`, which records every field) is unknown there,
+    not a difference; the LoRA rank is always recorded (None is full fine-tuning)."""
     same_as = lambda k: {GROUP_FIELDS.get(k)} - {None}
+    known = lambda r, k, v: v is not None or k == "lora_r"
     differ = [k for k in GROUP_FIELDS if k != group_by and not (same_as(k) & same_as(group_by))
-              and len({_field_value(r, k) for r in _among(runs, k)}) > 1]
+              and len({v for r in _among(runs, k) if known(r, k, v := _field_value(r, k))}) > 1]
     return [group_by, *differ]
 
 def group_word(key: str, value: object) -> str:

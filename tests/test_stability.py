@@ -251,7 +251,7 @@ def test_direction_is_never_flipped_to_below_chance():
 
 def test_stability_section_from_tables(monkeypatch):
     "The section's sentences and tables come from the tables: the verdict, the counts and the answer's numbers change with the data."
-    from embvar_study.report import Table
+    from embvar_study.display import Table
     from embvar_study.sweep import STABILITY_FAILURE
     def tables(sig):
         ws = ST.within_scores(sig); wa = ST.within_auc_table(ws); pooled = ST.pooled_auc_table(sig); inc = ST.incremental_value(sig)
