@@ -36,9 +36,8 @@ def _skip_flags() -> set[str]:
     return set(str(get_config().get("tst_flags", "")).split("|")) - {""}
 
 
-def _is_export(cell) -> bool:
-    src = cell.source if isinstance(cell.source, str) else "".join(cell.source)
-    return bool(re.search(r"^#\|\s*(export|exports|exporti|default_exp)\b", src, flags=re.M))
+def _is_export(source: str) -> bool:
+    return bool(re.search(r"^#\|\s*(export|exports|exporti|default_exp)\b", source, flags=re.M))
 
 
 def execute(path: Path) -> tuple[list | None, str | None]:
@@ -156,8 +155,7 @@ def check(path: Path) -> str | None:
 def share(path: Path) -> tuple[int, int]:
     "(non-export code cells with outputs, non-export code cells)"
     nb = json.loads(path.read_text(encoding="utf-8"))
-    cells = [c for c in nb["cells"] if c["cell_type"] == "code" and _text(c["source"]).strip() and not _is_export(
-        type("C", (), {"source": _text(c["source"])}))]
+    cells = [c for c in nb["cells"] if c["cell_type"] == "code" and _text(c["source"]).strip() and not _is_export(_text(c["source"]))]
     return sum(bool(c.get("outputs")) for c in cells), len(cells)
 
 
