@@ -398,7 +398,7 @@ def lora_comparisons(rs: RunSet, layer: int = -1, pooling: str = "mean", *, n_re
         if arm == "full": continue
         d = v["drift"].mean(1)
         acc, dr = difference_interval(v["acc"], full["acc"]), difference_interval(d, fd)   # Welch t over seeds (NaN below 2 per arm)
-        out.append({"arm": arm, "n_seeds": len(d), "n_seeds_full": len(fd),
+        out.append({"arm": arm, "lora_r": v["runs"][0].config.get("lora_r"), "n_seeds": len(d), "n_seeds_full": len(fd),
                     "acc_diff": float(v["acc"].mean() - full["acc"].mean()), "acc_diff_ci": (acc["low"], acc["high"]),
                     "drift_diff": float(d.mean() - fd.mean()), "drift_diff_ci": (dr["low"], dr["high"]), "ci_method": (acc["note"], dr["note"]),
                     "drift_ratio": float(d.mean() / fd.mean()) if fd.mean() > 0 else np.nan,

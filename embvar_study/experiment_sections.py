@@ -67,10 +67,11 @@ def section_experiment(study: Study, experiment: str, **o) -> list:
     "An experiment's design in words and one row per run: its design values, status, final drift and losses."
     from embvar_study import analysis as A
     o = report_options(**o); rs = study.runs(experiment)
-    from embvar_study.plots import arm_label
+    from embvar_study.study import arm_names
     labels = rs.labels()
     if "factor" in rs.table and len(set(labels)) < len(labels) and rs.table["factor"].nunique() > 1:   # arms the labels do not tell apart (LoRA ranks)
-        labels = [f"{arm_label(f)} · {l}" for f, l in zip(rs.table["factor"], labels)]
+        names = arm_names(rs.table)
+        labels = [f"{names[f]} · {l}" for f, l in zip(rs.table["factor"], labels)]
     rt = A.runs_table(rs).assign(run=labels)
     c = curves_of(study, experiment, o)
     rt["final_drift"] = rt["run_id"].map(c.groupby("run_id")["drift"].last())
@@ -89,14 +90,15 @@ def _iv_cell(v: float, lo: float, hi: float) -> str:
 # %% ../nbs/20c_experiment_sections.ipynb #afe0e085
 def lora_layer_table(study: Study, **o) -> pd.DataFrame:  # one row per layer, one column per arm
     "Drift from step 0 at the last step of every layer per arm, with its interval over seeds (the drift summary's, one layer at a time)."
-    from embvar_study.plots import arm_label
+    from embvar_study.study import arm_names
     o = report_options(**o); rs = study.runs("lora", min_runs=2)
+    names = arm_names(rs.table)                                 # each arm by its LoRA rank field
     layers = range(min(r.shape[0] for r in rs.runs))          # (L+1, N, d): layer 0 = embeddings
     rows, method = [], None
     for l in layers:
         s = last_rows(summary_of(study, "lora", "factor", {**o, "layer": l}), "factor")
         method = method or s.attrs.get("ci_method") or (s["ci_method"].iloc[0] if "ci_method" in s else None)
-        rows.append({"layer": l, **{f"drift, {arm_label(r.factor)}": _iv_cell(r.drift, r.ci_low, r.ci_high) for r in s.itertuples()}})
+        rows.append({"layer": l, **{f"drift, {names[r.factor]}": _iv_cell(r.drift, r.ci_low, r.ci_high) for r in s.itertuples()}})
     out = pd.DataFrame(rows)
     if method: out.attrs["ci_method"] = method
     return out
@@ -105,17 +107,17 @@ def lora_layer_table(study: Study, **o) -> pd.DataFrame:  # one row per layer, o
 def section_lora(study: Study, **o) -> list:
     "LoRA (each rank) against full fine-tuning: the answer, per arm accuracy and drift with intervals and the directions of change, each arm against full fine-tuning, drift per layer with intervals."
     from embvar_study import analysis as A
-    from embvar_study.plots import arm_label
+    from embvar_study.study import arm_label
     o = report_options(**o); rs = study.runs("lora", min_runs=2)
     lt = memo(study, ("lora_table", o["layer"], o["pooling"], o["n_resamples"]),
               lambda: A.lora_table(rs, o["layer"], o["pooling"], n_resamples=o["n_resamples"]))
     lc = memo(study, ("lora_comparisons", o["layer"], o["pooling"], o["n_resamples"]),
               lambda: A.lora_comparisons(rs, o["layer"], o["pooling"], n_resamples=o["n_resamples"]))
-    arms = lt.assign(arm=lt["arm"].map(arm_label), k90_range=[f"{a} to {b}" if a != b else str(a) for a, b in zip(lt["k90_min"], lt["k90_max"])])
+    arms = lt.assign(arm=lt["lora_r"].map(arm_label), k90_range=[f"{a} to {b}" if a != b else str(a) for a, b in zip(lt["k90_min"], lt["k90_max"])])
     arms = arms[[c for c in ("arm", "lr", "n_seeds", "trainable_share", "eval_acc", "eval_acc_ci", "drift", "drift_ci", "k90_directions", "k90_range",
                              "participation_ratio", "top_direction_share", "ci_method") if c in arms]]   # the rank is in the arm's name
     arms.attrs = dict(lt.attrs)
-    cmp_ = lc.assign(arm=lc["arm"].map(arm_label)).rename(columns={"drift_diff": "drift_diff_lora", "n_seeds": "n_seeds"})
+    cmp_ = lc.assign(arm=lc["lora_r"].map(arm_label)).drop(columns="lora_r").rename(columns={"drift_diff": "drift_diff_lora", "n_seeds": "n_seeds"})
     cmp_.attrs = dict(lc.attrs)
     layers = lora_layer_table(study, **o)
     return [lora_answer(lc),

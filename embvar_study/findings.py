@@ -139,7 +139,7 @@ LORA_EQUAL_ACCURACY = 0.05   # "equal accuracy" = the accuracy difference's whol
 # %% ../nbs/20a_findings.ipynb #4e7b85a0
 def lora_verdicts(lc: pd.DataFrame) -> list[tuple[str, str, str]]:  # [(arm label, verdict, words)]
     "Per LoRA arm, from `analysis.lora_comparisons`: 'smaller', 'larger' or 'unclear' (drift at accuracy shown equal within LORA_EQUAL_ACCURACY), 'unequal accuracy', 'accuracy not shown equal', or 'no interval'; with the numbers in words."
-    from embvar_study.plots import arm_label
+    from embvar_study.study import arm_label
     out = []
     for r in lc.itertuples():
         (alo, ahi), (dlo, dhi) = r.acc_diff_ci, r.drift_diff_ci
@@ -156,7 +156,7 @@ def lora_verdicts(lc: pd.DataFrame) -> list[tuple[str, str, str]]:  # [(arm labe
         elif dhi < 0: v, w = "smaller", f"yes, at equal {acc} (within +-{100 * LORA_EQUAL_ACCURACY:.0f}) its {drift}, clearly less"
         elif dlo > 0: v, w = "larger", f"no, at equal {acc} (within +-{100 * LORA_EQUAL_ACCURACY:.0f}) its {drift}, clearly more"
         else: v, w = "unclear", f"not clearly, at equal {acc} (within +-{100 * LORA_EQUAL_ACCURACY:.0f}) its {drift}; the drift difference's CI contains 0"
-        out.append((arm_label(r.arm), v, w))
+        out.append((arm_label(r.lora_r), v, w))   # named by its rank field, not by the arm's name
     return out
 
 # %% ../nbs/20a_findings.ipynb #e0a1f05f

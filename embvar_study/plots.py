@@ -24,7 +24,8 @@ __all__ = ['CANONICAL_LRS', 'FIXED_COLOURS', 'SCHEDULE_STYLES', 'group_label', '
 def group_label(by: str, value: object) -> str:
     "A group's name in words: 'lr 5e-5', 'schedule constant', an arm ('LoRA r=64'), or the value alone for a report's own grouping."
     if by == "lr": return f"lr {format_lr(value)}"
-    if by == "factor": return arm_label(value)
+    if by == "lora_r": return arm_label(value)
+    if by == "factor": return str(value)   # a factor is already a name (an arm's words come from its rank: study.arm_names)
     if isinstance(value, tuple): return " · ".join(group_label(b, v) for b, v in zip(by.split("+"), value))
     return f"{by.replace('_', ' ')} {value}"
 

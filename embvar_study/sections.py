@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .study import Study, NotComputed
+from .study import Study, NotComputed, arm_names
 from .runs import package_version, git_info
 from .words import (format_lr, format_value, format_sci, value_label, plain_column, plural, per_run, percent, span_words,
                     study_description, probes_used, lora_words)
@@ -119,13 +119,15 @@ def section_drift(study: Study, experiment: str = "lr_sweep", by: str = "lr", pa
     from embvar_study import plots as P
     if part not in ("all", "figure", "table"): raise ValueError(f"part: expected 'all', 'figure' or 'table', got {part!r}")
     o = report_options(**o); s, c = summary_of(study, experiment, by, o), curves_of(study, experiment, o)
+    if by == "factor" and experiment != "runs":   # arms named by their LoRA rank field (a runs report's groups are named by their fields already)
+        names = arm_names(study.runs(experiment).table)
+        s, c = s.assign(factor=s["factor"].map(names)), (c.assign(factor=c["factor"].map(names)) if "factor" in c else c)
     out = []
     if part in ("all", "figure"):
         fig = P.plot_drift_and_loss(s, c, by=by)
         out.append(Figure(fig, "drift_and_loss", _drift_caption(s, by, fig)))
     if part in ("all", "table"):
         t = last_rows(s, by)[[by, "step", "n_seeds", "drift", "ci_low", "ci_high", "sd_seeds", "probe_q10", "probe_median", "probe_q90"]]
-        if by == "factor": t = t.assign(factor=t["factor"].map(lambda v: P.group_label("factor", v)))   # arms in words (LoRA r=64)
         t.attrs = dict(s.attrs)
         out.append(Table(t.rename(columns={"factor": study.spec.get("group_by", "group")}),   # a report from run folders: its grouping key
                          "Drift at the last step: mean over seeds and probes with its 95% interval, spread over seeds, and quantiles over probes"))

@@ -18,7 +18,8 @@ from .runs import (Run, RunWriter, load_run, config_hash, atomic_write_json, ato
 __all__ = ['LOCK_ENV', 'STUDY_FILE', 'RUNS_REPORT_MARK', 'MANIFEST_COLUMNS', 'DESIGN_COLUMNS', 'GROUP_FIELDS',
            'EXPERIMENT_FACTORS', 'NotComputed', 'study_lock', 'lock_env', 'write_study_spec', 'read_study_spec',
            'check_out_folder', 'manifest_path', 'write_manifest', 'load_manifest', 'config_value', 'synthetic_study',
-           'RunSet', 'split_fields', 'group_word', 'Study', 'check_study', 'load_study', 'arm_label', 'study_from_runs']
+           'RunSet', 'split_fields', 'arm_label', 'group_word', 'Study', 'check_study', 'load_study', 'arm_names',
+           'study_from_runs']
 
 # %% ../nbs/14_study.ipynb #19b2c9c2
 class NotComputed(Exception):
@@ -356,9 +357,13 @@ def split_fields(runs: list[Run],  # the runs to group
               and len({v for r in _among(runs, k) if known(r, k, v := _field_value(r, k))}) > 1]
     return [group_by, *differ]
 
+def arm_label(lora_r: object) -> str:
+    "A LoRA rank in words, from the typed field (not from an arm's name): None (or NaN in a table) -> 'full fine-tuning', 64 -> 'LoRA r=64'."
+    return "full fine-tuning" if lora_r is None or (isinstance(lora_r, float) and lora_r != lora_r) else f"LoRA r={int(lora_r)}"
+
 def group_word(key: str, value: object) -> str:
     "One field of a group in words: 'LoRA r=4' / 'full fine-tuning', 'schedule cosine', 'data imdb.csv', a hash by 8 digits."
-    if key == "lora_r": return "full fine-tuning" if value is None else f"LoRA r={value}"
+    if key == "lora_r": return arm_label(value)
     if value is None: return f"{GROUP_FIELDS.get(key, key)} not set"
     if isinstance(value, float): value = format_lr(value)
     elif isinstance(value, str) and key.endswith("sha256"): value = value[:8]
@@ -394,7 +399,7 @@ def _differing_config(runs: list[Run], most: int = 2) -> list[dict]:  # per run 
     return names if differ else []
 
 def _label_word(column: str, value: object) -> str:
-    if column == "lora_r": return group_word("lora_r", None if value is None or value != value or value == "" else int(float(value)))   # full or LoRA (a manifest read back holds '' for none)
+    if column == "lora_r": return arm_label(value)   # the table holds the rank as the run records it (`_manifest_table`)
     v = format_lr(value) if column == "lr" else value
     return f"{_LABEL_WORDS[column]} {v}" if _LABEL_WORDS.get(column) else str(v)
 
@@ -478,7 +483,11 @@ def _manifest_table(m: pd.DataFrame, experiment: str, runs: dict[str, Run]) -> p
     ok = m[m["run_id"].isin(list(runs))]
     rows = [{**_design_row(runs[r["run_id"]], experiment, r.get("factor", "")),
              **{k: v for k, v in r.items() if k not in DESIGN_COLUMNS + MANIFEST_COLUMNS}} for _, r in ok.iterrows()]
-    return pd.DataFrame(rows, columns=list(dict.fromkeys(DESIGN_COLUMNS + [k for r in rows for k in r])))
+    for row in rows:   # the LoRA rank as the run records it: an int, None for full fine-tuning (not the manifest's text)
+        if "lora_r" in row: row["lora_r"] = config_value(runs[row["run_id"]].config, "lora_r")
+    t = pd.DataFrame(rows, columns=list(dict.fromkeys(DESIGN_COLUMNS + [k for r in rows for k in r])))
+    if "lora_r" in t: t["lora_r"] = pd.Series([row["lora_r"] for row in rows], index=t.index, dtype=object)   # ints and None, not floats
+    return t
 
 # %% ../nbs/14_study.ipynb #c448e391
 @_method_of(Study)
@@ -572,17 +581,23 @@ def _seed_sweep_words(t: pd.DataFrame, m: pd.DataFrame) -> str:   # from the man
     return (f"at lr {format_lr(t['lr'].iloc[0])}: head seeds {vals('init_seed')} (data seed fixed), data seeds "
             f"{vals('data_seed')} (head seed fixed), and {int((m['factor'] == 'replicate').sum())} identical-seed replicates")
 
-def arm_label(value: object) -> str:
-    "An experiment's arm in words: 'full' -> 'full fine-tuning', 'lora_r64' -> 'LoRA r=64'; any other value as it is."
-    m = re.fullmatch(r"lora_r(\d+)", str(value))
-    return f"LoRA r={m.group(1)}" if m else "full fine-tuning" if str(value) == "full" else str(value)
+def arm_names(t: pd.DataFrame) -> dict:  # factor -> its name in words
+    """Each arm (`factor`) of a design table named by the LoRA rank its runs record ('full fine-tuning', 'LoRA r=8'), when every arm
+    has its own rank; else each factor as it is. The name comes from the `lora_r` field, never from the factor's text."""
+    if "factor" not in t: return {}
+    groups = dict(list(t.groupby("factor", sort=True)))
+    words = {f: arm_label(g["lora_r"].iloc[0]) for f, g in groups.items()} if "lora_r" in t else {}
+    same_rank = lambda g: g["lora_r"].map(arm_label).nunique() == 1
+    if len(groups) > 1 and words and len(set(words.values())) == len(words) and all(same_rank(g) for g in groups.values()): return words
+    return {f: str(f) for f in groups}
 
 def _design_words(experiment: str, t: pd.DataFrame, m: pd.DataFrame) -> str:
     if experiment == "crossed":
         return f"{t['init_seed'].nunique()} head seeds x {t['data_seed'].nunique()} data seeds at lr {format_lr(t['lr'].iloc[0])}"
     if experiment == "seed_sweep": return _seed_sweep_words(t, m)
-    if "factor" in t and t["factor"].nunique() > 1 and set(map(arm_label, t["factor"])) != set(map(str, t["factor"])):   # named arms (full, lora_r8): each with its rate
-        arms = [f"{arm_label(f)} at lr {', '.join(format_lr(x) for x in sorted(g['lr'].unique()))} ({_seeds(g['seed'].nunique())})" for f, g in t.groupby("factor", sort=True)]
+    names = arm_names(t)
+    if any(str(f) != w for f, w in names.items()):   # arms of different LoRA ranks (full, r=8): each named by its rank, with its rate
+        arms = [f"{names[f]} at lr {', '.join(format_lr(x) for x in sorted(g['lr'].unique()))} ({_seeds(g['seed'].nunique())})" for f, g in t.groupby("factor", sort=True)]
         return f"{len(arms)} arms: " + "; ".join(arms)
     if experiment == "schedule": return f"{_lrs_words(t)} x schedules {', '.join(sorted(t['schedule'].unique()))} x {_seeds(t['seed'].nunique())}"
     if "lr" in t and t["lr"].nunique() > 1:

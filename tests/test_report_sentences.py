@@ -111,12 +111,57 @@ def _conclusions(report: Path) -> list[str]:
 
 
 def test_arms_in_words():
-    from embvar_study.study import _design_words, arm_label
-    t = pd.DataFrame({"factor": ["full", "full", "lora_r8", "lora_r8"], "lr": [5e-5, 5e-5, 5e-4, 5e-4], "seed": [0, 1, 0, 1]})
+    "Arms are named by the LoRA rank their runs record (the typed field), never by parsing the arm's name."
+    from embvar_study.study import _design_words, arm_label, arm_names
+    t = pd.DataFrame({"factor": ["base", "base", "small", "small"], "lora_r": [None, None, 8, 8], "lr": [5e-5, 5e-5, 5e-4, 5e-4], "seed": [0, 1, 0, 1]})
     assert _design_words("lora", t, t) == "2 arms: full fine-tuning at lr 5e-5 (2 seeds); LoRA r=8 at lr 5e-4 (2 seeds)"
-    runs = t.assign(factor=["1e-4", "1e-4", "3e-4", "3e-4"])        # a runs report's grouping is not an arm
-    assert _design_words("runs", runs, runs).startswith("2 learning rates")
-    assert [arm_label(v) for v in ("full", "lora_r64", "x")] == ["full fine-tuning", "LoRA r=64", "x"]
+    assert arm_names(t) == {"base": "full fine-tuning", "small": "LoRA r=8"}
+    named = t.assign(factor=["full", "full", "lora_r64", "lora_r64"])   # an arm's name saying another rank than its runs record: the field wins
+    assert arm_names(named) == {"full": "full fine-tuning", "lora_r64": "LoRA r=8"}
+    runs = t.assign(factor=["1e-4", "1e-4", "3e-4", "3e-4"]).drop(columns="lora_r")   # a runs report's grouping is not an arm
+    assert _design_words("runs", runs, runs).startswith("2 learning rates") and arm_names(runs) == {"1e-4": "1e-4", "3e-4": "3e-4"}
+    assert [arm_label(v) for v in (None, float("nan"), 64, 64.0)] == ["full fine-tuning", "full fine-tuning", "LoRA r=64", "LoRA r=64"]
+
+
+def _lora_study(tmp: Path, steps: int = 6, n: int = 12) -> Path:
+    "A lora experiment of two arms x 2 seeds whose LoRA arm is called 'adapter': only its runs' configs say rank 8."
+    rng = np.random.default_rng(0); base = rng.normal(size=(2, n, 6)) + 3.0
+    probes = pd.DataFrame({"text": [f"p{i}" for i in range(n)], "sentiment": [0, 1] * (n // 2)})
+    rows = []
+    for factor, lr, extra in (("full", 5e-5, {}), ("adapter", 5e-4, {"lora_r": 8})):
+        for seed in (0, 1):
+            c = {**_synthetic_config(lr, seed, 3), **extra}
+            lrs, cum, emb = _synthetic_path(c, base, steps)
+            with RunWriter(tmp / "runs" / config_hash(c), c, probes) as w:
+                for s in range(steps + 1):
+                    if s % 3 == 0 or s == steps: w.save_embeddings(s, {"mean": emb(s), "cls": emb(s)})
+                    w.log(step=s, flush=False, lr=float(lrs[s - 1]) if s else 0.0, train_loss=0.69 - 10 * cum[s] if s else None,
+                          **({"eval_loss": 0.5, "eval_acc": 0.8 + 0.01 * seed} if s == steps else {}))
+                w.finish(derived={"n_probes": n})
+            rows.append({"factor": factor, "lr": lr, "seed": seed, "lora_r": extra.get("lora_r", ""), "run_id": w.config_hash,
+                         "path": f"runs/{w.config_hash}", "status": "completed", "error": "", "seconds": 0.0, "node": ""})
+    write_manifest(tmp, "lora", rows)
+    write_study_spec(tmp, {"profile": "synthetic", "overrides": {}, "experiments": ["lora"],
+                           "resolved": {"base": _synthetic_config(5e-5, 0, 3), "lrs": [5e-5, 5e-4], "seeds": [0, 1], "ref_lr": 5e-5}})
+    return tmp
+
+
+def test_lora_arms_are_labelled_from_the_rank_their_runs_record(tmp_path):
+    "The LoRA arm is called 'adapter': the design table carries each run's lora_r as an int, and every label in the report comes from it."
+    from embvar_study import experiment_sections as X
+    from embvar_study.study import arm_names
+    study = load_study(_lora_study(tmp_path))
+    t = study.runs("lora").table
+    assert [(f, r) for f, r in zip(t["factor"], t["lora_r"])] == [("full", None)] * 2 + [("adapter", 8)] * 2   # typed, not the manifest's text
+    assert type(t["lora_r"].iloc[-1]) is int and arm_names(t) == {"adapter": "LoRA r=8", "full": "full fine-tuning"}
+    assert study.design("lora") == "2 arms: LoRA r=8 at lr 5e-4 (2 seeds); full fine-tuning at lr 5e-5 (2 seeds)"
+    _answer, arms, cmp_, layers = X.section_lora(study, n_resamples=50)[:4]
+    assert sorted(arms.df["arm"]) == ["LoRA r=8", "full fine-tuning"] and cmp_.df["arm"].tolist() == ["LoRA r=8"]
+    assert "lora_r" not in cmp_.df and [c for c in layers.df.columns if c != "layer"] == ["drift, LoRA r=8", "drift, full fine-tuning"]
+    table = S.section_drift(study, "lora", by="factor", n_resamples=50)[1].df
+    assert sorted(table["group"]) == ["LoRA r=8", "full fine-tuning"]
+    runs = X.section_experiment(study, "lora")[1].df["run"].tolist()
+    assert all(r.startswith(("LoRA r=8", "full fine-tuning")) for r in runs) and not any("adapter" in r for r in runs)
 
 
 def test_seed_dispersion_caption_names_each_group_once_with_its_computed_values(tmp_path):
