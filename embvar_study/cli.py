@@ -175,6 +175,7 @@ def report_parser() -> argparse.ArgumentParser:
     g.add_argument("--gpus-per-run", dest="gpus_per_run", type=float, default=None, metavar="F", help="ray: GPUs per run (0.5: two runs share a GPU)")
     g.add_argument("--cpus-per-run", dest="cpus_per_run", type=int, default=1, metavar="N", help="ray: CPUs (torch threads) per run")
     g.add_argument("--templates", default=None, help="folder of the papermill templates (default: those shipped with the package)")
+    g.add_argument("--reexecute", action="store_true", help="execute every notebook again (default: a notebook whose inputs, i.e. template, parameters, code and runs, are unchanged since it last ran is reused)")
     return p
 
 # %% ../nbs/22_cli.ipynb #751d81f7
@@ -303,8 +304,8 @@ def report_main(argv: list[str]) -> Path:
     if a.experiments: check_experiments(a.experiments)
     sets, study_dir = parse_sets(a.sets), _folder(a.study_dir or Path("reports") / profile, "study_dir")
     jobs = _jobs(a.jobs) if a.executor == "local" else (1 if a.jobs == "auto" else _jobs(a.jobs))
-    from embvar_study.sweep import get_profile, run_study, NO_TRAINING_ENV
-    from embvar_study.study import study_lock, lock_env, check_study, read_study_spec, check_out_folder
+    from embvar_study.sweep import get_profile, run_study
+    from embvar_study.study import study_lock, check_study, read_study_spec, check_out_folder
     check_out_folder(study_dir)                                     # not empty and not a study: refused before any work
     from embvar_study.runs import atomic_write_json
     from embvar_study import report as R
@@ -337,12 +338,11 @@ def report_main(argv: list[str]) -> Path:
             failed = _failed_runs(study_dir, manifests)
             if failed: raise StudyFailed(failed)
             names = list(manifests); run_names = [*names, "report"]
-        params = {"profile": profile, "study_dir": str(study_dir), "overrides": json.dumps(sets), "jobs": 1,
+        params = {"profile": profile, "study_dir": str(study_dir), "overrides": json.dumps(sets), "jobs": 1, "train": False,   # trained above: verify and show
                   "executor": a.executor, "ray_address": a.ray_address or "", "cpus_per_run": a.cpus_per_run,
                   "gpus_per_run": -1.0 if a.gpus_per_run is None else a.gpus_per_run}
         t = time.perf_counter()
-        env = {**lock_env(study_dir), **({NO_TRAINING_ENV: "1"} if a.only_report else {})}   # a notebook of --only-report cannot train
-        R.execute_notebooks(run_names, study_dir, params, templates=a.templates, env=env, jobs=min(jobs, 2),
+        R.execute_notebooks(run_names, study_dir, params, templates=a.templates, jobs=min(jobs, 2), reuse=not a.reexecute,
                             say=lambda line: (print(line), timing.setdefault("notebooks_s", {}).update(_notebook_time(line))))
         timing["all_notebooks_s"], t = time.perf_counter() - t, time.perf_counter()
         dest = R.render_html(study_dir, study_dir / "notebooks" / "report.ipynb",

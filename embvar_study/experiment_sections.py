@@ -15,8 +15,8 @@ from .display import Table, Figure
 from .findings import memo, report_options, summary_of, curves_of, last_rows, lora_answer, alarm_note
 
 # %% auto #0
-__all__ = ['section_runs_overview', 'section_runs_seeds', 'section_runs_noise_floor', 'section_experiment', 'lora_layer_table',
-           'section_lora', 'json_list']
+__all__ = ['section_runs_overview', 'section_runs_seeds', 'section_runs_noise_floor', 'section_experiment', 'experiment_intro',
+           'lora_layer_table', 'section_lora', 'json_list']
 
 # %% ../nbs/20c_experiment_sections.ipynb #9374e86f
 def section_runs_overview(study: Study, **o) -> list:
@@ -81,6 +81,18 @@ def section_experiment(study: Study, experiment: str, **o) -> list:
         f", {fails['run_id'].nunique()} failed" if len(fails) else "") + "."
     cols = ["run", "run_id", "status", "last_step", "final_drift", "loss_first", "loss_last", "eval_acc_last"]
     return [text, Table(rt[cols], f"One row per run: final drift ({'last layer' if o['layer'] == -1 else 'layer ' + str(o['layer'])}, {o['pooling']} pooling) and training loss at the start and end (mean of 5 steps)")]
+
+# %% ../nbs/20c_experiment_sections.ipynb #3233afdb
+def experiment_intro(experiment: str,  # the shared template's `experiment` parameter
+                     about: dict,      # {experiment: its title and introduction (Markdown)}, held by the template
+                    ) -> object:       # IPython.display.Markdown: the experiment's title and question
+    "The title and introduction of an experiment the shared template serves; a one-line `ValueError` for any other name."
+    from IPython.display import Markdown
+    if experiment in about: return Markdown(about[experiment])
+    from embvar_study.sweep import check_experiments
+    check_experiments([experiment])                     # an unknown name: named, with a suggestion
+    raise ValueError(f"experiment: {experiment!r} has a notebook of its own ({experiment}.ipynb), not this template; "
+                     f"this template makes {', '.join(about)}")
 
 # %% ../nbs/20c_experiment_sections.ipynb #0b9bbca9
 def _iv_cell(v: float, lo: float, hi: float) -> str:

@@ -4,7 +4,7 @@
 
 # %% ../nbs/21_report.ipynb #5b9f150a
 from __future__ import annotations
-import datetime as _dt, html, json, os, re
+import datetime as _dt, hashlib, html, json, os, re
 from pathlib import Path
 from typing import Callable
 
@@ -13,8 +13,10 @@ from .words import study_description
 from .display import PAGE_CSS
 
 # %% auto #0
-__all__ = ['project_root', 'resolve_study_dir', 'template_dir', 'check_templates', 'NotebookFailed', 'execute_notebooks',
-           'notebook_state', 'take_title', 'take_shown', 'split_lead', 'doc_title', 'take_not_computed', 'render_html']
+__all__ = ['SHARED_TEMPLATE', 'RENDER_PACKAGES', 'project_root', 'resolve_study_dir', 'template_dir', 'template_for',
+           'check_templates', 'experiment_runs', 'code_inputs', 'study_inputs', 'notebook_inputs', 'NotebookFailed',
+           'recorded_inputs', 'execute_notebooks', 'notebook_state', 'take_title', 'take_shown', 'split_lead',
+           'doc_title', 'take_not_computed', 'render_html']
 
 # %% ../nbs/21_report.ipynb #53249755
 def project_root() -> Path | None:
@@ -29,7 +31,7 @@ def resolve_study_dir(study_dir: str | os.PathLike, profile: str) -> Path:
     base = os.environ.get("EMBVAR_REPORTS_ROOT") or project_root() or Path.cwd()
     return (Path(base) / p).resolve()
 
-# %% ../nbs/21_report.ipynb #9cfadc3f
+# %% ../nbs/21_report.ipynb #c01bc9ee
 def template_dir() -> Path:
     "The experiment templates: shipped inside the package (a wheel), else the checkout's nbs/experiments (editable)."
     import importlib.resources
@@ -39,26 +41,113 @@ def template_dir() -> Path:
     if root is not None and (root / "nbs" / "experiments" / "report.ipynb").is_file(): return root / "nbs" / "experiments"
     raise FileNotFoundError("the experiment templates were not found inside the package or a checkout; reinstall embvar-study")
 
-def check_templates(names: list[str], templates: str | Path | None = None) -> Path:  # the folder of the templates
-    "The templates folder (given, or the package's), checked to hold `<name>.ipynb` for every name."
+# %% ../nbs/21_report.ipynb #791da813
+SHARED_TEMPLATE = "experiment"   # the template of every experiment without a notebook of its own (its `experiment` parameter names it)
+
+def template_for(name: str,                            # the notebook to make: an experiment, "report" or "runs_report"
+                 templates: str | Path | None = None,  # a folder of templates (default: the package's, `template_dir`)
+                ) -> Path:                             # the template to execute
+    "`<name>.ipynb` where the notebook has its own, else (an experiment) the shared template; `FileNotFoundError` naming both otherwise."
+    from embvar_study.sweep import EXPERIMENT_NAMES
     tdir = Path(templates) if templates else template_dir()
-    missing = [n for n in names if not (tdir / f"{n}.ipynb").is_file()]
-    if missing: raise FileNotFoundError(f"templates: {tdir} has no {', '.join(n + '.ipynb' for n in missing)}")
+    own, shared = tdir / f"{name}.ipynb", tdir / f"{SHARED_TEMPLATE}.ipynb"
+    if own.is_file(): return own
+    if name in EXPERIMENT_NAMES and shared.is_file(): return shared
+    raise FileNotFoundError(f"templates: {tdir} has no {own.name}" + (f" nor {shared.name}" if name in EXPERIMENT_NAMES else ""))
+
+# %% ../nbs/21_report.ipynb #b486153b
+def check_templates(names: list[str], templates: str | Path | None = None) -> Path:  # the folder of the templates
+    "The templates folder (given, or the package's), checked to hold a template for every name (`template_for`); one line naming every one missing."
+    from embvar_study.sweep import EXPERIMENT_NAMES
+    tdir = Path(templates) if templates else template_dir()
+    missing = []
+    for n in names:
+        try: template_for(n, tdir)
+        except FileNotFoundError: missing.append(n)
+    shared = f" (nor {SHARED_TEMPLATE}.ipynb, the template of any experiment without its own)" if set(missing) & set(EXPERIMENT_NAMES) else ""
+    if missing: raise FileNotFoundError(f"templates: {tdir} has no {', '.join(n + '.ipynb' for n in missing)}{shared}")
     return tdir
 
+# %% ../nbs/21_report.ipynb #c1a1ac94
+def experiment_runs(profile: str,              # the study's profile
+                    experiment: str,           # one of sweep.EXPERIMENT_NAMES
+                    study_dir: str | Path,     # the study folder
+                    *,
+                    train: bool = True,        # train the runs that are missing; False: they exist, only verify them
+                    overrides: dict | str | None = None,  # grid keys or run fields (`run_study`); a JSON object string works too
+                    **run_options,             # jobs, runs_per_gpu, executor, ray_address, gpus_per_run, cpus_per_run (`run_study`)
+                   ) -> "pd.DataFrame":        # the experiment's manifest
+    "What an experiment notebook calls: with `train`, `run_experiment` (its missing runs trained under the study's lock); without, every run of the experiment's manifest verified against its hashes, nothing written, no lock taken."
+    from embvar_study.sweep import run_experiment, check_experiments
+    from embvar_study.study import load_manifest, NotComputed
+    from embvar_study.runs import verify_run, CorruptRunError, IncompleteRunError
+    if not isinstance(train, bool): raise ValueError(f"train: expected True or False, got {train!r}")
+    if train: return run_experiment(profile, experiment, study_dir, overrides=overrides, **run_options)
+    check_experiments([experiment])
+    study_dir = Path(study_dir); m = load_manifest(study_dir, experiment)
+    bad = []
+    for path in m["path"].unique():
+        try: verify_run(study_dir / path)
+        except (CorruptRunError, IncompleteRunError, FileNotFoundError) as e: bad.append(f"{path}: {' '.join(str(e).split())}")
+    if bad:
+        raise NotComputed(f"experiment {experiment}: {len(bad)} of its {m['path'].nunique()} runs in {study_dir} are not complete and verified "
+                          f"({bad[0]}); with train=False this notebook only verifies them: execute it with train=True, or run embvar report, to train them")
+    return m
+
+# %% ../nbs/21_report.ipynb #dde1fb90
+RENDER_PACKAGES = ("numpy", "scipy", "pandas", "matplotlib", "torch", "transformers", "nbconvert", "papermill")   # their versions are inputs
+
+def code_inputs() -> dict:  # {"source": sha256 of the package's .py files, "git": git_info(), "packages": {name: version}}
+    "The code a notebook runs: the package's source by content, the commit and dirty flag its header states, the libraries' versions."
+    from embvar_study.runs import git_info, package_version
+    pkg = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for f in sorted(pkg.rglob("*.py")):
+        h.update(f.relative_to(pkg).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return {"source": h.hexdigest(), "git": git_info(), "packages": {p: package_version(p) for p in RENDER_PACKAGES}}
+
+_VOLATILE_SPEC = ("created", "updated", "git_commit", "git_dirty", "embvar_study")   # who wrote study.json last, and when
+_VOLATILE_MANIFEST = ("status", "error", "seconds", "node")   # how this invocation got each run (trained, skipped as complete, ...)
+
+def study_inputs(study_dir: str | Path) -> str:  # sha256 hex digest
+    """The study's content as its notebooks read it: the plan in study.json, every manifest's design (sweeps/*.csv), and
+    every run's COMPLETE record (the sha256 of each of its files and its outcome), by path and content. What each
+    invocation rewrites (study.json's timestamps and writer, a manifest's status, seconds and node: a run trained now
+    is 'skipped' next time) is left out; a run's outcome is in its COMPLETE record."""
+    import csv, io
+    d, h = Path(study_dir), hashlib.sha256()
+    def put(name: str, data: bytes): h.update(name.encode() + b"\0" + data + b"\0")
+    if (d / "study.json").is_file():
+        spec = json.loads((d / "study.json").read_text(encoding="utf-8"))
+        put("study.json", json.dumps({k: v for k, v in spec.items() if k not in _VOLATILE_SPEC}, sort_keys=True).encode())
+    for f in sorted((d / "sweeps").glob("*.csv")):
+        rows = [{k: v for k, v in r.items() if k not in _VOLATILE_MANIFEST} for r in csv.DictReader(io.StringIO(f.read_text(encoding="utf-8")))]
+        put(f.relative_to(d).as_posix(), json.dumps(rows, sort_keys=True).encode())
+    for f in sorted((d / "runs").glob("*/COMPLETE")): put(f.relative_to(d).as_posix(), f.read_bytes())
+    return h.hexdigest()
+
+def notebook_inputs(template: str | Path,  # the template executed
+                    parameters: dict,      # the parameters it receives (those it declares)
+                    code: dict,            # code_inputs()
+                    study: str,            # study_inputs(study_dir)
+                   ) -> str:               # sha256 hex digest of all four
+    "The digest of everything an executed notebook's outputs depend on."
+    doc = {"template": hashlib.sha256(Path(template).read_bytes()).hexdigest(), "parameters": parameters, "code": code, "study": study}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+# %% ../nbs/21_report.ipynb #bb747188
 class NotebookFailed(RuntimeError):
     "An executed notebook raised; the message names the notebook, the cell, the error and the log."
 
-def _execute_one(name: str, tdir: Path, study_dir: Path, parameters: dict) -> float:  # seconds it took
-    "Execute one template with papermill into study_dir/notebooks, its cells logged to study_dir/logs/<name>.log."
+def _execute_one(name: str, template: Path, study_dir: Path, parameters: dict, inputs: str) -> float:  # seconds it took
+    "Execute one template with papermill into study_dir/notebooks, its cells logged to study_dir/logs/<name>.log; the digest of its inputs recorded in it."
     import logging, papermill as pm
     log = logging.getLogger("papermill")
     handler = logging.FileHandler(study_dir / "logs" / f"{name}.log", mode="w", encoding="utf-8")
     log.addHandler(handler); log.setLevel(logging.INFO); log.propagate = False
-    t = _dt.datetime.now()
+    t, out = _dt.datetime.now(), study_dir / "notebooks" / f"{name}.ipynb"
     try:
-        params = {k: v for k, v in parameters.items() if k in pm.inspect_notebook(str(tdir / f"{name}.ipynb"))}
-        pm.execute_notebook(str(tdir / f"{name}.ipynb"), str(study_dir / "notebooks" / f"{name}.ipynb"), parameters=params,
+        pm.execute_notebook(str(template), str(out), parameters=parameters,
                             progress_bar=False, log_output=True, cwd=str(study_dir), kernel_name="python3",
                             extra_arguments=["--IPKernelApp.log_level=CRITICAL"])   # the kernel's own start-up chatter stays out of the console
     except pm.PapermillExecutionError as e:      # the cell's traceback goes to the log the message points to
@@ -66,43 +155,56 @@ def _execute_one(name: str, tdir: Path, study_dir: Path, parameters: dict) -> fl
         log.error("notebook %s failed in cell %s: %s: %s\n%s", name, e.exec_count, e.ename, e.evalue, tb)
         raise NotebookFailed(f"notebook {name} failed in cell {e.exec_count}: {e.ename}: {e.evalue} (log: {study_dir / 'logs' / (name + '.log')})") from None
     finally: log.removeHandler(handler); handler.close()
+    nb = json.loads(out.read_text(encoding="utf-8"))
+    nb["metadata"].setdefault("embvar", {})["inputs"] = inputs
+    atomic_write_bytes(out, json.dumps(nb, indent=1, ensure_ascii=False).encode("utf-8"))
     return (_dt.datetime.now() - t).total_seconds()
 
+def recorded_inputs(path: str | Path) -> str | None:  # None: missing, unreadable, unfinished, or executed before digests were recorded
+    "The inputs digest a finished executed notebook records."
+    if notebook_state(path) != "finished": return None
+    return ((json.loads(Path(path).read_text(encoding="utf-8")).get("metadata") or {}).get("embvar") or {}).get("inputs")
+
+# %% ../nbs/21_report.ipynb #f04c5eb4
 _LAST = ("report", "runs_report")   # composed from the others' results: executed after them, alone
+_NEVER_REUSED = ("runs_report",)    # its runs live outside the study folder
 
 def execute_notebooks(names: list[str], study_dir: str | Path, parameters: dict, *, templates: str | Path | None = None,
-                      env: dict | None = None, say: Callable[[str], None] | None = print,
-                      jobs: int = 1,  # experiment notebooks executed at once (each its own kernel); the report runs last, alone
-                     ) -> list[Path]:  # the executed notebooks, in the order of `names`
-    "Execute the named templates with papermill into study_dir/notebooks, logging cells to study_dir/logs; up to `jobs` experiment notebooks at once."
+                      say: Callable[[str], None] | None = print,
+                      jobs: int = 1,      # experiment notebooks executed at once (each its own kernel); the report runs last, alone
+                      reuse: bool = True, # reuse a finished notebook whose recorded inputs (`notebook_inputs`) are today's
+                     ) -> list[Path]:     # the executed notebooks, in the order of `names`
+    "Execute the named templates with papermill into study_dir/notebooks, logging cells to study_dir/logs; up to `jobs` experiment notebooks at once; those whose inputs are unchanged are reused."
     from concurrent.futures import ProcessPoolExecutor, as_completed
-    import multiprocessing
+    import multiprocessing, papermill as pm
     if isinstance(jobs, bool) or not (isinstance(jobs, int) and jobs >= 1): raise ValueError(f"jobs: expected an int >= 1, got {jobs!r}")
     study_dir, tdir = Path(study_dir), check_templates(names, templates)
     (study_dir / "notebooks").mkdir(parents=True, exist_ok=True); (study_dir / "logs").mkdir(exist_ok=True)
-    old_env = {k: os.environ.get(k) for k in (env or {})}
-    os.environ.update(env or {})                 # (a spawned worker inherits the environment as it is now)
-    first = [n for n in names if n not in _LAST]; rest = [n for n in names if n in _LAST]
-    k = 0
+    code, study = code_inputs(), study_inputs(study_dir)
+    todo, k = {}, 0
     def said(name, seconds):
         nonlocal k; k += 1
-        if say: say(f"[{k}/{len(names)}] notebook {name}: done in {seconds:.1f}s")
-    try:
-        if jobs > 1 and len(first) > 1:
-            with ProcessPoolExecutor(min(jobs, len(first)), mp_context=multiprocessing.get_context("spawn")) as pool:
-                futs = {pool.submit(_execute_one, n, tdir, study_dir, parameters): n for n in first}
-                try:
-                    for f in as_completed(futs): said(futs[f], f.result())
-                except BaseException:
-                    for f in futs: f.cancel()
-                    raise
-        else:
-            for n in first: said(n, _execute_one(n, tdir, study_dir, parameters))
-        for n in rest: said(n, _execute_one(n, tdir, study_dir, parameters))
-    finally:
-        for key, v in old_env.items():
-            if v is None: os.environ.pop(key, None)
-            else: os.environ[key] = v
+        if say: say(f"[{k}/{len(names)}] notebook {name}: " + ("inputs unchanged (template, parameters, code, runs): reused" if seconds is None
+                                                               else f"done in {seconds:.1f}s"))
+    for n in names:
+        template = template_for(n, tdir)
+        declared = pm.inspect_notebook(str(template))
+        params = {**({"experiment": n} if template.stem == SHARED_TEMPLATE else {}), **{p: v for p, v in parameters.items() if p in declared}}
+        digest = notebook_inputs(template, params, code, study)
+        if reuse and n not in _NEVER_REUSED and recorded_inputs(study_dir / "notebooks" / f"{n}.ipynb") == digest: said(n, None)
+        else: todo[n] = (n, template, study_dir, params, digest)
+    first = [n for n in todo if n not in _LAST]; rest = [n for n in todo if n in _LAST]
+    if jobs > 1 and len(first) > 1:
+        with ProcessPoolExecutor(min(jobs, len(first)), mp_context=multiprocessing.get_context("spawn")) as pool:
+            futs = {pool.submit(_execute_one, *todo[n]): n for n in first}
+            try:
+                for f in as_completed(futs): said(futs[f], f.result())
+            except BaseException:
+                for f in futs: f.cancel()
+                raise
+    else:
+        for n in first: said(n, _execute_one(*todo[n]))
+    for n in rest: said(n, _execute_one(*todo[n]))
     return [study_dir / "notebooks" / f"{n}.ipynb" for n in names]
 
 # %% ../nbs/21_report.ipynb #fa432a3e

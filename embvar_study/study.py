@@ -15,35 +15,14 @@ from .runs import (Run, RunWriter, load_run, config_hash, atomic_write_json, ato
                                FolderLock, lock_holder, _method_of)
 
 # %% auto #0
-__all__ = ['LOCK_ENV', 'STUDY_FILE', 'RUNS_REPORT_MARK', 'MANIFEST_COLUMNS', 'DESIGN_COLUMNS', 'GROUP_FIELDS',
-           'EXPERIMENT_FACTORS', 'NotComputed', 'study_lock', 'lock_env', 'write_study_spec', 'read_study_spec',
-           'check_out_folder', 'manifest_path', 'write_manifest', 'load_manifest', 'config_value', 'synthetic_study',
-           'RunSet', 'split_fields', 'arm_label', 'group_word', 'Study', 'check_study', 'load_study', 'arm_names',
-           'study_from_runs']
+__all__ = ['STUDY_FILE', 'RUNS_REPORT_MARK', 'MANIFEST_COLUMNS', 'DESIGN_COLUMNS', 'GROUP_FIELDS', 'EXPERIMENT_FACTORS',
+           'NotComputed', 'study_lock', 'write_study_spec', 'read_study_spec', 'check_out_folder', 'manifest_path',
+           'write_manifest', 'load_manifest', 'config_value', 'synthetic_study', 'RunSet', 'split_fields', 'arm_label',
+           'group_word', 'Study', 'check_study', 'load_study', 'arm_names', 'study_from_runs']
 
 # %% ../nbs/14_study.ipynb #19b2c9c2
 class NotComputed(Exception):
     "A part of the study that cannot be computed from what was run; the message says why, for a reader."
-
-# %% ../nbs/14_study.ipynb #f962d60e
-LOCK_ENV = "EMBVAR_STUDY_LOCK"
-
-def _ancestors() -> list[int]:
-    "This process's parent, grandparent, ... (a notebook kernel runs under papermill, which may run in a worker of the holder)."
-    out, pid = [], os.getppid()
-    try:                                                # Linux: walk /proc's parent links up to init
-        while pid > 1 and pid not in out:
-            out.append(pid)
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        return out
-    except (OSError, ValueError, IndexError): return out or [os.getppid()]   # elsewhere: the parent only
-
-def _held_by_parent(study_dir: Path) -> bool:
-    "The lock is held by an ancestor of this process that passed its token (`lock_env`) down."
-    h, token = lock_holder(study_dir), os.environ.get(LOCK_ENV, "")
-    if not h or ":" not in token: return False
-    folder, pid = token.rsplit(":", 1)
-    return folder == str(study_dir.resolve()) and str(h.get("pid")) == pid and int(pid) in _ancestors()
 
 # %% ../nbs/14_study.ipynb #1d0289aa
 _HELD: set = set()   # study folders whose lock this process holds (the lock is re-entrant within a process)
@@ -51,20 +30,14 @@ _HELD: set = set()   # study folders whose lock this process holds (the lock is 
 @contextlib.contextmanager
 def study_lock(study_dir: str | Path,   # the study folder (need not exist)
                timeout: float = 0,      # seconds to wait for another holder (0: refuse at once)
-              ) -> Iterator[FolderLock | None]:  # the lock taken here, or None when this process or its parent holds it
-    "Hold the study folder's writer lock (re-entrant in this process; relies on a parent `embvar report` holding it)."
+              ) -> Iterator[FolderLock | None]:  # the lock taken here, or None when this process holds it already
+    "Hold the study folder's writer lock (re-entrant within this process; any other process is refused, naming the holder)."
     study_dir = Path(study_dir); key = str(study_dir.resolve())
-    if key in _HELD or _held_by_parent(study_dir): yield None; return
+    if key in _HELD: yield None; return
     with FolderLock(study_dir, "study folder", timeout=timeout) as lock:
         _HELD.add(key)
         try: yield lock
         finally: _HELD.discard(key)
-
-# %% ../nbs/14_study.ipynb #770094c1
-def lock_env(study_dir: str | Path,  # the study folder whose lock this process holds
-            ) -> dict:               # {LOCK_ENV: "<resolved study_dir>:<this pid>"}
-    "What the holder of a study lock passes to the notebooks it runs, so they do not take the lock again."
-    return {LOCK_ENV: f"{Path(study_dir).resolve()}:{os.getpid()}"}
 
 # %% ../nbs/14_study.ipynb #3aa618f7
 STUDY_FILE = "study.json"

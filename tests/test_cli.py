@@ -160,7 +160,7 @@ def test_a_full_disk_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
 def test_templates_pointing_nowhere_is_one_line(tmp_path):
     line = one_line_error(embvar("report", "--profile", "smoke", "--experiments", "lr_sweep", "--set", "seeds=[0]", "--set", "lrs=[5e-4]",
                                  "--templates", str(tmp_path / "nowhere"), "--out", str(tmp_path / "s")), "report")
-    assert "--templates: " in line and "nowhere" in line and "lr_sweep.ipynb" in line
+    assert "--templates: " in line and "nowhere" in line and "lr_sweep.ipynb" in line and "nor experiment.ipynb" in line
 
 
 def test_a_failed_run_stops_before_the_report_with_one_line_per_run(tmp_path):

@@ -60,3 +60,18 @@ def test_runtime_imports_are_base_requirements():
                 bad.append(f"{py.name}: {n}")
     assert not bad, bad
     assert "filelock" in {re.split(r"[<>=]", r)[0] for r in settings()["requirements"].split()}
+
+
+def test_the_built_package_ships_a_template_for_every_notebook(tmp_path):
+    "setup.py's build_py (what the wheel holds) copies every template, and every experiment finds one there: its own or the shared one."
+    from embvar_study.report import SHARED_TEMPLATE, template_for
+    from embvar_study.sweep import EXPERIMENT_NAMES
+    subprocess.run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(tmp_path), "build_py", "--build-lib",
+                    str(tmp_path / "lib")], cwd=ROOT, check=True, capture_output=True, text=True, timeout=300)   # nothing written into the checkout
+    shipped = tmp_path / "lib" / "embvar_study" / "experiments"
+    source = ROOT / "nbs" / "experiments"
+    assert sorted(p.name for p in shipped.glob("*.ipynb")) == sorted(p.name for p in source.glob("*.ipynb"))
+    used = {n: template_for(n, shipped).name for n in (*EXPERIMENT_NAMES, "report", "runs_report")}
+    assert set(used.values()) == {p.name for p in shipped.glob("*.ipynb")}           # no template left unused
+    assert used["lr_sweep"] == used["seed_sweep"] == f"{SHARED_TEMPLATE}.ipynb" and used["lora"] == "lora.ipynb"
+    assert "nbs/experiments *.ipynb" in (ROOT / "MANIFEST.in").read_text()             # and the sdist carries them too

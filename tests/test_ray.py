@@ -371,10 +371,10 @@ def test_unreachable_address_fails_fast_from_the_cli(tmp_path):
 
 def test_every_experiment_template_takes_the_executor_parameters():
     import nbformat, papermill as pm
-    from embvar_study.report import template_dir
+    from embvar_study.report import template_for
     for name in EXPERIMENT_NAMES:
-        params = pm.inspect_notebook(str(template_dir() / f"{name}.ipynb"))
+        params = pm.inspect_notebook(str(template_for(name)))
         assert {"executor", "ray_address", "gpus_per_run", "cpus_per_run", "jobs", "runs_per_gpu"} <= set(params), name
         assert params["executor"]["default"] == '"local"' and params["ray_address"]["default"] == '""', name
-        src = "\n".join(c.source for c in nbformat.read(template_dir() / f"{name}.ipynb", as_version=4).cells)
+        src = "\n".join(c.source for c in nbformat.read(template_for(name), as_version=4).cells)
         assert "executor=executor" in src and "ray_address=ray_address, gpus_per_run=gpus_per_run, cpus_per_run=cpus_per_run" in src

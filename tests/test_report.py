@@ -6,11 +6,12 @@ import ast, html as html_lib, json, re
 from pathlib import Path
 
 import nbformat
+import pandas as pd
 import pytest
 
 from embvar_study import analysis
 from embvar_study.cli import main
-from embvar_study.report import execute_notebooks, render_html, template_dir
+from embvar_study.report import execute_notebooks, render_html, template_dir, template_for
 from embvar_study.words import format_value
 from embvar_study.study import load_study, synthetic_study
 from embvar_study.sweep import EXPERIMENT_NAMES
@@ -151,7 +152,7 @@ def test_templates_hold_parameters_narrative_and_display_calls_only():
     banned = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.For, ast.While, ast.Lambda, ast.ListComp,
               ast.DictComp, ast.SetComp, ast.GeneratorExp, ast.If, ast.Try, ast.With)
     names = sorted(p.stem for p in template_dir().glob("*.ipynb"))
-    assert {*EXPERIMENT_NAMES, "report", "runs_report"} <= set(names)
+    assert {template_for(n).stem for n in (*EXPERIMENT_NAMES, "report", "runs_report")} == set(names)   # every template is used
     for name in names:
         nb = nbformat.read(template_dir() / f"{name}.ipynb", as_version=4)
         params = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
@@ -167,7 +168,7 @@ def test_templates_hold_parameters_narrative_and_display_calls_only():
 def test_templates_document_their_parameters():
     import papermill as pm
     for name in (*EXPERIMENT_NAMES, "report"):
-        params = pm.inspect_notebook(str(template_dir() / f"{name}.ipynb"))
+        params = pm.inspect_notebook(str(template_for(name)))
         for p, info in params.items():
             assert info["inferred_type_name"] not in ("None", "Unknown type"), (name, p)
             assert info["help"], (name, p)
@@ -313,3 +314,38 @@ def test_a_custom_study_keeps_its_description_and_the_reference_rate_it_ran(tmp_
     assert title.endswith("synthetic profile with lrs = 1e-4, 5e-4 and seeds = 0, 1"), title
     assert "Not-computed" not in page                                                   # mitigations at lr 1e-4, the rate the study ran
     assert "distinct runs at lr 1e-4" in page
+
+
+def test_a_notebook_whose_inputs_are_unchanged_is_reused_and_any_change_executes_it_again(tmp_path):
+    "The second execution on the same runs, code and parameters executes nothing; a changed parameter or run record does."
+    sd = synthetic_study(tmp_path / "syn", n_probes=6, dim=4, steps=6)
+    params = {"profile": "synthetic", "study_dir": str(sd), "train": False}
+    said = []
+    out = execute_notebooks(["lr_sweep"], sd, params, say=said.append)[0]
+    assert re.fullmatch(r"\[1/1\] notebook lr_sweep: done in [\d.]+s", said[-1]), said
+    first = out.read_bytes()
+    execute_notebooks(["lr_sweep"], sd, params, say=said.append)
+    assert said[-1] == "[1/1] notebook lr_sweep: inputs unchanged (template, parameters, code, runs): reused"
+    assert out.read_bytes() == first                                              # not touched
+    execute_notebooks(["lr_sweep"], sd, params, say=said.append, reuse=False)     # --reexecute
+    assert "done in" in said[-1]
+    spec = json.loads((sd / "study.json").read_text()); spec["resolved"]["note"] = "changed"
+    (sd / "study.json").write_text(json.dumps(spec))                              # the plan changed: its content is an input
+    execute_notebooks(["lr_sweep"], sd, params, say=said.append)
+    assert "done in" in said[-1]
+    execute_notebooks(["lr_sweep"], sd, {**params, "jobs": 2}, say=said.append)   # another parameter's value: executed again
+    assert "done in" in said[-1]
+    nb = json.loads(out.read_text())
+    assert nb["metadata"]["embvar"]["inputs"] and nb["metadata"]["papermill"]["parameters"]["experiment"] == "lr_sweep"
+
+
+def test_with_train_false_a_notebook_only_verifies_and_names_a_damaged_run(tmp_path):
+    "What `embvar report` executes never trains: a damaged run fails the notebook with one line naming it; nothing is retrained."
+    from embvar_study.report import NotebookFailed
+    sd = synthetic_study(tmp_path / "syn", n_probes=6, dim=4, steps=6)
+    run = sd / pd.read_csv(sd / "sweeps" / "lr_sweep.csv")["path"].iloc[0]
+    victim = sorted(run.rglob("*.npy"))[0]; victim.write_bytes(b"damaged")
+    before = sorted(p.name for p in (sd / "runs").iterdir())
+    with pytest.raises(NotebookFailed, match=r"1 of its \d+ runs .* are not complete and verified"):
+        execute_notebooks(["lr_sweep"], sd, {"profile": "synthetic", "study_dir": str(sd), "train": False}, say=None)
+    assert sorted(p.name for p in (sd / "runs").iterdir()) == before and victim.read_bytes() == b"damaged"   # nothing moved or retrained
