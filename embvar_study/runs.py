@@ -29,14 +29,14 @@ import pandas as pd
 from .checks import as_float_array
 
 # %% auto #0
-__all__ = ['NON_IDENTITY_KEYS', 'RESERVED_KEYS', 'RunAlreadyComplete', 'IncompleteRunError', 'CorruptRunError',
+__all__ = ['NON_IDENTITY_KEYS', 'RESERVED_KEYS', 'method_of', 'RunAlreadyComplete', 'IncompleteRunError', 'CorruptRunError',
            'FolderLockedError', 'canonical_json', 'config_hash', 'atomic_write_bytes', 'atomic_write_text',
            'atomic_write_json', 'atomic_save_npy', 'package_version', 'git_dirty', 'git_info', 'environment_info',
            'run_context', 'lock_files', 'lock_holder', 'FolderLock', 'run_folder_state', 'RunWriter', 'safe_path',
            'read_marker', 'damaged_files', 'verify_run', 'Run', 'load_run', 'is_complete', 'find_runs', 'load_runs']
 
 # %% ../nbs/08_runs.ipynb #1c9dc01e
-def _method_of(cls: type):
+def method_of(cls: type):
     "Decorator: attach the function to `cls` as the method of the same name (a dependency-free `fastcore.patch_to`)."
     def attach(f):
         f.__qualname__ = f"{cls.__qualname__}.{f.__name__}"
@@ -253,7 +253,7 @@ class FolderLock:
     def __exit__(self, *exc): self.release(); return False
 
 # %% ../nbs/08_runs.ipynb #ca671f54
-@_method_of(FolderLock)
+@method_of(FolderLock)
 def acquire(self: FolderLock) -> FolderLock:  # self, now holding the lock
     "Take the lock (waiting up to `timeout` seconds for its holder) and record this process as the holder."
     from filelock import FileLock, Timeout
@@ -408,7 +408,7 @@ class RunWriter:
         return f"RunWriter({str(self.path)!r}, config_hash={self.config_hash!r}, steps={len(self._steps)}, finished={self._closed})"
 
 # %% ../nbs/08_runs.ipynb #c82d39d0
-@_method_of(RunWriter)
+@method_of(RunWriter)
 def save_embeddings(self: RunWriter,
                     step: int,               # the tracked training step: >= 0, not saved before
                     arrays: dict,            # pooling name -> (L+1, N, d) array; the same poolings and shape at every step
@@ -430,7 +430,7 @@ def _scalar(key: str, v: object) -> object:
     raise ValueError(f"log: {key} expected a scalar (number, str, bool or None), got {type(v).__name__}")
 
 # %% ../nbs/08_runs.ipynb #a8d7165c
-@_method_of(RunWriter)
+@method_of(RunWriter)
 def log(self: RunWriter, *,
         flush: bool = True,   # rewrite history.csv now (False: at the next flush, log or finish)
         **row,                # column=value pairs of scalars (numbers, str, bool, None; 0-d arrays)
@@ -441,7 +441,7 @@ def log(self: RunWriter, *,
     self._rows.append({k: _scalar(k, v) for k, v in row.items()})
     if flush: self.flush()
 
-@_method_of(RunWriter)
+@method_of(RunWriter)
 def flush(self: RunWriter) -> None:
     "Rewrite history.csv atomically from every row logged so far."
     if self._rows: atomic_write_text(self.path / "history.csv", pd.DataFrame(self._rows).to_csv(index=False))
@@ -454,7 +454,7 @@ def _check_extra_path(relpath: str) -> Path:
     return rel
 
 # %% ../nbs/08_runs.ipynb #d18514d7
-@_method_of(RunWriter)
+@method_of(RunWriter)
 def save_array(self: RunWriter,
                relpath: str,        # where in the run folder, e.g. 'perturb/step_000010.typo.npy'
                array: np.ndarray,   # finite values, any shape
@@ -487,7 +487,7 @@ def _check_finish(status, extra: dict) -> None:
     if clash: raise ValueError(f"finish: keys {clash} are reserved in COMPLETE")
 
 # %% ../nbs/08_runs.ipynb #0232453e
-@_method_of(RunWriter)
+@method_of(RunWriter)
 def finish(self: RunWriter,
            status: str = "completed",  # how the run ended: 'completed', 'diverged', 'stopped_by_alarm', ...
            **extra,                    # further JSON-serialisable facts for COMPLETE (timings, derived sizes, ...)
@@ -504,7 +504,7 @@ def finish(self: RunWriter,
     self._closed = True; self._release()
     return self.path
 
-@_method_of(RunWriter)
+@method_of(RunWriter)
 def abandon(self: RunWriter) -> None:
     "Stop writing without COMPLETE (the run stays incomplete) and release the lock."
     self._closed = True; self._release()
@@ -695,14 +695,14 @@ def _load_npy(f: Path, data: bytes | None = None) -> np.ndarray:  # from `data` 
     try: return np.load(io.BytesIO(data), allow_pickle=False) if data is not None else np.load(f, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError, EOFError) as e: raise _corrupt(f, f"cannot be read ({e})") from None
 
-@_method_of(Run)
+@method_of(Run)
 def _read_array(self: Run, rel: str) -> np.ndarray:
     "The array at `rel` (a path COMPLETE lists), checked against its sha256 first unless the run was loaded with verify=False."
     f = safe_path(self.path, rel, self.path / "COMPLETE")
     data = _verify_file(self.path, rel, self.marker["files"][rel], read=True) if self.verify else None
     return _load_npy(f, data)
 
-@_method_of(Run)
+@method_of(Run)
 def _load(self: Run, step: int, pooling: str) -> np.ndarray:  # (L+1, N, d)
     a = self._read_array(_step_file(step, pooling))
     if a.shape != self.shape: raise _corrupt(self.path / _step_file(step, pooling), f"expected shape {self.shape}, got {a.shape}")
@@ -731,7 +731,7 @@ def _check_steps(steps, tracked: np.ndarray) -> np.ndarray:
     return s.astype(np.int64)
 
 # %% ../nbs/08_runs.ipynb #1e67b6dc
-@_method_of(Run)
+@method_of(Run)
 def embeddings(self: Run,
                layer: int = -1,         # hidden-state index in [-(L+1), L]; 0 = embedding output
                pooling: str = "mean",   # one of `self.poolings`
@@ -747,7 +747,7 @@ def embeddings(self: Run,
     return out
 
 # %% ../nbs/08_runs.ipynb #5aaacc9f
-@_method_of(Run)
+@method_of(Run)
 def embeddings_all_layers(self: Run,
                           pooling: str = "mean",  # one of `self.poolings`
                           *,
@@ -761,7 +761,7 @@ def embeddings_all_layers(self: Run,
     return out
 
 # %% ../nbs/08_runs.ipynb #83ea566f
-@_method_of(Run)
+@method_of(Run)
 def array(self: Run,
           relpath: str,   # the path given to `RunWriter.save_array`
          ) -> np.ndarray:  # checked against its sha256 when first read in this process
@@ -771,7 +771,7 @@ def array(self: Run,
         raise ValueError(f"relpath: {relpath!r} is not in {self.path}; saved arrays: {extra}")
     return self._read_array(relpath)
 
-@_method_of(Run)
+@method_of(Run)
 def perturbations(self: Run) -> list[tuple[str, int, np.ndarray]]:  # [(kind, step, (k, L+1, N, d) array)]
     "Every perturbation array saved under perturb/, sorted by step and kind."
     out = []

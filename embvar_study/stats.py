@@ -19,11 +19,12 @@ from ._batching import rescaled_pow2 as _rescaled
 SeedLike = Union[None, int, np.random.SeedSequence, np.random.Generator]   # anything np.random.default_rng accepts
 
 # %% auto #0
-__all__ = ['SeedLike', 'INTERVAL_METHOD', 'check_confidence', 'check_n_resamples', 'CI', 'bootstrap_ci', 'cluster_bootstrap_ci',
-           'interval_method', 'seed_interval', 'JackknifeResult', 'jackknife', 'PermutationResult', 'permutation_test',
-           'cohens_d', 'hedges_g', 'mean_difference_ci', 'difference_interval', 'standardized_difference_interval',
-           'permutation_min_pvalue', 'effect_size_table', 'quantile_summary', 'auc_variance_hm', 'stratum_sizes',
-           'stratified_auc', 'stratified_auc_interval', 'stratified_delong', 'logistic_fit', 'stratified_auc_ci']
+__all__ = ['SeedLike', 'INTERVAL_METHOD', 'check_confidence', 'check_n_resamples', 'as_rng', 'CI', 'bootstrap_ci',
+           'cluster_bootstrap_ci', 'interval_method', 'seed_interval', 'JackknifeResult', 'jackknife',
+           'PermutationResult', 'permutation_test', 'cohens_d', 'hedges_g', 'mean_difference_ci', 'difference_interval',
+           'standardized_difference_interval', 'permutation_min_pvalue', 'effect_size_table', 'quantile_summary',
+           'auc_variance_hm', 'stratum_sizes', 'stratified_auc', 'stratified_auc_interval', 'stratified_delong',
+           'logistic_fit', 'stratified_auc_ci']
 
 # %% ../nbs/04_stats.ipynb #af0e6ff8
 _CHUNK_ELEMENTS = 2**21
@@ -51,7 +52,7 @@ def _check_choice(value, name: str, choices: tuple) -> str:
         raise ValueError(f"{name}: expected one of {', '.join(repr(c) for c in choices)}, got {value!r}")
     return value.lower()
 
-def _rng(seed) -> np.random.Generator:
+def as_rng(seed) -> np.random.Generator:
     try: return np.random.default_rng(seed)
     except (TypeError, ValueError) as e:
         raise ValueError(f"seed: expected None, a non-negative int, a SeedSequence or a numpy Generator, "
@@ -219,7 +220,7 @@ def bootstrap_ci(values: ArrayLike,            # (..., n, ...) samples; the samp
     check_at_least(x.shape[ax], 2, "values", f"samples along axis {axis}")
     _check_callable(statistic)
     n_resamples, confidence = check_n_resamples(n_resamples), check_confidence(confidence)
-    method, rng = _check_choice(method, "method", _BOOT_METHODS), _rng(seed)
+    method, rng = _check_choice(method, "method", _BOOT_METHODS), as_rng(seed)
     x = np.moveaxis(x, ax, -1)
     batch_shape, n = x.shape[:-1], x.shape[-1]
     estimate = _apply_statistic(statistic, x, -1, batch_shape).reshape(-1)
@@ -288,7 +289,7 @@ def cluster_bootstrap_ci(values: ArrayLike,            # (n_clusters, n_items), 
     check_at_least(C, 2, "values", "clusters (rows, e.g. seeds)")
     _check_callable(statistic)
     n_resamples, confidence = check_n_resamples(n_resamples), check_confidence(confidence)
-    method, rng = _check_choice(method, "method", _BOOT_METHODS), _rng(seed)
+    method, rng = _check_choice(method, "method", _BOOT_METHODS), as_rng(seed)
     estimate = _apply_statistic(statistic, x.reshape(1, C * I), -1, (1,))
     if np.ptp(x) == 0:                                   # every resample is the same matrix
         return CI(float(estimate[0]), float(estimate[0]), float(estimate[0]), confidence, method, n_resamples, 0.0)
@@ -415,7 +416,7 @@ def permutation_test(a: ArrayLike,                 # (n_a,) sample of condition 
         raise ValueError(f"statistic: expected one of 'mean_diff', 'median_diff' or a callable(a, b, axis), got {statistic!r}")
     _check_callable(func)
     n_resamples = check_n_resamples(n_resamples)
-    alternative, rng = _check_choice(alternative, "alternative", _ALTERNATIVES), _rng(seed)
+    alternative, rng = _check_choice(alternative, "alternative", _ALTERNATIVES), as_rng(seed)
     res = _sps.permutation_test((a, b), func, permutation_type="samples" if paired else "independent",
                                 vectorized=True, n_resamples=n_resamples, alternative=alternative, rng=rng,
                                 batch=max(1, min(n_resamples, _CHUNK_ELEMENTS // (a.size + b.size))))
@@ -469,7 +470,7 @@ def mean_difference_ci(a: ArrayLike,              # (n_a,) sample
     "Bootstrap CI of mean(a) - mean(b) (scipy.stats.bootstrap with two samples)."
     a, b = _two_samples(a, b, paired)
     n_resamples, confidence = check_n_resamples(n_resamples), check_confidence(confidence)
-    method, rng = _check_choice(method, "method", _BOOT_METHODS), _rng(seed)
+    method, rng = _check_choice(method, "method", _BOOT_METHODS), as_rng(seed)
     estimate = float(a.mean() - b.mean())
     if (np.ptp(a - b) == 0) if paired else (np.ptp(a) == 0 and np.ptp(b) == 0):   # every resample agrees
         return CI(estimate, estimate, estimate, confidence, method, n_resamples, 0.0)
@@ -608,7 +609,7 @@ def effect_size_table(groups: Mapping,              # name -> (n,) sample, e.g. 
                      ) -> pd.DataFrame:             # one row per comparison a - b; attrs['ci_method'] says how
     "Pairwise effect sizes over seeds: difference with its t interval and t-test p-value, Cohen's d / Hedges' g with the noncentral-t interval, exact permutation p and its floor."
     samples = _group_samples(groups, reference, paired)
-    n_resamples, confidence, rng = check_n_resamples(n_resamples), check_confidence(confidence), _rng(seed)
+    n_resamples, confidence, rng = check_n_resamples(n_resamples), check_confidence(confidence), as_rng(seed)
     pairs = ([(k, reference) for k in samples if k != reference] if reference is not None
              else list(itertools.combinations(samples, 2)))
     table = pd.DataFrame([_comparison_row(ka, kb, samples[ka], samples[kb], paired, n_resamples, confidence, rng)

@@ -447,7 +447,7 @@ def test_save_array_perturbations_and_buffered_log(tmp_path):
 
 
 def test_methods_written_in_their_own_cells_belong_to_their_class():
-    # RunWriter, Run and FolderLock are written over several notebook cells (runs._method_of, `#| exporti`): each
+    # RunWriter, Run and FolderLock are written over several notebook cells (runs.method_of, `#| exporti`): each
     # method is its class's, under its own name, and none of them is part of the module's public API
     for cls in (runs.RunWriter, runs.Run, runs.FolderLock):
         for name, f in vars(cls).items():

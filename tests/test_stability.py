@@ -8,7 +8,7 @@ import pytest
 from embvar_study.config import TrainConfig
 from embvar_study.early_warning import fit_alarm, apply_alarm
 from embvar_study.runs import load_run, config_hash
-from embvar_study.study import RunSet, _DONE
+from embvar_study.study import RunSet, DONE_STATUSES
 from embvar_study.tracking import AlarmRule, alarm_rule
 from embvar_study.train import train_run
 
@@ -22,7 +22,7 @@ def test_alarm_field_identity(tiny_config):
     assert TrainConfig(**tiny_config, alarm=0.02).alarm == alarm_rule(0.02).to_dict()
     with pytest.raises(ValueError, match="alarm.signal"): TrainConfig(**tiny_config, alarm={"threshold": 0.1, "signal": "loss"})
     with pytest.raises(ValueError, match="^alarm:"): TrainConfig(**tiny_config, alarm="0.1")
-    assert "stopped_by_alarm" in _DONE
+    assert "stopped_by_alarm" in DONE_STATUSES
 
 
 def test_fit_apply_alarm_round_trip(tiny_config, tmp_path):
