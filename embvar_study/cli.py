@@ -306,7 +306,7 @@ def report_main(argv: list[str]) -> Path:
     from embvar_study.sweep import get_profile, run_study, NO_TRAINING_ENV
     from embvar_study.study import study_lock, lock_env, check_study, read_study_spec, check_out_folder
     check_out_folder(study_dir)                                     # not empty and not a study: refused before any work
-    from embvar_study.runs import atomic_write_json
+    from embvar_study.storage import atomic_write_json
     from embvar_study import report as R
     prof = get_profile(profile, sets)                               # every --set key checked before any work
     R.check_templates([*(a.experiments or prof["experiments"]), "report"], a.templates)
@@ -481,7 +481,8 @@ def _version() -> str:
     except PackageNotFoundError: return "unknown"
 
 def _errors() -> tuple:
-    from embvar_study.runs import FolderLockedError, CorruptRunError
+    from embvar_study.runs import CorruptRunError
+    from embvar_study.storage import FolderLockedError
     from embvar_study.study import NotComputed
     from embvar_study.data import HubUnavailableError
     from embvar_study.report import NotebookFailed

@@ -8,7 +8,7 @@ import contextlib, logging, math, os, socket, sys, threading, time, types, uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from .runs import atomic_write_text, method_of
+from .storage import atomic_write_text, method_of
 if TYPE_CHECKING: from embvar_study.tracking import EmbeddingTracker
 
 # %% auto #0

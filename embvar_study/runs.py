@@ -4,45 +4,25 @@
 
 # %% ../nbs/08_runs.ipynb #7a18b7e5
 from __future__ import annotations
-import datetime as _dt
 import hashlib
-import importlib.metadata
-import importlib.util
 import io
 import json
 import math
-import os
-import platform
 import re
 import shutil
 import socket
-import subprocess
-import sys
-import tempfile
-import time
-from contextlib import suppress
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from .checks import as_float_array
+from .storage import (RESERVED_KEYS, FolderLock, atomic_save_npy, atomic_write_json, atomic_write_text, canonical_json,
+                                  check_config, config_hash, environment_info, json_default, method_of, utc_now)
 
 # %% auto #0
-__all__ = ['NON_IDENTITY_KEYS', 'RESERVED_KEYS', 'method_of', 'RunAlreadyComplete', 'IncompleteRunError', 'CorruptRunError',
-           'FolderLockedError', 'canonical_json', 'config_hash', 'atomic_write_bytes', 'atomic_write_text',
-           'atomic_write_json', 'atomic_save_npy', 'package_version', 'git_dirty', 'git_info', 'environment_info',
-           'run_context', 'lock_files', 'lock_holder', 'FolderLock', 'run_folder_state', 'RunWriter', 'safe_path',
+__all__ = ['RunAlreadyComplete', 'IncompleteRunError', 'CorruptRunError', 'run_folder_state', 'RunWriter', 'safe_path',
            'read_marker', 'damaged_files', 'verify_run', 'Run', 'load_run', 'is_complete', 'find_runs', 'load_runs']
-
-# %% ../nbs/08_runs.ipynb #1c9dc01e
-def method_of(cls: type):
-    "Decorator: attach the function to `cls` as the method of the same name (a dependency-free `fastcore.patch_to`)."
-    def attach(f):
-        f.__qualname__ = f"{cls.__qualname__}.{f.__name__}"
-        setattr(cls, f.__name__, f)
-        return f
-    return attach
 
 # %% ../nbs/08_runs.ipynb #b220818e
 class RunAlreadyComplete(Exception):
@@ -59,216 +39,7 @@ class IncompleteRunError(ValueError):
 class CorruptRunError(ValueError):
     "A file of a complete run is missing, unreadable, malformed, outside the folder, or fails its checksum."
 
-class FolderLockedError(RuntimeError):
-    "Another process is writing this folder (the message names it)."
-
 def _corrupt(f: Path, what: str) -> CorruptRunError: return CorruptRunError(f"{f}: {what}")
-
-# %% ../nbs/08_runs.ipynb #c0a1b002
-def _json_default(o):
-    if isinstance(o, Path): return str(o)
-    if isinstance(o, np.bool_): return bool(o)
-    if isinstance(o, np.integer): return int(o)
-    if isinstance(o, np.floating): return float(o)
-    if isinstance(o, np.ndarray): return o.tolist()
-    if isinstance(o, (set, frozenset)): return sorted(o)
-    if type(o).__module__.startswith("torch") and type(o).__name__ in ("dtype", "device"): return str(o)
-    raise TypeError(f"{type(o).__name__} is not JSON serializable")
-
-# %% ../nbs/08_runs.ipynb #4fae4323
-def canonical_json(obj: object,  # numbers, str, lists, tuples, dicts with str keys, paths, numpy scalars
-                   name: str,    # what `obj` is, for the error message
-                  ) -> str:      # sorted keys, no whitespace
-    "Sorted-key, whitespace-free JSON of `obj` (paths, numpy scalars allowed); `ValueError` naming `name` otherwise."
-    try: return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_json_default, allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{name}: expected JSON-serializable values (numbers, str, lists, dicts, paths), {e}") from None
-
-# %% ../nbs/08_runs.ipynb #c0a1b004
-NON_IDENTITY_KEYS = ("out_dir", "run_dir", "device", "num_workers", "progress", "verbose")  # do not change results
-RESERVED_KEYS = ("config_hash", "environment")   # added to config.json by RunWriter
-
-def _check_config(config) -> dict:
-    if not isinstance(config, dict): raise ValueError(f"config: expected a dict, got {type(config).__name__}")
-    bad = [k for k in config if not isinstance(k, str)]
-    if bad: raise ValueError(f"config: expected str keys, got {bad[0]!r}")
-    return config
-
-def config_hash(config: dict,  # run parameters; NON_IDENTITY_KEYS are ignored
-               ) -> str:       # 12 hex digits
-    "Identity of a run configuration: sha256 of its canonical JSON, without the keys that do not affect results."
-    ident = {k: v for k, v in _check_config(config).items() if k not in NON_IDENTITY_KEYS}
-    return hashlib.sha256(canonical_json(ident, "config").encode()).hexdigest()[:12]
-
-# %% ../nbs/08_runs.ipynb #ec6a2d1c
-_UMASK = os.umask(0); os.umask(_UMASK)
-
-def _fsync_dir(d: Path):
-    if os.name == "nt": return        # directories cannot be opened for fsync on Windows
-    fd = os.open(d, os.O_RDONLY)
-    try: os.fsync(fd)
-    finally: os.close(fd)
-
-def _cannot_write(path: Path, e: OSError) -> OSError: return OSError(e.errno, f"{path}: cannot write ({e.strerror or e})")
-
-# %% ../nbs/08_runs.ipynb #57fc147f
-def _atomic_write(path, write) -> Path:
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as e: raise _cannot_write(path, e) from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f); f.flush(); os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)   # mkstemp creates 0600; give the file normal permissions
-        os.replace(tmp, path)
-    except BaseException as e:
-        with suppress(FileNotFoundError): os.unlink(tmp)
-        if isinstance(e, OSError): raise _cannot_write(path, e) from None
-        raise
-    _fsync_dir(path.parent)
-    return path
-
-# %% ../nbs/08_runs.ipynb #c0a1b005
-def atomic_write_bytes(path: str | Path,  # target file (parents created)
-                       data: bytes,       # full new content
-                      ) -> Path:          # `path`
-    "Replace `path` with `data` atomically: readers see the old or the new file, never a mix."
-    return _atomic_write(path, lambda f: f.write(data))
-
-def atomic_write_text(path: str | Path,  # target file (parents created)
-                      text: str,         # full new content, written as UTF-8
-                     ) -> Path:          # `path`
-    "Atomic write of UTF-8 `text` to `path`."
-    return atomic_write_bytes(path, text.encode("utf-8"))
-
-# %% ../nbs/08_runs.ipynb #6d217608
-def atomic_write_json(path: str | Path,  # target file (parents created)
-                      obj: object,       # JSON-serialisable; paths and numpy scalars allowed
-                     ) -> Path:          # `path`
-    "Atomic write of `obj` as indented JSON; serialised before anything is written."
-    return atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default, ensure_ascii=False) + "\n")
-
-def atomic_save_npy(path: str | Path,     # target .npy file (parents created)
-                    array: np.ndarray,    # any shape; object arrays are refused by np.save(allow_pickle=False)
-                   ) -> Path:             # `path`
-    "Atomic `np.save` of `array` (no pickled objects) to `path`."
-    a = np.asarray(array)
-    return _atomic_write(path, lambda f: np.save(f, a, allow_pickle=False))
-
-# %% ../nbs/08_runs.ipynb #d5b999e2
-_PACKAGES = ("numpy", "scipy", "torch", "transformers", "datasets", "pandas", "embvar_study")
-
-def package_version(pkg: str,  # an importable name ('embvar_study') or a distribution name ('embvar-study')
-                   ) -> str | None:
-    "Installed version of `pkg` (distribution metadata first, then `__version__`), or None."
-    for name in (pkg, pkg.replace("_", "-")):
-        with suppress(importlib.metadata.PackageNotFoundError): return importlib.metadata.version(name)
-    mod = sys.modules.get(pkg)
-    if mod is None and importlib.util.find_spec(pkg) is not None:
-        with suppress(Exception): mod = __import__(pkg)
-    return getattr(mod, "__version__", None)
-
-# %% ../nbs/08_runs.ipynb #c0a1b007
-def _git(args: list[str], cwd: Path) -> str | None:
-    try: r = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError): return None
-    return r.stdout.strip() if r.returncode == 0 else None
-
-def git_dirty(root: Path) -> bool | None:
-    "Whether tracked files of the checkout at `root` differ from HEAD; the outputs in `reports/` do not count."
-    status = _git(["status", "--porcelain", "--untracked-files=no", "--", ":(top)", ":(top,exclude)reports"], root)
-    return None if status is None else bool(status)
-
-def git_info() -> dict:  # {"git_commit": sha or None, "git_dirty": bool or None}
-    "The commit of the checkout `embvar_study` is imported from, and whether its tracked files (reports/ aside) changed."
-    spec = importlib.util.find_spec("embvar_study")
-    if spec is None or spec.origin is None: return {"git_commit": None, "git_dirty": None}
-    pkg = Path(spec.origin).resolve().parent
-    # only a checkout where the package is tracked counts (not a wheel inside some repo's ignored .venv)
-    if _git(["ls-files", "--error-unmatch", "--", str(pkg / "__init__.py")], pkg.parent) is None:
-        return {"git_commit": None, "git_dirty": None}
-    return {"git_commit": _git(["rev-parse", "HEAD"], pkg.parent), "git_dirty": git_dirty(pkg.parent)}
-
-# %% ../nbs/08_runs.ipynb #c0a1b009
-def environment_info() -> dict:  # python, platform, packages, torch_cuda, cudnn, cuda_devices, git_commit, git_dirty
-    "Versions, devices and git state: everything needed to trace a result back to its software."
-    import torch
-    cuda = torch.cuda.is_available()
-    return {"python": platform.python_version(), "platform": platform.platform(),
-            "packages": {p: package_version(p) for p in _PACKAGES}, "torch_cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version() if cuda else None,
-            "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
-            **git_info()}
-
-# %% ../nbs/08_runs.ipynb #5440e3bd
-def _now() -> str: return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-def run_context() -> dict:  # {"host", "pid", "command"}
-    "Where and by what a run is being written: recorded in COMPLETE and in the lock's holder file."
-    return {"host": socket.gethostname(), "pid": os.getpid(), "command": " ".join(sys.argv)[:300]}
-
-# %% ../nbs/08_runs.ipynb #d0c0a002
-def lock_files(folder: str | Path,  # a run or study folder (need not exist)
-              ) -> tuple[Path, Path]:  # (lock file, holder file)
-    "The lock file of `folder` and the file naming its holder, both hidden beside the folder."
-    f = Path(folder).absolute()
-    return f.parent / f".{f.name}.lock", f.parent / f".{f.name}.lock.json"
-
-def lock_holder(folder: str | Path,  # a run or study folder
-               ) -> dict | None:     # {"host", "pid", "command", "since"} as the holder wrote it
-    "Who last took the lock of `folder` (host, pid, command, since), or None."
-    with suppress(OSError, ValueError):
-        h = json.loads(lock_files(folder)[1].read_text(encoding="utf-8"))
-        return h if isinstance(h, dict) else None
-    return None
-
-# %% ../nbs/08_runs.ipynb #f9a12b2c
-def _describe_holder(h: dict | None) -> str:
-    if not h: return "another process"
-    return f"pid {h.get('pid')} on {h.get('host')} since {h.get('since')} ({h.get('command', '')!s:.80})"
-
-# %% ../nbs/08_runs.ipynb #d0c0a003
-class FolderLock:
-    "Exclusive writer lock on a run or study folder; `FolderLockedError` names the holder when it is taken."
-    def __init__(self, folder: str | Path,     # the run or study folder (need not exist)
-                 what: str = "run folder",     # what the folder is, for the message
-                 timeout: float = 0):          # seconds to wait for the holder to finish (0: refuse at once)
-        self.folder, self.what, self.timeout, self._lock = Path(folder), what, float(timeout), None
-    def _busy(self, short: bool = False) -> str:
-        h = lock_holder(self.folder)
-        for _ in range(40):                     # the holder writes who it is just after taking the lock: wait up to 2 s
-            if h is not None: break
-            time.sleep(0.05); h = lock_holder(self.folder)
-        who = _describe_holder(h)
-        return who if short else f"{self.what} {self.folder} is being written by {who}; wait for it to finish or stop it"
-    def release(self) -> None:                  # the holder record goes first, so no one reads a finished holder's
-        if self._lock is not None:
-            with suppress(OSError): lock_files(self.folder)[1].unlink()
-            self._lock.release(); self._lock = None
-    @property
-    def held(self) -> bool: return self._lock is not None
-    def __enter__(self): return self.acquire()
-    def __exit__(self, *exc): self.release(); return False
-
-# %% ../nbs/08_runs.ipynb #ca671f54
-@method_of(FolderLock)
-def acquire(self: FolderLock) -> FolderLock:  # self, now holding the lock
-    "Take the lock (waiting up to `timeout` seconds for its holder) and record this process as the holder."
-    from filelock import FileLock, Timeout
-    lock_file, holder_file = lock_files(self.folder)
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(lock_file, timeout=0)
-    try: lock.acquire()
-    except Timeout:
-        if self.timeout <= 0: raise FolderLockedError(self._busy()) from None
-        print(f"waiting up to {self.timeout:g}s for {self.folder}: {self._busy(short=True)}", file=sys.stderr, flush=True)
-        try: lock.acquire(timeout=self.timeout)
-        except Timeout: raise FolderLockedError(self._busy()) from None
-    self._lock = lock
-    atomic_write_json(holder_file, {**run_context(), "since": _now()})
-    return self
 
 # %% ../nbs/08_runs.ipynb #10e6092b
 def _is_hidden(p: Path) -> bool: return p.name.startswith(".")
@@ -313,7 +84,7 @@ def _probes_frame(probes) -> pd.DataFrame:
 # %% ../nbs/08_runs.ipynb #77ebdb87
 def _jsonl(df: pd.DataFrame) -> str:
     clean = lambda v: None if isinstance(v, (float, np.floating)) and math.isnan(v) else v
-    return "".join(json.dumps({k: clean(v) for k, v in rec.items()}, default=_json_default, ensure_ascii=False) + "\n"
+    return "".join(json.dumps({k: clean(v) for k, v in rec.items()}, default=json_default, ensure_ascii=False) + "\n"
                    for rec in df.to_dict(orient="records"))
 
 # %% ../nbs/08_runs.ipynb #b2f1b623
@@ -360,7 +131,7 @@ def _check_step_arrays(arrays, n_probes: int, poolings, shape, dtype: np.dtype) 
 
 # %% ../nbs/08_runs.ipynb #9e6fdffc
 def _writer_config(config) -> dict:
-    clash = [k for k in RESERVED_KEYS if k in _check_config(config)]
+    clash = [k for k in RESERVED_KEYS if k in check_config(config)]
     if clash: raise ValueError(f"config: keys {clash} are reserved (RunWriter adds them to config.json)")
     return dict(config)
 
@@ -390,7 +161,7 @@ class RunWriter:
         try: _prepare_run_folder(self.path, self.config_hash)
         except BaseException: self._release(); raise
         self._rows, self._steps, self._poolings, self._shape, self._dtype, self._closed = [], [], None, None, None, False
-        self._started = _now()
+        self._started = utc_now()
         atomic_write_json(self.path / "config.json",
                           {**self.config, "config_hash": self.config_hash, "environment": environment_info()})
         atomic_write_text(self.path / "probes.jsonl", _jsonl(self.probes))
@@ -498,7 +269,7 @@ def finish(self: RunWriter,
     if not (self.path / "history.csv").exists(): atomic_write_text(self.path / "history.csv", "")
     marker = {"status": status, "config_hash": self.config_hash, "files": _digests(self.path), "steps": sorted(self._steps),
               "poolings": self._poolings or [], "shape": list(self._shape) if self._shape else None, "dtype": self._dtype,
-              "started_at": self._started, "finished_at": _now(), "host": socket.gethostname(), **extra}
+              "started_at": self._started, "finished_at": utc_now(), "host": socket.gethostname(), **extra}
     canonical_json(marker, "finish")      # fail before writing if `extra` is not serialisable
     atomic_write_json(self.path / "COMPLETE", marker)
     self._closed = True; self._release()

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from .study import Study, NotComputed
-from .runs import package_version, git_info
+from .storage import package_version, git_info
 from .words import (format_lr, format_value, format_sci, value_label, plain_column, plural, per_run, percent, span_words,
                     study_description, probes_used, lora_words)
 from .display import Table, Figure, RawHTML, note_html, note_md, to_html, interval_refused, interval_words

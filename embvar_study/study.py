@@ -11,8 +11,8 @@ from typing import Callable, Iterator
 import numpy as np
 import pandas as pd
 
-from .runs import (Run, RunWriter, load_run, config_hash, atomic_write_json, atomic_write_text, CorruptRunError,
-                               FolderLock, lock_holder, method_of)
+from .runs import Run, RunWriter, load_run, CorruptRunError
+from .storage import config_hash, atomic_write_json, atomic_write_text, FolderLock, lock_holder, method_of
 
 # %% auto #0
 __all__ = ['LOCK_ENV', 'STUDY_FILE', 'RUNS_REPORT_MARK', 'MANIFEST_COLUMNS', 'DESIGN_COLUMNS', 'GROUP_FIELDS',
