@@ -17,8 +17,8 @@ ArrayLike = Union[np.ndarray, Sequence, "torch.Tensor"]   # what the numerical f
 Array = Union[np.ndarray, "torch.Tensor"]                  # what they return: numpy, or a tensor on the input's device
 
 # %% ../nbs/00_checks.ipynb #44cbf7f0
-def fmt_shape(shape) -> str: return "(" + ", ".join(str(s) for s in shape) + ")"
-def shape_str(x) -> str: return fmt_shape(np.shape(x))   # of an array, tensor or nested list
+def fmt_shape(shape: tuple[int, ...]) -> str: return "(" + ", ".join(str(s) for s in shape) + ")"
+def shape_str(x: object) -> str: return fmt_shape(np.shape(x))   # of an array, tensor or nested list
 
 def is_tensor(x: object) -> bool:  # True for a torch tensor (any device, dtype or subclass)
     "Whether `x` is a torch tensor, decided without importing torch."

@@ -44,19 +44,19 @@ def check_n_resamples(n_resamples: object) -> int:
     return n
 
 # %% ../nbs/04_stats.ipynb #adeef364
-def check_choice(value, name: str, choices: tuple) -> str:
+def check_choice(value: object, name: str, choices: tuple) -> str:
     if not isinstance(value, str) or value.lower() not in choices:
         raise ValueError(f"{name}: expected one of {', '.join(repr(c) for c in choices)}, got {value!r}")
     return value.lower()
 
-def as_rng(seed) -> np.random.Generator:
+def as_rng(seed: SeedLike) -> np.random.Generator:
     try: return np.random.default_rng(seed)
     except (TypeError, ValueError) as e:
         raise ValueError(f"seed: expected None, a non-negative int, a SeedSequence or a numpy Generator, "
                          f"got {seed!r} ({e})") from None
 
 # %% ../nbs/04_stats.ipynb #46a45c32
-def check_callable(statistic, name: str = "statistic"):
+def check_callable(statistic: object, name: str = "statistic") -> None:
     if not callable(statistic):
         raise ValueError(f"{name}: expected a callable such as np.mean or `lambda x, axis: ...`, "
                          f"got {type(statistic).__name__}")
@@ -88,20 +88,20 @@ def _apply_statistic(statistic: Callable, x: np.ndarray, axis: int, expected_sha
     return out
 
 # %% ../nbs/04_stats.ipynb #f3aa0c77
-def as_sample(x, name: str) -> np.ndarray:
+def as_sample(x: ArrayLike, name: str) -> np.ndarray:
     "A 1-d float64 sample of at least 2 finite values."
     a = as_float_array(x, name, ndim=1, dims="(n,)")
     check_at_least(a.shape[0], 2, name, "samples")
     return a
 
-def as_two_samples(a, b, paired: bool) -> tuple[np.ndarray, np.ndarray]:
+def as_two_samples(a: ArrayLike, b: ArrayLike, paired: bool) -> tuple[np.ndarray, np.ndarray]:
     a, b = as_sample(a, "a"), as_sample(b, "b")
     if paired and a.shape != b.shape:
         raise ValueError(f"a and b: paired=True needs one b value per a value (the same length), "
                          f"got lengths {a.shape[0]} and {b.shape[0]}")
     return a, b
 
-def as_scalar(x):
+def as_scalar(x: ArrayLike) -> float | np.ndarray:
     "Python float for 0-d results, the array otherwise."
     x = np.asarray(x, dtype=np.float64)
     return float(x) if x.ndim == 0 else x

@@ -18,6 +18,7 @@ import tempfile
 import time
 from contextlib import suppress
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -28,7 +29,7 @@ __all__ = ['NON_IDENTITY_KEYS', 'RESERVED_KEYS', 'method_of', 'FolderLockedError
            'lock_files', 'lock_holder', 'FolderLock']
 
 # %% ../nbs/07a_storage.ipynb #1c9dc01e
-def method_of(cls: type):
+def method_of(cls: type) -> Callable[[Callable], Callable]:
     "Decorator: attach the function to `cls` as the method of the same name (a dependency-free `fastcore.patch_to`)."
     def attach(f):
         f.__qualname__ = f"{cls.__qualname__}.{f.__name__}"
@@ -42,7 +43,7 @@ class FolderLockedError(RuntimeError):
 
 
 # %% ../nbs/07a_storage.ipynb #c0a1b002
-def json_default(o):
+def json_default(o: object) -> object:
     if isinstance(o, Path): return str(o)
     if isinstance(o, np.bool_): return bool(o)
     if isinstance(o, np.integer): return int(o)
@@ -65,7 +66,7 @@ def canonical_json(obj: object,  # numbers, str, lists, tuples, dicts with str k
 NON_IDENTITY_KEYS = ("out_dir", "run_dir", "device", "num_workers", "progress", "verbose")  # do not change results
 RESERVED_KEYS = ("config_hash", "environment")   # added to config.json by RunWriter
 
-def check_config(config) -> dict:
+def check_config(config: object) -> dict:
     if not isinstance(config, dict): raise ValueError(f"config: expected a dict, got {type(config).__name__}")
     bad = [k for k in config if not isinstance(k, str)]
     if bad: raise ValueError(f"config: expected str keys, got {bad[0]!r}")
