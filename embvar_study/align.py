@@ -10,7 +10,7 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 import pandas as pd
 import scipy.linalg
-from .checks import Array, ArrayLike, check_at_least, check_rank, check_same_shape, _shape
+from .checks import Array, ArrayLike, check_at_least, check_rank, check_same_shape, shape_str
 from ._batching import NUMPY_OPS, Scratch, backend_of, chunked_apply, fits_chunk, valid_floats, ops_of, rescaled_pow2
 from .metrics import cos_dist_block, msd_block, row_norms
 from .similarity import centred_unit, cka_ratio, common_count, debias_hsic, hsic, knn_sets, rank_vector
@@ -38,7 +38,7 @@ class ProcrustesResult:
         xp, d = ops_of(self.rotation), self.rotation.shape[-1]
         z = xp.f64(valid_floats(Z, "Z", xp, min_ndim=1, dims=f"(..., M, {d})"))
         if z.shape[-1] != d:
-            raise ValueError(f"Z: expected shape (..., M, {d}) (last axis = the fitted dimension d={d}), got shape {_shape(z)}")
+            raise ValueError(f"Z: expected shape (..., M, {d}) (last axis = the fitted dimension d={d}), got shape {shape_str(z)}")
         s = xp.f64(self.scale)[..., None, None]
         out = s * ((z if z.ndim > 1 else z[None]) - self.source_mean[..., None, :]) @ self.rotation + self.target_mean[..., None, :]
         return out if z.ndim > 1 else out[0]

@@ -14,7 +14,8 @@ from .words import format_lr, value_label, Distinct
 from .metrics import (cosine_drift, drift_curve, step_drift, spectrum_summary, covariance_spectrum, class_variance,
                                   cross_run_dispersion)
 from .align import generalized_procrustes, pairwise_run_table
-from .stats import effect_size_table, seed_interval, difference_interval
+from .stats import seed_interval
+from .effects import effect_size_table, difference_interval
 
 # %% auto #0
 __all__ = ['REFERENCE', 'COLLAPSE_CI_METHOD', 'runs_table', 'probe_drift', 'drift_curves', 'drift_summary', 'setup_table',

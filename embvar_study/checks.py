@@ -9,16 +9,16 @@ import numpy as np
 if TYPE_CHECKING: import torch   # for the type hints only: never imported at run time
 
 # %% auto #0
-__all__ = ['ArrayLike', 'Array', 'is_tensor', 'check_real', 'check_rank', 'check_finite', 'as_float_array', 'check_same_shape',
-           'check_at_least', 'check_nonzero_rows']
+__all__ = ['ArrayLike', 'Array', 'fmt_shape', 'shape_str', 'is_tensor', 'check_real', 'check_rank', 'check_finite',
+           'as_float_array', 'check_same_shape', 'check_at_least', 'check_nonzero_rows']
 
 # %% ../nbs/00_checks.ipynb #5eb28cdd
 ArrayLike = Union[np.ndarray, Sequence, "torch.Tensor"]   # what the numerical functions accept
 Array = Union[np.ndarray, "torch.Tensor"]                  # what they return: numpy, or a tensor on the input's device
 
 # %% ../nbs/00_checks.ipynb #44cbf7f0
-def _fmt_shape(shape) -> str: return "(" + ", ".join(str(s) for s in shape) + ")"
-def _shape(x) -> str: return _fmt_shape(np.shape(x))   # of an array, tensor or nested list
+def fmt_shape(shape: tuple[int, ...]) -> str: return "(" + ", ".join(str(s) for s in shape) + ")"
+def shape_str(x: object) -> str: return fmt_shape(np.shape(x))   # of an array, tensor or nested list
 
 def is_tensor(x: object) -> bool:  # True for a torch tensor (any device, dtype or subclass)
     "Whether `x` is a torch tensor, decided without importing torch."
@@ -45,9 +45,9 @@ def check_rank(shape: tuple,          # shape of the array
     "Raise unless an array of `shape` has the required rank and is not empty."
     want = dims or (f"{ndim}-d array" if ndim is not None else f"array with at least {min_ndim} dimension(s)")
     if (ndim is not None and len(shape) != ndim) or len(shape) < min_ndim:
-        raise ValueError(f"{name}: expected shape {want}, got shape {_fmt_shape(shape)}")
+        raise ValueError(f"{name}: expected shape {want}, got shape {fmt_shape(shape)}")
     if 0 in tuple(shape):
-        raise ValueError(f"{name}: expected a non-empty array {want}, got shape {_fmt_shape(shape)}")
+        raise ValueError(f"{name}: expected a non-empty array {want}, got shape {fmt_shape(shape)}")
 
 # %% ../nbs/00_checks.ipynb #dc1eee58
 def check_finite(x: Array,   # numpy array or torch tensor
@@ -58,7 +58,7 @@ def check_finite(x: Array,   # numpy array or torch tensor
     if not ok.all():
         bad = int((~ok).sum())
         raise ValueError(f"{name}: expected finite values, got {bad} NaN/inf entr{'y' if bad == 1 else 'ies'} "
-                         f"in shape {_shape(x)}")
+                         f"in shape {shape_str(x)}")
 
 # %% ../nbs/00_checks.ipynb #2ffde59f
 def _not_numeric(x, name, dims, err) -> ValueError:
@@ -91,7 +91,7 @@ def check_same_shape(a: Array,  # first array
                     ) -> None:
     "Raise if `a` and `b` differ in shape."
     if tuple(a.shape) != tuple(b.shape):
-        raise ValueError(f"{name_a} and {name_b}: expected the same shape, got {_shape(a)} and {_shape(b)}")
+        raise ValueError(f"{name_a} and {name_b}: expected the same shape, got {shape_str(a)} and {shape_str(b)}")
 
 def check_at_least(n: int,            # the count
                    minimum: int,      # smallest accepted count

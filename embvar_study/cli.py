@@ -263,7 +263,7 @@ def copy_cached_runs(study_dir: Path,       # the study folder (its runs/ receiv
     "Copy into study_dir/runs every needed run that a source holds complete, after verifying it: every file against COMPLETE's sha256 (full re-hash) and its config's own hash equal to the run id (identity from content). A run that fails a check is named and trained instead."
     import os, shutil
     from embvar_study.runs import verify_run, CorruptRunError, IncompleteRunError
-    from embvar_study.study import _DONE
+    from embvar_study.study import DONE_STATUSES
     dest_root, copied, refused = Path(study_dir) / "runs", [], []
     per_source, present = {Path(s): 0 for s in sources}, 0
     for rid in run_ids:
@@ -276,7 +276,7 @@ def copy_cached_runs(study_dir: Path,       # the study folder (its runs/ receiv
                 m = verify_run(s, full=True)
                 cfg_hash = json.loads((s / "config.json").read_text(encoding="utf-8")).get("config_hash")
                 if cfg_hash != rid: raise CorruptRunError(f"its config hashes to {cfg_hash}, not {rid}")
-                if m.get("status") not in _DONE: raise IncompleteRunError(f"status {m.get('status')!r}")
+                if m.get("status") not in DONE_STATUSES: raise IncompleteRunError(f"status {m.get('status')!r}")
             except (CorruptRunError, IncompleteRunError, OSError, ValueError) as e:
                 refused.append(f"{s}: {e}"); continue
             dest_root.mkdir(parents=True, exist_ok=True)
@@ -307,7 +307,7 @@ def report_main(argv: list[str]) -> Path:
     from embvar_study.sweep import get_profile, run_study
     from embvar_study.study import study_lock, check_study, read_study_spec, check_out_folder
     check_out_folder(study_dir)                                     # not empty and not a study: refused before any work
-    from embvar_study.runs import atomic_write_json
+    from embvar_study.storage import atomic_write_json
     from embvar_study import report as R
     prof = get_profile(profile, sets)                               # every --set key checked before any work
     R.check_templates([*(a.experiments or prof["experiments"]), "report"], a.templates)
@@ -356,14 +356,14 @@ def _stale_notebooks(study_dir: Path, names: list[str], profile: str, sets: dict
     "Experiment notebooks to re-execute with this code: every one whose runs are all on disk (no training); one papermill did not finish (missing, half-executed) and cannot be is an error, a finished one that cannot be is kept and named."
     from embvar_study import report as R
     from embvar_study.sweep import get_profile, plan_study
-    from embvar_study.study import load_manifest, _DONE
+    from embvar_study.study import load_manifest, DONE_STATUSES
     state = {e: R.notebook_state(study_dir / "notebooks" / f"{e}.ipynb") for e in names}
     if not state: return [], sets
     plan = plan_study(get_profile(profile, sets), list(state))
     lacking, kept = {}, []
     for e in state:
         m = load_manifest(study_dir, e) if (study_dir / "sweeps" / f"{e}.csv").is_file() else None
-        done = set() if m is None else set(m[m["status"].isin(_DONE)]["run_id"])
+        done = set() if m is None else set(m[m["status"].isin(DONE_STATUSES)]["run_id"])
         need = set(plan[plan["experiment"] == e]["run_id"])
         if need - done:
             if state[e] == "finished": kept.append(e)        # executed before; its runs are not all those of today's plan
@@ -407,9 +407,9 @@ def _verify_targets(p: Path) -> list[Path]:
     if (p / "COMPLETE").exists(): return [p]
     listed = []
     if (p / "sweeps").is_dir():
-        from embvar_study.study import load_manifest, _DONE
+        from embvar_study.study import load_manifest, DONE_STATUSES
         for f in sorted((p / "sweeps").glob("*.csv")):
-            m = load_manifest(p, f.stem); listed += [p / r for r in m[m["status"].isin(_DONE)]["path"]]
+            m = load_manifest(p, f.stem); listed += [p / r for r in m[m["status"].isin(DONE_STATUSES)]["path"]]
     return list(dict.fromkeys([*listed, *find_runs(p)]))
 
 def verify_main(argv: list[str]) -> list[tuple[str, str]]:  # [(damaged file, why)]; exits 1 when there is one
@@ -481,7 +481,8 @@ def _version() -> str:
     except PackageNotFoundError: return "unknown"
 
 def _errors() -> tuple:
-    from embvar_study.runs import FolderLockedError, CorruptRunError
+    from embvar_study.runs import CorruptRunError
+    from embvar_study.storage import FolderLockedError
     from embvar_study.study import NotComputed
     from embvar_study.data import HubUnavailableError
     from embvar_study.report import NotebookFailed

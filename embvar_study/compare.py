@@ -328,7 +328,7 @@ def write_compare_html(t: CompareResult,  # the table of `compare`
     "DIR/compare.html (heatmaps, the diagonal as lines, the table) and DIR/compare.csv, written atomically."
     import base64, html
     from embvar_study.display import figure_png, table_html, PAGE_CSS as _CSS
-    from embvar_study.runs import atomic_write_text
+    from embvar_study.storage import atomic_write_text
     import matplotlib.pyplot as plt
     d = check_out_folder(out)
     tab = pd.DataFrame(t)

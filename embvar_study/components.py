@@ -15,7 +15,7 @@ from numpy.typing import ArrayLike
 from .checks import as_float_array, check_at_least
 from .metrics import cosine_drift
 from .align import generalized_procrustes
-from .stats import check_confidence, check_n_resamples, _rng
+from .stats import check_confidence, check_n_resamples, as_rng
 from .study import RunSet, NotComputed
 
 # %% auto #0
@@ -177,7 +177,7 @@ def variance_components(values: ArrayLike,         # (A, B, R): A levels x B lev
         raise ValueError(f"values: expected R >= 2 replicates per cell (axis 2) to separate the A:B interaction from the error, "
                          f"got shape {x.shape}. With one value per cell the interaction and the error are confounded; if axis 2 "
                          f"is a crossed factor (e.g. probes shared by all runs) use variance_components_3way on (A, B, P) instead")
-    (a, b), (n_resamples, confidence), rng = _check_names(names, 2, ("A", "B")), _check_resamples(n_resamples, confidence), _rng(seed)
+    (a, b), (n_resamples, confidence), rng = _check_names(names, 2, ("A", "B")), _check_resamples(n_resamples, confidence), as_rng(seed)
     df, ems, K = _design_two_way(A, B, R, (a, b))
     ms = _ms_two_way(x)
     draw = lambda g, n: (g.integers(0, A, (n, A))[:, :, None], g.integers(0, B, (n, B))[:, None, :])
@@ -198,7 +198,7 @@ def variance_components_3way(values: ArrayLike,         # (A, B, P): three fully
     x = _balanced(values, 3, "(A, B, P): three crossed factors, one value per cell",
                   [(0, "levels of factor A (axis 0)"), (1, "levels of factor B (axis 1)"), (2, "levels of factor P (axis 2)")])
     A, B, P = x.shape
-    (a, b, p), (n_resamples, confidence), rng = _check_names(names, 3, ("A", "B", "P")), _check_resamples(n_resamples, confidence), _rng(seed)
+    (a, b, p), (n_resamples, confidence), rng = _check_names(names, 3, ("A", "B", "P")), _check_resamples(n_resamples, confidence), as_rng(seed)
     df, ems, K = _design_three_way(A, B, P, (a, b, p))
     ms = _ms_three_way(x)
     draw = lambda g, n: (g.integers(0, A, (n, A))[:, :, None, None], g.integers(0, B, (n, B))[:, None, :, None],
@@ -238,7 +238,7 @@ def embedding_variance_components(values: ArrayLike,         # (A, B, N, ...) e.
     x = _balanced(values, None, "(A, B, N, ...): factor A levels x factor B levels x N probes x trailing coordinates",
                   [(0, "levels of factor A (axis 0)"), (1, "levels of factor B (axis 1)")], min_ndim=3)
     (A, B, N), Q = x.shape[:3], _pooled_forms(*x.shape[:2])
-    (a, b), (n_resamples, confidence), rng = _check_names(names, 2, ("A", "B")), _check_resamples(n_resamples, confidence), _rng(seed)
+    (a, b), (n_resamples, confidence), rng = _check_names(names, 2, ("A", "B")), _check_resamples(n_resamples, confidence), as_rng(seed)
     cells = np.moveaxis(x.reshape(A * B, N, -1), 1, 0)                 # (N, AB, D)
     gram = cells @ np.swapaxes(cells, 1, 2)                             # (N, AB, AB)
     df = np.array([A - 1, B - 1, (A - 1) * (B - 1)], float)

@@ -13,7 +13,7 @@ import numpy as np
 
 from .data import source_fingerprint, probes_fingerprint, HubUnavailableError
 from .models import model_fingerprint, default_poolings
-from .runs import canonical_json, config_hash
+from .storage import canonical_json, config_hash
 
 # %% auto #0
 __all__ = ['POOLINGS', 'PERTURB_KINDS', 'SCHEDULES', 'DIVERGENCE_FACTOR', 'CONFIG_RULES', 'LORA_FIELDS', 'CONFIG_REQUIRES',

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from .words import format_lr, format_value, format_sci, plain_column
-from .runs import atomic_write_bytes
+from .storage import atomic_write_bytes
 
 # %% auto #0
 __all__ = ['PAGE_CSS', 'format_table', 'method_line', 'interval_refused', 'interval_words', 'table_html', 'Figure', 'figure_png',

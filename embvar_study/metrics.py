@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Sequence
 import numpy as np
 from .checks import (Array, ArrayLike, as_float_array, check_at_least, check_nonzero_rows, is_tensor,
-                                 _fmt_shape, _shape)
+                                 fmt_shape, shape_str)
 from ._batching import (Scratch, backend_of, broadcast_lead, chunked_apply, valid_floats, ops_of, promoted_f64,
                                     rescaled_pow2)
 
@@ -32,7 +32,7 @@ def check_pair_rows(a: np.ndarray, b: np.ndarray, name_a: str, name_b: str, same
     ok = a.shape[-2:] == b.shape[-2:] if same_d else a.shape[-2] == b.shape[-2]
     if not ok:
         want = "the same (N, d) in their last two axes" if same_d else "the same number of rows N (axis -2)"
-        raise ValueError(f"{name_a} and {name_b}: expected {want}, got shapes {_shape(a)} and {_shape(b)}")
+        raise ValueError(f"{name_a} and {name_b}: expected {want}, got shapes {shape_str(a)} and {shape_str(b)}")
 
 # %% ../nbs/02_metrics.ipynb #4037eff9
 def check_not_constant(x: np.ndarray, name: str, what: str) -> None:
@@ -437,8 +437,8 @@ def _encode_labels(labels, N, name, X_shape):
     "(classes list, codes (N,) int, counts (C,) int) for a length-N labelling."
     lab = _label_array(labels)
     if lab.ndim != 1 or lab.shape[0] != N:
-        raise ValueError(f"{name}: expected shape (N,) = ({N},) to label the rows of X {_fmt_shape(X_shape)}, "
-                         f"got shape {_shape(lab)}")
+        raise ValueError(f"{name}: expected shape (N,) = ({N},) to label the rows of X {fmt_shape(X_shape)}, "
+                         f"got shape {shape_str(lab)}")
     try: classes, codes = np.unique(lab, return_inverse=True); classes = classes.tolist()
     except TypeError:   # mixed, non-comparable values: first-appearance order
         index = {}

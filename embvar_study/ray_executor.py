@@ -8,7 +8,7 @@ import contextlib, logging, math, os, socket, sys, threading, time, types, uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from .runs import atomic_write_text, _method_of
+from .storage import atomic_write_text, method_of
 if TYPE_CHECKING: from embvar_study.tracking import EmbeddingTracker
 
 # %% auto #0
@@ -364,7 +364,7 @@ class RayExecutor:
         return self._session.__exit__(*exc)
 
 # %% ../nbs/13_ray.ipynb #ad2a6c0d
-@_method_of(RayExecutor)
+@method_of(RayExecutor)
 def _submit(self: RayExecutor, tasks: list[tuple]) -> dict:  # {task ref: key}
     task, cwd, refs = self.ray.remote(_ray_task), os.getcwd(), {}
     for key, config, path in tasks:
@@ -381,7 +381,7 @@ def _worker_died(e: Exception, max_retries: int) -> dict:
             "error": f"worker died (after max_retries={max_retries} retries): {type(e).__name__}: {msg[0] if msg else ''}"}
 
 # %% ../nbs/13_ray.ipynb #4e302a09
-@_method_of(RayExecutor)
+@method_of(RayExecutor)
 def run(self: RayExecutor,
         tasks: list[tuple],  # (key, TrainConfig fields, absolute run folder) per run
         on_done: Callable[[object, dict], None],  # called with (key, summary) as each run ends

@@ -8,7 +8,7 @@ import datetime as _dt, hashlib, html, json, os, re
 from pathlib import Path
 from typing import Callable
 
-from .runs import atomic_write_bytes
+from .storage import atomic_write_bytes
 from .words import study_description
 from .display import PAGE_CSS
 

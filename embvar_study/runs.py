@@ -4,45 +4,25 @@
 
 # %% ../nbs/08_runs.ipynb #7a18b7e5
 from __future__ import annotations
-import datetime as _dt
 import hashlib
-import importlib.metadata
-import importlib.util
 import io
 import json
 import math
-import os
-import platform
 import re
 import shutil
 import socket
-import subprocess
-import sys
-import tempfile
-import time
-from contextlib import suppress
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from .checks import as_float_array
+from .storage import (RESERVED_KEYS, FolderLock, atomic_save_npy, atomic_write_json, atomic_write_text, canonical_json,
+                                  check_config, config_hash, environment_info, json_default, method_of, utc_now)
 
 # %% auto #0
-__all__ = ['NON_IDENTITY_KEYS', 'RESERVED_KEYS', 'RunAlreadyComplete', 'IncompleteRunError', 'CorruptRunError',
-           'FolderLockedError', 'canonical_json', 'config_hash', 'atomic_write_bytes', 'atomic_write_text',
-           'atomic_write_json', 'atomic_save_npy', 'package_version', 'git_dirty', 'git_info', 'environment_info',
-           'run_context', 'lock_files', 'lock_holder', 'FolderLock', 'run_folder_state', 'RunWriter', 'safe_path',
+__all__ = ['RunAlreadyComplete', 'IncompleteRunError', 'CorruptRunError', 'run_folder_state', 'RunWriter', 'safe_path',
            'read_marker', 'damaged_files', 'verify_run', 'Run', 'load_run', 'is_complete', 'find_runs', 'load_runs']
-
-# %% ../nbs/08_runs.ipynb #1c9dc01e
-def _method_of(cls: type):
-    "Decorator: attach the function to `cls` as the method of the same name (a dependency-free `fastcore.patch_to`)."
-    def attach(f):
-        f.__qualname__ = f"{cls.__qualname__}.{f.__name__}"
-        setattr(cls, f.__name__, f)
-        return f
-    return attach
 
 # %% ../nbs/08_runs.ipynb #b220818e
 class RunAlreadyComplete(Exception):
@@ -59,216 +39,7 @@ class IncompleteRunError(ValueError):
 class CorruptRunError(ValueError):
     "A file of a complete run is missing, unreadable, malformed, outside the folder, or fails its checksum."
 
-class FolderLockedError(RuntimeError):
-    "Another process is writing this folder (the message names it)."
-
 def _corrupt(f: Path, what: str) -> CorruptRunError: return CorruptRunError(f"{f}: {what}")
-
-# %% ../nbs/08_runs.ipynb #c0a1b002
-def _json_default(o):
-    if isinstance(o, Path): return str(o)
-    if isinstance(o, np.bool_): return bool(o)
-    if isinstance(o, np.integer): return int(o)
-    if isinstance(o, np.floating): return float(o)
-    if isinstance(o, np.ndarray): return o.tolist()
-    if isinstance(o, (set, frozenset)): return sorted(o)
-    if type(o).__module__.startswith("torch") and type(o).__name__ in ("dtype", "device"): return str(o)
-    raise TypeError(f"{type(o).__name__} is not JSON serializable")
-
-# %% ../nbs/08_runs.ipynb #4fae4323
-def canonical_json(obj: object,  # numbers, str, lists, tuples, dicts with str keys, paths, numpy scalars
-                   name: str,    # what `obj` is, for the error message
-                  ) -> str:      # sorted keys, no whitespace
-    "Sorted-key, whitespace-free JSON of `obj` (paths, numpy scalars allowed); `ValueError` naming `name` otherwise."
-    try: return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_json_default, allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{name}: expected JSON-serializable values (numbers, str, lists, dicts, paths), {e}") from None
-
-# %% ../nbs/08_runs.ipynb #c0a1b004
-NON_IDENTITY_KEYS = ("out_dir", "run_dir", "device", "num_workers", "progress", "verbose")  # do not change results
-RESERVED_KEYS = ("config_hash", "environment")   # added to config.json by RunWriter
-
-def _check_config(config) -> dict:
-    if not isinstance(config, dict): raise ValueError(f"config: expected a dict, got {type(config).__name__}")
-    bad = [k for k in config if not isinstance(k, str)]
-    if bad: raise ValueError(f"config: expected str keys, got {bad[0]!r}")
-    return config
-
-def config_hash(config: dict,  # run parameters; NON_IDENTITY_KEYS are ignored
-               ) -> str:       # 12 hex digits
-    "Identity of a run configuration: sha256 of its canonical JSON, without the keys that do not affect results."
-    ident = {k: v for k, v in _check_config(config).items() if k not in NON_IDENTITY_KEYS}
-    return hashlib.sha256(canonical_json(ident, "config").encode()).hexdigest()[:12]
-
-# %% ../nbs/08_runs.ipynb #ec6a2d1c
-_UMASK = os.umask(0); os.umask(_UMASK)
-
-def _fsync_dir(d: Path):
-    if os.name == "nt": return        # directories cannot be opened for fsync on Windows
-    fd = os.open(d, os.O_RDONLY)
-    try: os.fsync(fd)
-    finally: os.close(fd)
-
-def _cannot_write(path: Path, e: OSError) -> OSError: return OSError(e.errno, f"{path}: cannot write ({e.strerror or e})")
-
-# %% ../nbs/08_runs.ipynb #57fc147f
-def _atomic_write(path, write) -> Path:
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as e: raise _cannot_write(path, e) from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f); f.flush(); os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)   # mkstemp creates 0600; give the file normal permissions
-        os.replace(tmp, path)
-    except BaseException as e:
-        with suppress(FileNotFoundError): os.unlink(tmp)
-        if isinstance(e, OSError): raise _cannot_write(path, e) from None
-        raise
-    _fsync_dir(path.parent)
-    return path
-
-# %% ../nbs/08_runs.ipynb #c0a1b005
-def atomic_write_bytes(path: str | Path,  # target file (parents created)
-                       data: bytes,       # full new content
-                      ) -> Path:          # `path`
-    "Replace `path` with `data` atomically: readers see the old or the new file, never a mix."
-    return _atomic_write(path, lambda f: f.write(data))
-
-def atomic_write_text(path: str | Path,  # target file (parents created)
-                      text: str,         # full new content, written as UTF-8
-                     ) -> Path:          # `path`
-    "Atomic write of UTF-8 `text` to `path`."
-    return atomic_write_bytes(path, text.encode("utf-8"))
-
-# %% ../nbs/08_runs.ipynb #6d217608
-def atomic_write_json(path: str | Path,  # target file (parents created)
-                      obj: object,       # JSON-serialisable; paths and numpy scalars allowed
-                     ) -> Path:          # `path`
-    "Atomic write of `obj` as indented JSON; serialised before anything is written."
-    return atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default, ensure_ascii=False) + "\n")
-
-def atomic_save_npy(path: str | Path,     # target .npy file (parents created)
-                    array: np.ndarray,    # any shape; object arrays are refused by np.save(allow_pickle=False)
-                   ) -> Path:             # `path`
-    "Atomic `np.save` of `array` (no pickled objects) to `path`."
-    a = np.asarray(array)
-    return _atomic_write(path, lambda f: np.save(f, a, allow_pickle=False))
-
-# %% ../nbs/08_runs.ipynb #d5b999e2
-_PACKAGES = ("numpy", "scipy", "torch", "transformers", "datasets", "pandas", "embvar_study")
-
-def package_version(pkg: str,  # an importable name ('embvar_study') or a distribution name ('embvar-study')
-                   ) -> str | None:
-    "Installed version of `pkg` (distribution metadata first, then `__version__`), or None."
-    for name in (pkg, pkg.replace("_", "-")):
-        with suppress(importlib.metadata.PackageNotFoundError): return importlib.metadata.version(name)
-    mod = sys.modules.get(pkg)
-    if mod is None and importlib.util.find_spec(pkg) is not None:
-        with suppress(Exception): mod = __import__(pkg)
-    return getattr(mod, "__version__", None)
-
-# %% ../nbs/08_runs.ipynb #c0a1b007
-def _git(args: list[str], cwd: Path) -> str | None:
-    try: r = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError): return None
-    return r.stdout.strip() if r.returncode == 0 else None
-
-def git_dirty(root: Path) -> bool | None:
-    "Whether tracked files of the checkout at `root` differ from HEAD; the outputs in `reports/` do not count."
-    status = _git(["status", "--porcelain", "--untracked-files=no", "--", ":(top)", ":(top,exclude)reports"], root)
-    return None if status is None else bool(status)
-
-def git_info() -> dict:  # {"git_commit": sha or None, "git_dirty": bool or None}
-    "The commit of the checkout `embvar_study` is imported from, and whether its tracked files (reports/ aside) changed."
-    spec = importlib.util.find_spec("embvar_study")
-    if spec is None or spec.origin is None: return {"git_commit": None, "git_dirty": None}
-    pkg = Path(spec.origin).resolve().parent
-    # only a checkout where the package is tracked counts (not a wheel inside some repo's ignored .venv)
-    if _git(["ls-files", "--error-unmatch", "--", str(pkg / "__init__.py")], pkg.parent) is None:
-        return {"git_commit": None, "git_dirty": None}
-    return {"git_commit": _git(["rev-parse", "HEAD"], pkg.parent), "git_dirty": git_dirty(pkg.parent)}
-
-# %% ../nbs/08_runs.ipynb #c0a1b009
-def environment_info() -> dict:  # python, platform, packages, torch_cuda, cudnn, cuda_devices, git_commit, git_dirty
-    "Versions, devices and git state: everything needed to trace a result back to its software."
-    import torch
-    cuda = torch.cuda.is_available()
-    return {"python": platform.python_version(), "platform": platform.platform(),
-            "packages": {p: package_version(p) for p in _PACKAGES}, "torch_cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version() if cuda else None,
-            "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
-            **git_info()}
-
-# %% ../nbs/08_runs.ipynb #5440e3bd
-def _now() -> str: return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-def run_context() -> dict:  # {"host", "pid", "command"}
-    "Where and by what a run is being written: recorded in COMPLETE and in the lock's holder file."
-    return {"host": socket.gethostname(), "pid": os.getpid(), "command": " ".join(sys.argv)[:300]}
-
-# %% ../nbs/08_runs.ipynb #d0c0a002
-def lock_files(folder: str | Path,  # a run or study folder (need not exist)
-              ) -> tuple[Path, Path]:  # (lock file, holder file)
-    "The lock file of `folder` and the file naming its holder, both hidden beside the folder."
-    f = Path(folder).absolute()
-    return f.parent / f".{f.name}.lock", f.parent / f".{f.name}.lock.json"
-
-def lock_holder(folder: str | Path,  # a run or study folder
-               ) -> dict | None:     # {"host", "pid", "command", "since"} as the holder wrote it
-    "Who last took the lock of `folder` (host, pid, command, since), or None."
-    with suppress(OSError, ValueError):
-        h = json.loads(lock_files(folder)[1].read_text(encoding="utf-8"))
-        return h if isinstance(h, dict) else None
-    return None
-
-# %% ../nbs/08_runs.ipynb #f9a12b2c
-def _describe_holder(h: dict | None) -> str:
-    if not h: return "another process"
-    return f"pid {h.get('pid')} on {h.get('host')} since {h.get('since')} ({h.get('command', '')!s:.80})"
-
-# %% ../nbs/08_runs.ipynb #d0c0a003
-class FolderLock:
-    "Exclusive writer lock on a run or study folder; `FolderLockedError` names the holder when it is taken."
-    def __init__(self, folder: str | Path,     # the run or study folder (need not exist)
-                 what: str = "run folder",     # what the folder is, for the message
-                 timeout: float = 0):          # seconds to wait for the holder to finish (0: refuse at once)
-        self.folder, self.what, self.timeout, self._lock = Path(folder), what, float(timeout), None
-    def _busy(self, short: bool = False) -> str:
-        h = lock_holder(self.folder)
-        for _ in range(40):                     # the holder writes who it is just after taking the lock: wait up to 2 s
-            if h is not None: break
-            time.sleep(0.05); h = lock_holder(self.folder)
-        who = _describe_holder(h)
-        return who if short else f"{self.what} {self.folder} is being written by {who}; wait for it to finish or stop it"
-    def release(self) -> None:                  # the holder record goes first, so no one reads a finished holder's
-        if self._lock is not None:
-            with suppress(OSError): lock_files(self.folder)[1].unlink()
-            self._lock.release(); self._lock = None
-    @property
-    def held(self) -> bool: return self._lock is not None
-    def __enter__(self): return self.acquire()
-    def __exit__(self, *exc): self.release(); return False
-
-# %% ../nbs/08_runs.ipynb #ca671f54
-@_method_of(FolderLock)
-def acquire(self: FolderLock) -> FolderLock:  # self, now holding the lock
-    "Take the lock (waiting up to `timeout` seconds for its holder) and record this process as the holder."
-    from filelock import FileLock, Timeout
-    lock_file, holder_file = lock_files(self.folder)
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(lock_file, timeout=0)
-    try: lock.acquire()
-    except Timeout:
-        if self.timeout <= 0: raise FolderLockedError(self._busy()) from None
-        print(f"waiting up to {self.timeout:g}s for {self.folder}: {self._busy(short=True)}", file=sys.stderr, flush=True)
-        try: lock.acquire(timeout=self.timeout)
-        except Timeout: raise FolderLockedError(self._busy()) from None
-    self._lock = lock
-    atomic_write_json(holder_file, {**run_context(), "since": _now()})
-    return self
 
 # %% ../nbs/08_runs.ipynb #10e6092b
 def _is_hidden(p: Path) -> bool: return p.name.startswith(".")
@@ -313,7 +84,7 @@ def _probes_frame(probes) -> pd.DataFrame:
 # %% ../nbs/08_runs.ipynb #77ebdb87
 def _jsonl(df: pd.DataFrame) -> str:
     clean = lambda v: None if isinstance(v, (float, np.floating)) and math.isnan(v) else v
-    return "".join(json.dumps({k: clean(v) for k, v in rec.items()}, default=_json_default, ensure_ascii=False) + "\n"
+    return "".join(json.dumps({k: clean(v) for k, v in rec.items()}, default=json_default, ensure_ascii=False) + "\n"
                    for rec in df.to_dict(orient="records"))
 
 # %% ../nbs/08_runs.ipynb #b2f1b623
@@ -360,7 +131,7 @@ def _check_step_arrays(arrays, n_probes: int, poolings, shape, dtype: np.dtype) 
 
 # %% ../nbs/08_runs.ipynb #9e6fdffc
 def _writer_config(config) -> dict:
-    clash = [k for k in RESERVED_KEYS if k in _check_config(config)]
+    clash = [k for k in RESERVED_KEYS if k in check_config(config)]
     if clash: raise ValueError(f"config: keys {clash} are reserved (RunWriter adds them to config.json)")
     return dict(config)
 
@@ -390,7 +161,7 @@ class RunWriter:
         try: _prepare_run_folder(self.path, self.config_hash)
         except BaseException: self._release(); raise
         self._rows, self._steps, self._poolings, self._shape, self._dtype, self._closed = [], [], None, None, None, False
-        self._started = _now()
+        self._started = utc_now()
         atomic_write_json(self.path / "config.json",
                           {**self.config, "config_hash": self.config_hash, "environment": environment_info()})
         atomic_write_text(self.path / "probes.jsonl", _jsonl(self.probes))
@@ -408,7 +179,7 @@ class RunWriter:
         return f"RunWriter({str(self.path)!r}, config_hash={self.config_hash!r}, steps={len(self._steps)}, finished={self._closed})"
 
 # %% ../nbs/08_runs.ipynb #c82d39d0
-@_method_of(RunWriter)
+@method_of(RunWriter)
 def save_embeddings(self: RunWriter,
                     step: int,               # the tracked training step: >= 0, not saved before
                     arrays: dict,            # pooling name -> (L+1, N, d) array; the same poolings and shape at every step
@@ -430,7 +201,7 @@ def _scalar(key: str, v: object) -> object:
     raise ValueError(f"log: {key} expected a scalar (number, str, bool or None), got {type(v).__name__}")
 
 # %% ../nbs/08_runs.ipynb #a8d7165c
-@_method_of(RunWriter)
+@method_of(RunWriter)
 def log(self: RunWriter, *,
         flush: bool = True,   # rewrite history.csv now (False: at the next flush, log or finish)
         **row,                # column=value pairs of scalars (numbers, str, bool, None; 0-d arrays)
@@ -441,7 +212,7 @@ def log(self: RunWriter, *,
     self._rows.append({k: _scalar(k, v) for k, v in row.items()})
     if flush: self.flush()
 
-@_method_of(RunWriter)
+@method_of(RunWriter)
 def flush(self: RunWriter) -> None:
     "Rewrite history.csv atomically from every row logged so far."
     if self._rows: atomic_write_text(self.path / "history.csv", pd.DataFrame(self._rows).to_csv(index=False))
@@ -454,7 +225,7 @@ def _check_extra_path(relpath: str) -> Path:
     return rel
 
 # %% ../nbs/08_runs.ipynb #d18514d7
-@_method_of(RunWriter)
+@method_of(RunWriter)
 def save_array(self: RunWriter,
                relpath: str,        # where in the run folder, e.g. 'perturb/step_000010.typo.npy'
                array: np.ndarray,   # finite values, any shape
@@ -487,7 +258,7 @@ def _check_finish(status, extra: dict) -> None:
     if clash: raise ValueError(f"finish: keys {clash} are reserved in COMPLETE")
 
 # %% ../nbs/08_runs.ipynb #0232453e
-@_method_of(RunWriter)
+@method_of(RunWriter)
 def finish(self: RunWriter,
            status: str = "completed",  # how the run ended: 'completed', 'diverged', 'stopped_by_alarm', ...
            **extra,                    # further JSON-serialisable facts for COMPLETE (timings, derived sizes, ...)
@@ -498,13 +269,13 @@ def finish(self: RunWriter,
     if not (self.path / "history.csv").exists(): atomic_write_text(self.path / "history.csv", "")
     marker = {"status": status, "config_hash": self.config_hash, "files": _digests(self.path), "steps": sorted(self._steps),
               "poolings": self._poolings or [], "shape": list(self._shape) if self._shape else None, "dtype": self._dtype,
-              "started_at": self._started, "finished_at": _now(), "host": socket.gethostname(), **extra}
+              "started_at": self._started, "finished_at": utc_now(), "host": socket.gethostname(), **extra}
     canonical_json(marker, "finish")      # fail before writing if `extra` is not serialisable
     atomic_write_json(self.path / "COMPLETE", marker)
     self._closed = True; self._release()
     return self.path
 
-@_method_of(RunWriter)
+@method_of(RunWriter)
 def abandon(self: RunWriter) -> None:
     "Stop writing without COMPLETE (the run stays incomplete) and release the lock."
     self._closed = True; self._release()
@@ -695,14 +466,14 @@ def _load_npy(f: Path, data: bytes | None = None) -> np.ndarray:  # from `data` 
     try: return np.load(io.BytesIO(data), allow_pickle=False) if data is not None else np.load(f, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError, EOFError) as e: raise _corrupt(f, f"cannot be read ({e})") from None
 
-@_method_of(Run)
+@method_of(Run)
 def _read_array(self: Run, rel: str) -> np.ndarray:
     "The array at `rel` (a path COMPLETE lists), checked against its sha256 first unless the run was loaded with verify=False."
     f = safe_path(self.path, rel, self.path / "COMPLETE")
     data = _verify_file(self.path, rel, self.marker["files"][rel], read=True) if self.verify else None
     return _load_npy(f, data)
 
-@_method_of(Run)
+@method_of(Run)
 def _load(self: Run, step: int, pooling: str) -> np.ndarray:  # (L+1, N, d)
     a = self._read_array(_step_file(step, pooling))
     if a.shape != self.shape: raise _corrupt(self.path / _step_file(step, pooling), f"expected shape {self.shape}, got {a.shape}")
@@ -731,7 +502,7 @@ def _check_steps(steps, tracked: np.ndarray) -> np.ndarray:
     return s.astype(np.int64)
 
 # %% ../nbs/08_runs.ipynb #1e67b6dc
-@_method_of(Run)
+@method_of(Run)
 def embeddings(self: Run,
                layer: int = -1,         # hidden-state index in [-(L+1), L]; 0 = embedding output
                pooling: str = "mean",   # one of `self.poolings`
@@ -747,7 +518,7 @@ def embeddings(self: Run,
     return out
 
 # %% ../nbs/08_runs.ipynb #5aaacc9f
-@_method_of(Run)
+@method_of(Run)
 def embeddings_all_layers(self: Run,
                           pooling: str = "mean",  # one of `self.poolings`
                           *,
@@ -761,7 +532,7 @@ def embeddings_all_layers(self: Run,
     return out
 
 # %% ../nbs/08_runs.ipynb #83ea566f
-@_method_of(Run)
+@method_of(Run)
 def array(self: Run,
           relpath: str,   # the path given to `RunWriter.save_array`
          ) -> np.ndarray:  # checked against its sha256 when first read in this process
@@ -771,7 +542,7 @@ def array(self: Run,
         raise ValueError(f"relpath: {relpath!r} is not in {self.path}; saved arrays: {extra}")
     return self._read_array(relpath)
 
-@_method_of(Run)
+@method_of(Run)
 def perturbations(self: Run) -> list[tuple[str, int, np.ndarray]]:  # [(kind, step, (k, L+1, N, d) array)]
     "Every perturbation array saved under perturb/, sorted by step and kind."
     out = []

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from .study import Study, NotComputed, arm_names
-from .runs import package_version, git_info
+from .storage import package_version, git_info
 from .words import (format_lr, format_value, format_sci, value_label, plain_column, plural, per_run, percent, span_words,
                     study_description, probes_used, lora_words)
 from .display import Table, Figure, RawHTML, note_html, note_md, to_html, interval_refused, interval_words
@@ -392,7 +392,7 @@ NOT_APPLICABLE = '<p class="not-applicable"></p>'   # a section's output when th
 
 # %% ../nbs/20b_sections.ipynb #acfbad93
 def section_stability(study: Study, **o) -> list:
-    "Does drift warn earlier than the loss? The stability experiment's answer (`early_warning.stability_section`), in the main body."
+    "Does drift warn earlier than the loss? The stability experiment's answer (`stability.stability_section`), in the main body."
     o = report_options(**o)
     if "stability" not in study.experiments: return [RawHTML(NOT_APPLICABLE)]      # not this study's question: the section is left out, not listed
     study.runs("stability", min_runs=2, diverged=True)                     # NotComputed (one line) when its runs are missing

@@ -11,7 +11,7 @@ import pandas as pd
 from scipy.special import ndtri
 
 from .early_warning import STABILITY_FRACTIONS, TRAINER_SIGNALS, auc_ci, stability_signals  # noqa: F401 (STABILITY_FRACTIONS: used in the tests below)
-from .stats import logistic_fit, stratified_auc, stratified_auc_ci, stratified_delong, stratum_sizes
+from .auc import logistic_fit, stratified_auc, stratified_auc_ci, stratified_delong, stratum_sizes
 from .study import NotComputed, format_lr
 
 # %% auto #0

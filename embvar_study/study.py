@@ -11,14 +11,15 @@ from typing import Callable, Iterator
 import numpy as np
 import pandas as pd
 
-from .runs import (Run, RunWriter, load_run, config_hash, atomic_write_json, atomic_write_text, CorruptRunError,
-                               FolderLock, lock_holder, _method_of)
+from .runs import Run, RunWriter, load_run, CorruptRunError
+from .storage import config_hash, atomic_write_json, atomic_write_text, FolderLock, lock_holder, method_of
 
 # %% auto #0
 __all__ = ['STUDY_FILE', 'RUNS_REPORT_MARK', 'MANIFEST_COLUMNS', 'DESIGN_COLUMNS', 'GROUP_FIELDS', 'EXPERIMENT_FACTORS',
-           'NotComputed', 'study_lock', 'write_study_spec', 'read_study_spec', 'check_out_folder', 'manifest_path',
-           'write_manifest', 'load_manifest', 'config_value', 'synthetic_study', 'RunSet', 'split_fields', 'arm_label',
-           'group_word', 'Study', 'check_study', 'load_study', 'arm_names', 'study_from_runs']
+           'DONE_STATUSES', 'NotComputed', 'study_lock', 'write_study_spec', 'read_study_spec', 'check_out_folder',
+           'manifest_path', 'write_manifest', 'load_manifest', 'config_value', 'synthetic_study', 'RunSet',
+           'split_fields', 'arm_label', 'group_word', 'Study', 'check_study', 'load_study', 'arm_names',
+           'study_from_runs']
 
 # %% ../nbs/14_study.ipynb #19b2c9c2
 class NotComputed(Exception):
@@ -250,7 +251,7 @@ class RunSet:
         return RunSet(pd.concat([self.table, other.table], ignore_index=True), {**self._runs, **other._runs})
 
 # %% ../nbs/14_study.ipynb #524db72e
-@_method_of(RunSet)
+@method_of(RunSet)
 def where(self: RunSet, **conditions) -> RunSet:  # column=value or column=[values]
     "The runs whose design column equals each value (a list/tuple value: any of them)."
     keep = np.ones(len(self.table), bool)
@@ -260,7 +261,7 @@ def where(self: RunSet, **conditions) -> RunSet:  # column=value or column=[valu
     return RunSet(self.table[keep], self._runs)
 
 # %% ../nbs/14_study.ipynb #dc000bec
-@_method_of(RunSet)
+@method_of(RunSet)
 def groups(self: RunSet,
            by: str | list[str],  # a design column, or several (then each key is a tuple of values)
           ) -> dict:             # {value: RunSet}, sorted by value
@@ -271,7 +272,7 @@ def groups(self: RunSet,
     return {k: RunSet(g, self._runs) for k, g in self.table.groupby(by if isinstance(by, str) else cols, sort=True, dropna=False)}
 
 # %% ../nbs/14_study.ipynb #ffbd0cf2
-@_method_of(RunSet)
+@method_of(RunSet)
 def common_steps(self: RunSet) -> np.ndarray:  # (T,) steps tracked by every run, sorted
     "The tracked steps all runs share; `NotComputed` if the runs do not embed the same probes (nothing can be pooled)."
     if not len(self): raise NotComputed("no runs")
@@ -283,7 +284,7 @@ def common_steps(self: RunSet) -> np.ndarray:  # (T,) steps tracked by every run
     return np.array(sorted(set.intersection(*[set(map(int, r.steps)) for r in self.runs])), dtype=np.int64)
 
 # %% ../nbs/14_study.ipynb #4a04b790
-@_method_of(RunSet)
+@method_of(RunSet)
 def stack(self: RunSet,
           layer: int = -1,          # hidden-state index (see `Run.embeddings`)
           pooling: str = "mean",    # one of the runs' poolings
@@ -377,7 +378,7 @@ def _label_word(column: str, value: object) -> str:
     return f"{_LABEL_WORDS[column]} {v}" if _LABEL_WORDS.get(column) else str(v)
 
 # %% ../nbs/14_study.ipynb #34e0edb1
-@_method_of(RunSet)
+@method_of(RunSet)
 def labels(self: RunSet,
            columns: list[str] | None = None,  # the columns to name (None: those that vary)
           ) -> list[str]:                     # one label per run, in table order
@@ -411,7 +412,7 @@ class Study:
         return f"Study({str(self.study_dir)!r}, profile={self.profile!r}, experiments={self.experiments}, runs={len(self._runs)})"
 
 # %% ../nbs/14_study.ipynb #d5eecb4d
-_DONE = ["completed", "diverged", "skipped", "stopped_by_alarm"]   # manifest statuses whose run folder is complete
+DONE_STATUSES = ["completed", "diverged", "skipped", "stopped_by_alarm"]   # manifest statuses whose run folder is complete
 
 def check_study(study_dir: str | Path,  # the study folder
                 full: bool = False,      # re-hash even the files this process already hashed unchanged
@@ -421,7 +422,7 @@ def check_study(study_dir: str | Path,  # the study folder
     study_dir, bad = Path(study_dir), []
     for f in sorted((study_dir / "sweeps").glob("*.csv")):
         m = load_manifest(study_dir, f.stem)
-        for p in m[m["status"].isin(_DONE)]["path"].unique():
+        for p in m[m["status"].isin(DONE_STATUSES)]["path"].unique():
             if not (study_dir / p).is_dir(): bad.append((p, f"missing: the manifest of {f.stem} lists it as done")); continue
             try: verify_run(study_dir / p, full=full)
             except (CorruptRunError, IncompleteRunError, FileNotFoundError) as e: bad.append((p, " ".join(str(e).split())))
@@ -432,7 +433,7 @@ def _load_manifest_runs(study_dir: Path, manifests: dict[str, pd.DataFrame]) -> 
     "run_id -> loaded run, for every complete run the manifests name, each loaded (and verified) once."
     runs: dict[str, Run] = {}
     for m in manifests.values():
-        for _, r in m[m["status"].isin(_DONE)].iterrows():
+        for _, r in m[m["status"].isin(DONE_STATUSES)].iterrows():
             if r["run_id"] in runs: continue
             run = load_run(study_dir / r["path"])
             if run.config_hash != r["run_id"]:
@@ -463,7 +464,7 @@ def _manifest_table(m: pd.DataFrame, experiment: str, runs: dict[str, Run]) -> p
     return t
 
 # %% ../nbs/14_study.ipynb #c448e391
-@_method_of(Study)
+@method_of(Study)
 def runs(self: Study,
          experiment: str,            # an experiment of the study
          factor: str | None = None,  # only the points of this factor (the seed sweep's 'init_seed', ...)
@@ -489,7 +490,7 @@ def runs(self: Study,
     return rs
 
 # %% ../nbs/14_study.ipynb #7878b642
-@_method_of(Study)
+@method_of(Study)
 def all_runs(self: Study) -> RunSet:
     "Every distinct run of the study, each once (its first experiment named), diverged runs included (provenance)."
     sets = [self.runs(e, diverged=True) for e in self.experiments if len(self.manifests[e])]
@@ -498,7 +499,7 @@ def all_runs(self: Study) -> RunSet:
     for s in sets[1:]: out = out + s
     return out
 
-@_method_of(Study)
+@method_of(Study)
 def failed(self: Study) -> pd.DataFrame:  # experiment, run_id, status, error
     "The grid points whose run failed, over every experiment."
     rows = [m.assign(experiment=e) for e, m in self.manifests.items()]
@@ -511,7 +512,7 @@ def diverged_step(run: Run) -> int:  # the step of the first history row marked 
     bad = h[h["status"].astype(str) == "diverged"] if {"status", "step"} <= set(h.columns) else h.iloc[:0]
     return int(bad["step"].iloc[0]) if len(bad) else int(run.marker.get("steps_done", run.steps[-1] if len(run.steps) else 0))
 
-@_method_of(Study)
+@method_of(Study)
 def diverged(self: Study,
              experiments: list[str] | None = None,  # those to look at (None: every experiment)
             ) -> pd.DataFrame:  # experiment, run_id, run (label within its experiment), step, because
@@ -579,7 +580,7 @@ def _design_words(experiment: str, t: pd.DataFrame, m: pd.DataFrame) -> str:
     return f"{len(t)} runs"
 
 # %% ../nbs/14_study.ipynb #ed295b96
-@_method_of(Study)
+@method_of(Study)
 def design(self: Study, experiment: str) -> str:
     "The design of `experiment` in words, from the runs there are."
     return _design_words(experiment, self.runs(experiment).table, self.manifests[experiment])

@@ -11,7 +11,8 @@ from typing import Callable, Iterable
 import pandas as pd
 
 from .config import TrainConfig
-from .runs import verify_run, atomic_write_text, CorruptRunError, IncompleteRunError, package_version, git_info
+from .runs import verify_run, CorruptRunError, IncompleteRunError
+from .storage import atomic_write_text, package_version, git_info
 from .study import study_lock, write_study_spec, read_study_spec, write_manifest, format_lr, STUDY_FILE
 
 # %% auto #0

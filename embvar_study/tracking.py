@@ -20,7 +20,8 @@ from transformers.trainer_callback import CallbackHandler
 
 from .extract import embed_texts, saved_layers
 from .metrics import cosine_drift
-from .runs import RunWriter, FolderLock, atomic_write_json
+from .runs import RunWriter
+from .storage import FolderLock, atomic_write_json
 from .config import ALARM_SIGNALS, AlarmRule, alarm_rule, divergence_reason, tracker_settings   # noqa: F401 (alarm rules live in config, re-exported here)
 from .models import is_decoder, lora_summary, parameter_counts
 

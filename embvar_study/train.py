@@ -17,7 +17,8 @@ from .data import load_texts, train_eval_split, load_probes, parse_heldout
 from .models import load_model_and_tokenizer, model_summary, apply_lora, model_depth
 from .extract import embed_perturbed, count_truncated, position_limit, length_groups, linear_kernel, choose_linear_kernel
 from .extract import resolve_device, pinned_threads, numerics_differ
-from .runs import FolderLock, run_folder_state, verify_run, CorruptRunError
+from .runs import run_folder_state, verify_run, CorruptRunError
+from .storage import FolderLock
 from .tracking import EmbeddingTracker, NonFiniteEmbeddings, alarm_rule
 
 # %% auto #0

@@ -15,9 +15,9 @@ from hypothesis import given, settings, strategies as st
 
 import embvar_study
 import embvar_study.runs as runs
-from embvar_study.runs import (NON_IDENTITY_KEYS, CorruptRunError, FolderLockedError, IncompleteRunError, Run, RunAlreadyComplete,
-                               RunWriter, atomic_save_npy, atomic_write_bytes, atomic_write_json, atomic_write_text,
-                               config_hash, environment_info, find_runs, is_complete, load_run, load_runs)
+import embvar_study.storage as storage
+from embvar_study.runs import CorruptRunError, IncompleteRunError, Run, RunAlreadyComplete, RunWriter, find_runs, is_complete, load_run, load_runs
+from embvar_study.storage import NON_IDENTITY_KEYS, FolderLockedError, atomic_save_npy, atomic_write_bytes, atomic_write_json, atomic_write_text, config_hash, environment_info
 
 CFG = {"model": "distilbert", "lr": 1e-4, "seed": 3, "steps": [0, 5, 10], "out_dir": "/somewhere"}
 PROBES = pd.DataFrame({"text": ["the cat sat", "stocks fell", "rain again", "héllo wörld"],
@@ -92,7 +92,7 @@ def test_atomic_writes_roundtrip(tmp_path):
     assert a.dtype == np.float16 and np.array_equal(a, np.eye(3))
     assert not list(tmp_path.rglob("*.tmp"))
     if os.name != "nt":                  # normal permissions, not mkstemp's 0600
-        assert (tmp_path / "b.bin").stat().st_mode & 0o777 == 0o666 & ~runs._UMASK
+        assert (tmp_path / "b.bin").stat().st_mode & 0o777 == 0o666 & ~storage._UMASK
 
 
 def test_atomic_write_failure_keeps_old_file(tmp_path, monkeypatch):
@@ -101,7 +101,7 @@ def test_atomic_write_failure_keeps_old_file(tmp_path, monkeypatch):
     before = target.read_bytes()
 
     def boom(*a, **k): raise OSError("disk on fire")
-    monkeypatch.setattr(runs.os, "replace", boom)
+    monkeypatch.setattr(storage.os, "replace", boom)
     with pytest.raises(OSError, match="disk on fire"):
         atomic_write_json(target, {"v": 2})
     with pytest.raises(OSError):
@@ -116,14 +116,14 @@ def test_atomic_write_failure_keeps_old_file(tmp_path, monkeypatch):
         f.write(b'{"v": 3')
         raise RuntimeError("killed midway")
     with pytest.raises(RuntimeError):
-        runs._atomic_write(target, half)
+        storage._atomic_write(target, half)
     assert target.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["x.json"]
 
 
 def test_fsync_called(tmp_path, monkeypatch):
     calls = []
     real = os.fsync
-    monkeypatch.setattr(runs.os, "fsync", lambda fd: (calls.append(fd), real(fd)))
+    monkeypatch.setattr(storage.os, "fsync", lambda fd: (calls.append(fd), real(fd)))
     atomic_write_text(tmp_path / "f.txt", "x")
     assert len(calls) == (2 if os.name != "nt" else 1)       # the file and its directory
 
@@ -406,13 +406,13 @@ def test_git_dirty_counts_code_changes_not_rendered_reports(tmp_path):
     (tmp_path / "reports" / "quick").mkdir(parents=True); (tmp_path / "pkg").mkdir()
     (tmp_path / "reports" / "quick" / "report.html").write_text("old"); (tmp_path / "pkg" / "code.py").write_text("x = 1")
     git("add", "-A"); git("commit", "-qm", "init")
-    assert runs.git_dirty(tmp_path) is False
+    assert storage.git_dirty(tmp_path) is False
     (tmp_path / "reports" / "quick" / "report.html").write_text("new")      # an output changed
     (tmp_path / "pkg" / "new_untracked.py").write_text("")                    # untracked files never count
-    assert runs.git_dirty(tmp_path) is False and runs.git_dirty(tmp_path / "pkg") is False
+    assert storage.git_dirty(tmp_path) is False and storage.git_dirty(tmp_path / "pkg") is False
     (tmp_path / "pkg" / "code.py").write_text("x = 2")                        # code changed
-    assert runs.git_dirty(tmp_path) is True and runs.git_dirty(tmp_path / "reports") is True
-    assert runs.git_dirty(tmp_path.parent / "nowhere") is None
+    assert storage.git_dirty(tmp_path) is True and storage.git_dirty(tmp_path / "reports") is True
+    assert storage.git_dirty(tmp_path.parent / "nowhere") is None
 
 
 # ---------------------------------------------------------------- extra arrays and buffered history
@@ -447,12 +447,12 @@ def test_save_array_perturbations_and_buffered_log(tmp_path):
 
 
 def test_methods_written_in_their_own_cells_belong_to_their_class():
-    # RunWriter, Run and FolderLock are written over several notebook cells (runs._method_of, `#| exporti`): each
+    # RunWriter, Run and FolderLock are written over several notebook cells (storage.method_of, `#| exporti`): each
     # method is its class's, under its own name, and none of them is part of the module's public API
-    for cls in (runs.RunWriter, runs.Run, runs.FolderLock):
+    for cls in (runs.RunWriter, runs.Run, storage.FolderLock):
         for name, f in vars(cls).items():
             if callable(f) and not name.startswith("__"): assert f.__qualname__ == f"{cls.__name__}.{name}", (cls, name)
     attached = {"acquire", "save_embeddings", "log", "flush", "save_array", "finish", "abandon", "embeddings",
                 "embeddings_all_layers", "array", "perturbations"}
-    assert attached <= {n for c in (runs.RunWriter, runs.Run, runs.FolderLock) for n in vars(c)}
-    assert not attached & set(runs.__all__)
+    assert attached <= {n for c in (runs.RunWriter, runs.Run, storage.FolderLock) for n in vars(c)}
+    assert not attached & (set(runs.__all__) | set(storage.__all__))

@@ -7,8 +7,9 @@ import pytest
 
 from embvar_study.config import TrainConfig
 from embvar_study.early_warning import fit_alarm, apply_alarm
-from embvar_study.runs import load_run, config_hash
-from embvar_study.study import RunSet, _DONE
+from embvar_study.runs import load_run
+from embvar_study.storage import config_hash
+from embvar_study.study import RunSet, DONE_STATUSES
 from embvar_study.tracking import AlarmRule, alarm_rule
 from embvar_study.train import train_run
 
@@ -22,7 +23,7 @@ def test_alarm_field_identity(tiny_config):
     assert TrainConfig(**tiny_config, alarm=0.02).alarm == alarm_rule(0.02).to_dict()
     with pytest.raises(ValueError, match="alarm.signal"): TrainConfig(**tiny_config, alarm={"threshold": 0.1, "signal": "loss"})
     with pytest.raises(ValueError, match="^alarm:"): TrainConfig(**tiny_config, alarm="0.1")
-    assert "stopped_by_alarm" in _DONE
+    assert "stopped_by_alarm" in DONE_STATUSES
 
 
 def test_fit_apply_alarm_round_trip(tiny_config, tmp_path):
@@ -60,106 +61,14 @@ def test_stability_profile(tmp_path):
     assert all("stability" not in PROFILES[k]["experiments"] for k in ("paper", "quick", "smoke")) and "stability" not in _CLASSIC
 
 
-# --- the test of the claim, on synthetic signal tables (the level `stability_scores` takes): no training
 import numpy as np
 import pandas as pd
 
-from embvar_study.early_warning import (STABILITY_FRACTIONS, stability_scores, stability_auc_table, stability_differences,
-                                        stability_answer, stability_alarms, paired_auc_difference, auc_ci)
-from embvar_study.study import NotComputed
-
-
-def _signals(planted: str | None, *, seed: int, n_seeds: int = 6, n_lrs: int = 6) -> pd.DataFrame:
-    """36 runs (6 seeds x 6 rates), half of each seed's runs fail; failure is planted as extra growth in one column
-    (or nowhere), every other signal is independent noise around the same mean in failed and successful runs."""
-    rng = np.random.default_rng(seed); rows = []
-    for s in range(n_seeds):
-        fails = rng.permutation(np.arange(n_lrs) % 2 == 0)
-        for i in range(n_lrs):
-            for f in STABILITY_FRACTIONS:
-                v = {f"drift_{l}": 0.1 * f + rng.normal(0, 0.02) for l in range(5)}
-                v.update(velocity=rng.normal(), train_loss=rng.normal(0.69, 0.02), grad_norm=rng.normal(1, 0.1),
-                         eval_acc=rng.normal(0.55, 0.03), eval_loss=rng.normal(0.69, 0.01))
-                if planted: v[planted] += 0.5 * f * fails[i]
-                rows.append({"run_id": f"s{s}l{i}", "lr": 1e-4 * (i + 1), "seed": s, "chance": 0.5, "failed": bool(fails[i]),
-                             "failure_step": 12.0 if fails[i] else np.nan, "fraction": f, "step": int(f * 20), "total_steps": 20, **v})
-    return pd.DataFrame(rows)
-
-
-def _row(t, f, s): return t[np.isclose(t["fraction"], f) & (t["signal"] == s)].iloc[0]
-
-
-def test_planted_in_drift_recovered_not_in_loss():
-    sc = stability_scores(_signals("drift_3", seed=1))
-    aucs = stability_auc_table(sc)
-    for f in STABILITY_FRACTIONS:
-        best = _row(aucs, f, "drift, best layer")
-        assert best["auc"] >= 0.9 and best["layers_chosen"].startswith("layer 3"), best   # the planted layer, chosen on other seeds
-        loss = _row(aucs, f, "training loss")
-        assert abs(loss["auc"] - 0.5) < 0.2 and loss["low"] < 0.5 < loss["high"], loss
-    diffs = stability_differences(sc)
-    best = diffs[diffs["signal"] == "drift, best layer"]
-    assert (best["diff"] > 2 * best["se"]).all() and best["low"].isna().all()     # the paired interval is refused (coverage)
-    assert best["best_other"].str.startswith("best trainer's signal: ").all()
-    ans = stability_answer(diffs, aucs)
-    assert ans.count("no verified interval, the estimate favours drift") == 4 and "worse at 0; undecided at 4" in ans and "favours drift at 4 and the trainer's signal at 0" in ans
-    # the alarm on the planted layer stops the failed runs and (nearly) no successful one
-    al = _row(stability_alarms(sc), 0.5, "drift, best layer")
-    assert al["recall"] >= 0.8 and al["false_alarm_rate"] <= 0.2
-
-
-def test_reversed_data_reverses_the_answer():
-    sc = stability_scores(_signals("train_loss", seed=1))        # the same construction, failure planted in the loss
-    ans = stability_answer(stability_differences(sc), stability_auc_table(sc))
-    assert ans.count("no verified interval, the estimate favours the trainer's signal") == 4 and "interval, the estimate favours drift" not in ans
-    assert "favours drift at 0 and the trainer's signal at 4" in ans
-
-
-def test_nothing_planted_no_signal_predicts():
-    sc = stability_scores(_signals(None, seed=2))
-    aucs = stability_auc_table(sc)
-    for s in ("drift, last layer", "drift, best layer", "training loss", "held-out loss"):
-        r = _row(aucs, 0.3, s)
-        assert r["low"] < 0.5 < r["high"], r                       # the interval covers chance
-    ans = stability_answer(stability_differences(sc), aucs)
-    assert ", drift is better" not in ans and "worse at 0" in ans
-
-
-def test_paired_difference_against_delong_reference():
-    rng = np.random.default_rng(0)
-    y = np.arange(20) < 8
-    a, b = rng.normal(size=20) + y, rng.normal(size=20)
-    d = paired_auc_difference(a, b, y)
-    from sklearn.metrics import roc_auc_score                       # an independent reference for the point estimates
-    assert np.isclose(d["auc_a"], roc_auc_score(y, a)) and np.isclose(d["auc_b"], roc_auc_score(y, b))
-    # DeLong's variance written out: structural components per run, covariance matrix S10/m + S01/n, var = c' S c
-    def comps(s):
-        p, q = s[y], s[~y]; psi = (p[:, None] > q[None]) + 0.5 * (p[:, None] == q[None])
-        return psi.mean(1), psi.mean(0)
-    (a10, a01), (b10, b01) = comps(a), comps(b)
-    S = np.cov(np.stack([a10, b10])) / 8 + np.cov(np.stack([a01, b01])) / 12
-    assert np.isclose(d["se"] ** 2, S[0, 0] + S[1, 1] - 2 * S[0, 1])
-    assert np.isnan(d["low"]) and np.isnan(d["high"]) and d["method"].startswith("no interval")
-    with pytest.raises(NotComputed, match="at least 2 failed"): paired_auc_difference(a, b, np.arange(20) < 1)
-    assert auc_ci(a, y).auc == d["auc_a"]
-
-
-def test_stability_finding_reverses_with_the_data():
-    "The Conclusions' sentence (report.key_findings' stability part): planted in drift it leans to drift, planted in the loss to the trainer's signal."
-    from embvar_study.early_warning import stability_sentence
-    out = {}
-    for planted in ("drift_3", "train_loss"):
-        sc = stability_scores(_signals(planted, seed=1))
-        out[planted] = stability_sentence(stability_differences(sc), stability_auc_table(sc))
-    fwd, rev = out["drift_3"], out["train_loss"]
-    assert fwd["value"] > 0 > rev["value"] and fwd["verdict"] == rev["verdict"] == "undecided"        # the paired interval is refused
-    assert "favours drift at 4 and the trainer's signal at 0" in fwd["text"] and "favours drift at 0 and the trainer's signal at 4" in rev["text"]
-    assert f"is {fwd['value']:+.2f} (SE" in fwd["text"] and "with 18 failed and 18 successful runs" in fwd["text"]
-
+from embvar_study.early_warning import STABILITY_FRACTIONS
 
 # --- the within-configuration analysis (embvar_study.stability, issue 31) on synthetic studies at the design's size
 from embvar_study import stability as ST
-from embvar_study.stats import stratified_auc
+from embvar_study.auc import stratified_auc
 
 
 def _study(kind: str, *, seed: int, n_seeds: int = 16, lrs=(1e-4, 6e-4, 8e-4, 1e-3), p_fail=(0.0, 0.4, 0.5, 0.6)) -> pd.DataFrame:

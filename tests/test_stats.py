@@ -15,8 +15,9 @@ except ImportError:  # package not installed: run from the repository checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from embvar_study import stats
-from embvar_study.stats import (bootstrap_ci, cluster_bootstrap_ci, cohens_d, effect_size_table, hedges_g,
-                                jackknife, mean_difference_ci, permutation_test, quantile_summary)
+from embvar_study import effects
+from embvar_study.effects import cohens_d, effect_size_table, hedges_g, mean_difference_ci, permutation_test
+from embvar_study.stats import bootstrap_ci, cluster_bootstrap_ci, jackknife, quantile_summary
 
 finite = st.floats(-1e3, 1e3, allow_nan=False, allow_infinity=False)
 samples = arrays(np.float64, st.integers(2, 30), elements=finite)
@@ -54,7 +55,7 @@ def test_bootstrap_ci_batched_axis_equals_scipy():
 def test_bootstrap_ci_memory_chunking_does_not_change_result(monkeypatch):
     x = np.random.default_rng(13).normal(size=(4, 50))
     full = bootstrap_ci(x, n_resamples=300, seed=1)
-    monkeypatch.setattr(stats, "_CHUNK_ELEMENTS", 1000)       # scipy batch of 5 resamples
+    monkeypatch.setattr(stats, "CHUNK_ELEMENTS", 1000)       # scipy batch of 5 resamples
     chunked = bootstrap_ci(x, n_resamples=300, seed=1)
     np.testing.assert_allclose(chunked.low, full.low, rtol=1e-12)
     np.testing.assert_allclose(chunked.high, full.high, rtol=1e-12)
@@ -315,7 +316,7 @@ def test_hedges_g_is_unbiased_where_d_is_not():
     se = g.std() / np.sqrt(g.size)
     assert abs(g.mean() - delta) < 4 * se
     assert d.mean() - delta > 0.05
-    assert stats._hedges_j(8) == pytest.approx(1 - 3 / 31, abs=2e-3)
+    assert effects._hedges_j(8) == pytest.approx(1 - 3 / 31, abs=2e-3)
 
 
 def test_cohens_d_zero_spread():
@@ -360,8 +361,8 @@ def test_effect_size_table_matches_components():
 
 
 def test_holm_hand_values():
-    np.testing.assert_allclose(stats._holm(np.array([0.01, 0.04, 0.03])), [0.03, 0.06, 0.06])
-    np.testing.assert_allclose(stats._holm(np.array([0.5, 0.9])), [1.0, 1.0])
+    np.testing.assert_allclose(effects._holm(np.array([0.01, 0.04, 0.03])), [0.03, 0.06, 0.06])
+    np.testing.assert_allclose(effects._holm(np.array([0.5, 0.9])), [1.0, 1.0])
 
 
 # ---------------------------------------------------------------------------------------- quantile_summary
@@ -448,12 +449,12 @@ def test_error_paths(call, message):
 @pytest.mark.parametrize("call", [
     lambda c: stats.bootstrap_ci(X, confidence=c, n_resamples=50, seed=0),
     lambda c: stats.cluster_bootstrap_ci(M, confidence=c, n_resamples=50, seed=0),
-    lambda c: stats.mean_difference_ci(X, X + 1, confidence=c, n_resamples=50, seed=0),
+    lambda c: effects.mean_difference_ci(X, X + 1, confidence=c, n_resamples=50, seed=0),
     lambda c: stats.seed_interval(X, confidence=c),
-    lambda c: stats.difference_interval(X, X + 1, confidence=c),
-    lambda c: stats.standardized_difference_interval(0.5, 5, 5, confidence=c),
+    lambda c: effects.difference_interval(X, X + 1, confidence=c),
+    lambda c: effects.standardized_difference_interval(0.5, 5, 5, confidence=c),
     lambda c: stats.interval_method(5, confidence=c),
-    lambda c: stats.effect_size_table({"a": X, "b": X + 1}, confidence=c, n_resamples=50, seed=0),
+    lambda c: effects.effect_size_table({"a": X, "b": X + 1}, confidence=c, n_resamples=50, seed=0),
 ], ids=["bootstrap_ci", "cluster_bootstrap_ci", "mean_difference_ci", "seed_interval", "difference_interval",
         "standardized_difference_interval", "interval_method", "effect_size_table"])
 @pytest.mark.parametrize("bad", [1.5, -0.1, float("nan"), True, "0.95"])

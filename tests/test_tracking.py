@@ -11,7 +11,8 @@ import torch
 from embvar_study.extract import embed_texts
 from embvar_study.metrics import drift_curve
 from embvar_study.models import load_model_and_tokenizer
-from embvar_study.runs import FolderLockedError, load_run
+from embvar_study.runs import load_run
+from embvar_study.storage import FolderLockedError
 from embvar_study.tracking import EmbeddingTracker, EmbvarCallback, probe_table
 
 from conftest import TEXTS, LABELS, PROBES   # a tiny labelled corpus and probe set for Trainer runs
