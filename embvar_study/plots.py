@@ -252,7 +252,7 @@ def plot_early_stopping(es: pd.DataFrame,                  # stability.early_sto
     "Expected best final held-out accuracy against the fraction of training at which seeds are selected, one line per selection rule (table order), finishing all t as a dotted horizontal reference, the compute spent on a top axis."
     rules = [s for s in dict.fromkeys(es["selection"]) if s != reference]
     pal = palette([s for s in rules if s != "at random"])   # random: grey and dashed, the baseline
-    fig, ax = plt.subplots(figsize=(5.8, 3.8), dpi=80, constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(7.2, 3.8), dpi=80, constrained_layout=True)
     for s in rules:
         t = es[es["selection"] == s].sort_values("fraction")
         ax.plot(t["fraction"], t["expected_best"], color="grey" if s == "at random" else pal[s], ls="--" if s == "at random" else "-",
@@ -266,5 +266,5 @@ def plot_early_stopping(es: pd.DataFrame,                  # stability.early_sto
     top.set_xlabel("compute spent (share of finishing all t)")
     kept = f"start {int(per['t'].iloc[0])} seeds, finish the best {int(per['p'].iloc[0])}" if len(per) else ""
     ax.set(xlabel="fraction of training at which the seeds are selected", ylabel="expected best final held-out accuracy", title=kept)
-    ax.legend(frameon=False, fontsize=8)
+    ax.legend(frameon=False, fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))   # outside: never over a line
     return fig
