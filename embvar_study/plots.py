@@ -18,7 +18,8 @@ from .words import format_lr, value_label
 # %% auto #0
 __all__ = ['CANONICAL_LRS', 'FIXED_COLOURS', 'SCHEDULE_STYLES', 'group_label', 'palette', 'tracked_ticks', 'spread',
            'log_if_spread', 'plot_drift_and_loss', 'plot_layer_heatmaps', 'plot_seed_variance', 'colour_range',
-           'plot_matrices', 'plot_spectra', 'plot_perturbation', 'plot_mitigation', 'plot_schedule']
+           'plot_matrices', 'plot_spectra', 'plot_perturbation', 'plot_mitigation', 'plot_schedule',
+           'plot_early_stopping']
 
 # %% ../nbs/20_plots.ipynb #e1ec5063
 def group_label(by: str, value: object) -> str:
@@ -242,4 +243,28 @@ def plot_schedule(summary: pd.DataFrame,  # analysis.drift_summary(by=["lr", "sc
     axes[1].set(xlabel="cumulative learning rate Σ ηₛ (log scale)", ylabel=lab, title="Against the cumulative learning rate (mean)")
     axes[2].set(xlabel="training-loss drop since the first steps, at the last step", ylabel=lab, title="Final drift against the final loss drop (each run)")
     axes[0].legend(frameon=False, fontsize=8); axes[2].legend(frameon=False, fontsize=7); _step_ticks(axes[0], summary["step"])
+    return fig
+
+# %% ../nbs/20_plots.ipynb #a7e5b0c1
+def plot_early_stopping(es: pd.DataFrame,                  # stability.early_stopping_table: fraction, selection, t, p, expected_best, compute
+                        reference: str = "all t finished",  # the selection row that finishes every seed: drawn as a horizontal line
+                       ) -> plt.Figure:
+    "Expected best final held-out accuracy against the fraction of training at which seeds are selected, one line per selection rule (table order), finishing all t as a dotted horizontal reference, the compute spent on a top axis."
+    rules = [s for s in dict.fromkeys(es["selection"]) if s != reference]
+    pal = palette([s for s in rules if s != "at random"])   # random: grey and dashed, the baseline
+    fig, ax = plt.subplots(figsize=(7.2, 3.8), dpi=80, constrained_layout=True)
+    for s in rules:
+        t = es[es["selection"] == s].sort_values("fraction")
+        ax.plot(t["fraction"], t["expected_best"], color="grey" if s == "at random" else pal[s], ls="--" if s == "at random" else "-",
+                marker="o", ms=4, lw=1.8, label=s)
+    full = es[es["selection"] == reference]
+    if len(full): ax.axhline(full["expected_best"].mean(), color="k", ls=":", lw=1.2, label=f"{reference} ({int(full['t'].iloc[0])} seeds)")
+    per = es[es["selection"] != reference].drop_duplicates("fraction").sort_values("fraction")
+    fr = per["fraction"].to_numpy(float)
+    ax.set_xticks(fr); ax.set_xticklabels([f"{f:.0%}" for f in fr])
+    top = ax.secondary_xaxis("top"); top.set_xticks(fr); top.set_xticklabels([f"{c:.0%}" for c in per["compute"]])
+    top.set_xlabel("compute spent (share of finishing all t)")
+    kept = f"start {int(per['t'].iloc[0])} seeds, finish the best {int(per['p'].iloc[0])}" if len(per) else ""
+    ax.set(xlabel="fraction of training at which the seeds are selected", ylabel="expected best final held-out accuracy", title=kept)
+    ax.legend(frameon=False, fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))   # outside: never over a line
     return fig

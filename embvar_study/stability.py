@@ -330,7 +330,28 @@ def _early_sentence(es: pd.DataFrame, fraction: float = PRIMARY_FRACTION) -> str
             f"selection by drift gives an expected best final held-out accuracy of {d['expected_best']:.3f} (a learned run kept in {d['learned_kept']:.0%} of the draws), "
             f"by held-out accuracy {acc['expected_best']:.3f} ({acc['learned_kept']:.0%}), by training loss {e.loc['training loss', 'expected_best']:.3f} "
             f"({e.loc['training loss', 'learned_kept']:.0%}), at random {rnd['expected_best']:.3f} ({rnd['learned_kept']:.0%}); finishing all {int(full['t'])} gives {full['expected_best']:.3f}. "
-            f"No interval: {es.attrs.get('ci_method', '')}.")
+            f"{_no_interval(es)}")
+
+def _no_interval(es: pd.DataFrame) -> str:  # the table's reason for showing no interval, as one sentence
+    why = str(es.attrs.get("ci_method", EARLY_STOP_CI_METHOD))
+    return f"No interval: {why[len('no interval: '):] if why.startswith('no interval: ') else why}."
+
+def _early_caption(es: pd.DataFrame, reference: str = "all t finished") -> str:
+    "The early-stopping figure's caption from the table: which selection is highest at each fraction and by how much over random, the compute spent, the best point against finishing all t."
+    r = es[es["selection"] != reference]
+    rules = list(dict.fromkeys(r["selection"]))
+    wide = r.pivot(index="fraction", columns="selection", values="expected_best")[rules]        # (fractions, rules), fractions sorted
+    comp = r.drop_duplicates("fraction").set_index("fraction")["compute"].sort_index()
+    win = wide.idxmax(axis=1); t, p = int(r["t"].iloc[0]), int(r["p"].iloc[0])
+    full = es.loc[es["selection"] == reference, "expected_best"].mean()
+    def gain(f, s): return "random itself: no selection beats it" if s == "at random" else f"{wide.loc[f, s] - wide.loc[f, 'at random']:+.3f} over random"
+    parts = ["by " + s + " at " + ", ".join(f"{f:.0%} ({gain(f, s)})" for f in win.index[win == s]) for s in dict.fromkeys(win)]
+    fb = wide.max(axis=1).idxmax(); sb = win[fb]; vb = wide.loc[fb, sb]
+    side = "below" if full > vb else "above" if full < vb else "equal to"
+    return (f"Dodge et al.'s early stopping (averaged over the rates with both outcomes): start {t} seeds of a configuration, keep the {p} best by each selection at a fraction of training "
+            f"and finish them; expected best final held-out accuracy against that fraction; the dotted line: finishing all {t} ({full:.3f}). "
+            f"Highest: selection {'; '.join(parts)}. Compute spent, a share of finishing all {t}: " + ", ".join(f"{c:.0%} at {f:.0%}" for f, c in comp.items()) + ". "
+            f"The highest point, {sb} at {fb:.0%} ({vb:.3f} for {comp[fb]:.0%} of the compute), is {abs(full - vb):.3f} {side} finishing all {t}. {_no_interval(es)}")
 
 def _alarm_sentence(ac: pd.DataFrame) -> str:
     d = ac[ac["signal"] == "drift, last layer"]
@@ -343,9 +364,10 @@ def _alarm_sentence(ac: pd.DataFrame) -> str:
 def stability_section(study: object,           # a loaded study with the stability experiment
                       *,
                       pooling: str = "mean", **_ignored,   # the report's options (layer, n_resamples: unused here)
-                     ) -> list:                # report items: Markdown strings and report.Table
-    "The report section 'Does drift add anything beyond the learning rate?': runs per rate, the computed answer, the stratified AUC table, the pooled AUC beside the rate's, the incremental value, early stopping and the alarm's cost."
-    from embvar_study.display import Table
+                     ) -> list:                # report items: Markdown strings, display.Table and display.Figure
+    "The report section 'Does drift add anything beyond the learning rate?': runs per rate, the computed answer, the stratified AUC table, the pooled AUC beside the rate's, the incremental value, early stopping (figure and table) and the alarm's cost."
+    from embvar_study.display import Table, Figure
+    from embvar_study.plots import plot_early_stopping
     T = stability_tables(study, pooling=pooling)
     c, wa, inc, es, ac = T["counts"], T["within"], T["increment"], T["early"], T["alarm"]
     mixed = c[c["both outcomes"]]
@@ -364,6 +386,7 @@ def stability_section(study: object,           # a loaded study with the stabili
             Table(_pct(T["pooled"]), "Pooled AUC over all runs and rates (Newcombe interval), beside the learning rate's own AUC, known before training"),
             Table(_pct(inc), "Drift's incremental value: stratified AUC of the cross-validated model with drift minus without (rate indicators and the trainer's signals); low/high: the test band (see the method), not a confidence interval"),
             _early_sentence(es),
+            Figure(plot_early_stopping(es), "early_stopping", _early_caption(es)),
             Table(_pct(es), "Dodge et al.'s early stopping per configuration (averaged over the rates with both outcomes): expected best final held-out accuracy over random sets of t seeds, the share of draws that keep a learned run, compute as a share of finishing all t (no interval, see the sentence above)"),
             _alarm_sentence(ac),
             Table(_pct(ac), "The alarm's cost: successful runs stopped by each signal's alarm when it has stopped 90% of the failed runs, beside the learning rate alone (mean over random orders of the seeds within a rate) and the one-sided p that the rate stops no more")]

@@ -158,17 +158,19 @@ def test_direction_is_never_flipped_to_below_chance():
     assert stratified_auc(s["score"].to_numpy(), s["failed"].to_numpy(bool), s["lr"].to_numpy()) == pytest.approx(r["auc"])
 
 
+def _tables(sig):  # what stability_tables returns, from a synthetic signal table (no study folder)
+    from embvar_study.sweep import STABILITY_FAILURE
+    ws = ST.within_scores(sig); wa = ST.within_auc_table(ws); pooled = ST.pooled_auc_table(sig); inc = ST.incremental_value(sig)
+    return {"sig": sig, "failure": STABILITY_FAILURE, "counts": ST.outcome_counts(sig), "within": wa, "notes": [], "pooled": pooled,
+            "increment": inc, "early": ST.early_stopping_table(sig, n_draws=200), "alarm": ST.alarm_cost(sig), "answer": ST.stability_answer(inc, wa, pooled)}
+
+
 def test_stability_section_from_tables(monkeypatch):
     "The section's sentences and tables come from the tables: the verdict, the counts and the answer's numbers change with the data."
     from embvar_study.display import Table
-    from embvar_study.sweep import STABILITY_FAILURE
-    def tables(sig):
-        ws = ST.within_scores(sig); wa = ST.within_auc_table(ws); pooled = ST.pooled_auc_table(sig); inc = ST.incremental_value(sig)
-        return {"sig": sig, "failure": STABILITY_FAILURE, "counts": ST.outcome_counts(sig), "within": wa, "notes": [], "pooled": pooled,
-                "increment": inc, "early": ST.early_stopping_table(sig, n_draws=200), "alarm": ST.alarm_cost(sig), "answer": ST.stability_answer(inc, wa, pooled)}
     out = {}
     for kind in ("within", "rate"):
-        T = tables(_study(kind, seed=3))
+        T = _tables(_study(kind, seed=3))
         monkeypatch.setattr(ST, "stability_tables", lambda study, pooling="mean", T=T: T)
         items = ST.stability_section(object())
         assert sum(isinstance(i, Table) for i in items) == 6
@@ -176,3 +178,44 @@ def test_stability_section_from_tables(monkeypatch):
         assert T["answer"]["text"] in text and "No interval: " in text and "of 64 runs failed" in text
         out[kind] = T["answer"]["verdict"]
     assert out["within"] == "adds information" and out["rate"] != "adds information"
+
+
+def test_early_stopping_figure_in_the_section(monkeypatch):
+    "Right before the early-stopping table: one line per selection rule and the all-t reference, drawn from the table; the caption's numbers are the table's."
+    import matplotlib.pyplot as plt
+    from embvar_study.display import Table, Figure
+    T = _tables(_study("within", seed=3))
+    es = T["early"]
+    for k in (0, 1):
+        if k:   # the same section on a table where random selection wins at 50% and finishing all is lower: the caption follows
+            es = es.copy(); es.loc[np.isclose(es["fraction"], 0.5) & (es["selection"] == "at random"), "expected_best"] = 0.99
+            es.loc[es["selection"] == "all t finished", "expected_best"] = 0.6; T = {**T, "early": es}
+        monkeypatch.setattr(ST, "stability_tables", lambda study, pooling="mean", T=T: T)
+        items = ST.stability_section(object())
+        figs = [i for i, x in enumerate(items) if isinstance(x, Figure)]
+        assert len(figs) == 1 and items[figs[0]].name == "early_stopping"
+        nxt = items[figs[0] + 1]
+        assert isinstance(nxt, Table) and nxt.caption.startswith("Dodge et al.'s early stopping")       # placed right before the table
+        f = items[figs[0]]; ax = f.fig.axes[0]
+        rules = ["drift, last layer", "held-out accuracy", "training loss", "at random"]
+        assert [l.get_label() for l in ax.lines] == rules + ["all t finished (8 seeds)"]
+        for line, rule in zip(ax.lines, rules):                                                         # each line is the table's column
+            t = es[es["selection"] == rule].sort_values("fraction")
+            assert np.allclose(line.get_xdata(), t["fraction"]) and np.allclose(line.get_ydata(), t["expected_best"])
+        full = es.loc[es["selection"] == "all t finished", "expected_best"].to_numpy()
+        assert np.allclose(ax.lines[-1].get_ydata(), full.mean())
+        # the caption against the table, recomputed here with numpy
+        cap = f.alt; r = es[es["selection"] != "all t finished"]
+        fr = np.sort(r["fraction"].unique()); acc = np.array([[r[np.isclose(r["fraction"], x) & (r["selection"] == s)]["expected_best"].iloc[0] for s in rules] for x in fr])
+        win = acc.argmax(1); gain = acc.max(1) - acc[:, 3]
+        for x, w, g in zip(fr, win, gain):
+            assert (f"{x:.0%} (random itself" if w == 3 else f"{x:.0%} ({g:+.3f} over random)") in cap, (x, cap)
+        comp = [r[np.isclose(r["fraction"], x)]["compute"].iloc[0] for x in fr]
+        assert "Compute spent, a share of finishing all 8: " + ", ".join(f"{c:.0%} at {x:.0%}" for c, x in zip(comp, fr)) in cap
+        i, j = np.unravel_index(acc.argmax(), acc.shape); gap = full.mean() - acc[i, j]
+        assert (f"The highest point, {rules[j]} at {fr[i]:.0%} ({acc[i, j]:.3f} for {comp[i]:.0%} of the compute), "
+                f"is {abs(gap):.3f} {'below' if gap > 0 else 'above'} finishing all 8.") in cap, cap
+        assert f"finishing all 8 ({full.mean():.3f})" in cap and cap.count("No interval: ") == 1 and ST.EARLY_STOP_CI_METHOD[len("no interval: "):] in cap
+        if k == 0: assert win[:3].tolist() == [0, 0, 0] and gap > 0 and "Highest: selection by drift, last layer at 10%" in cap   # planted in drift
+        else: assert win[-1] == 3 and gap < 0 and "above finishing all 8" in cap and "50% (random itself: no selection beats it)" in cap
+        plt.close(f.fig)
