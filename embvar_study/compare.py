@@ -114,9 +114,11 @@ def _match_rows(ids, ref, name, ref_name):
     pos = {p: i for i, p in enumerate(ids)}
     missing, extra = [p for p in ref if p not in pos], sorted(set(ids) - set(ref))
     if missing or extra:
-        raise ValueError(f"probes: {name} and {ref_name} hold different probes ({len(missing)} of {ref_name} not in {name}"
+        blame = "probes" if ref_name == "probes" else f"{ref_name}, {name}"   # --probes only when it was given: else the two sides
+        fix = "" if ref_name == "probes" else "; give --probes FILE to compare them on the probes both hold, or compare runs tracked on the same probes"
+        raise ValueError(f"{blame}: {name} and {ref_name} hold different probes ({len(missing)} of {ref_name} not in {name}"
                          + (f", e.g. {_short(missing[0])!r}" if missing else "") + f"; {len(extra)} of {name} not in {ref_name}"
-                         + (f", e.g. {_short(extra[0])!r}" if extra else "") + ")")
+                         + (f", e.g. {_short(extra[0])!r}" if extra else "") + ")" + fix)
     return np.array([pos[p] for p in ref])
 
 # %% ../nbs/23_compare.ipynb #08405b7f

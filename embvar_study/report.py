@@ -100,7 +100,8 @@ RENDER_PACKAGES = ("numpy", "scipy", "pandas", "matplotlib", "torch", "transform
 def code_inputs() -> dict:  # {"source": sha256 of the package's .py files, "git": git_info(), "packages": {name: version}}
     "The code a notebook runs: the package's source by content, the commit and dirty flag its header states, the libraries' versions."
     from embvar_study.runs import git_info, package_version
-    pkg = Path(__file__).resolve().parent
+    import embvar_study
+    pkg = Path(embvar_study.__file__).resolve().parent
     h = hashlib.sha256()
     for f in sorted(pkg.rglob("*.py")):
         h.update(f.relative_to(pkg).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")

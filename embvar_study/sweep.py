@@ -16,10 +16,9 @@ from .storage import atomic_write_text, package_version, git_info
 from .study import study_lock, write_study_spec, read_study_spec, write_manifest, format_lr, STUDY_FILE
 
 # %% auto #0
-__all__ = ['EXPERIMENT_NAMES', 'STABILITY_FAILURE', 'PROFILES', 'PROFILE_KEYS', 'NO_TRAINING_ENV', 'EXECUTORS', 'suggest',
-           'check_profile_name', 'get_profile', 'expand_grid', 'experiment_grid', 'plan_study', 'check_plan_data',
-           'TrainingRefused', 'execute_plan', 'check_experiments', 'ray_options', 'run_study', 'run_experiment',
-           'run_sweep']
+__all__ = ['EXPERIMENT_NAMES', 'STABILITY_FAILURE', 'PROFILES', 'PROFILE_KEYS', 'EXECUTORS', 'suggest', 'check_profile_name',
+           'get_profile', 'expand_grid', 'experiment_grid', 'plan_study', 'check_plan_data', 'execute_plan',
+           'check_experiments', 'ray_options', 'run_study', 'run_experiment', 'run_sweep']
 
 # %% ../nbs/15_sweep.ipynb #f10dbc4a
 _CLASSIC = ("lr_sweep", "seed_sweep", "perturbation", "crossed", "lr_extended", "schedule", "lora")
@@ -214,19 +213,6 @@ def _damaged(run_dir: Path) -> str | None:
     try: verify_run(run_dir); return None
     except (CorruptRunError, IncompleteRunError) as e: return " ".join(str(e).split())
 
-NO_TRAINING_ENV = "EMBVAR_NO_TRAINING"   # set (to "1") by `embvar report --only-report` for the notebooks it executes
-
-class TrainingRefused(RuntimeError):
-    "A plan would train (a run missing or damaged) where training was ruled out (`embvar report --only-report`)."
-
-def _refuse_training(study_dir: Path, states: dict) -> None:
-    "`TrainingRefused` naming every run that is missing or damaged, when NO_TRAINING_ENV is set (nothing is moved or written)."
-    if not os.environ.get(NO_TRAINING_ENV): return
-    bad = [f"{rid} ({why})" if why else f"{rid} (not on disk)" for rid, why in states.items()
-           if why or not (study_dir / "runs" / rid / "COMPLETE").exists()]
-    if bad: raise TrainingRefused(f"--only-report trains nothing, but {len(bad)} run(s) of this plan are missing or damaged: "
-                                  f"{'; '.join(bad[:5])}{'; ...' if len(bad) > 5 else ''}; rerun without --only-report to train them")
-
 def _move_aside(study_dir: Path, run_dir: Path) -> Path:
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
     dest = study_dir / "damaged" / f"{run_dir.name}.{stamp}"
@@ -277,7 +263,6 @@ def execute_plan(plan: pd.DataFrame,        # from plan_study (or any rows with 
     for r in rows: r.update(path=f"runs/{r['run_id']}", status="pending", error="", seconds=0.0, node="")
     configs, todo, experiments = dict(zip(plan["run_id"], plan["config"])), [], list(dict.fromkeys(plan["experiment"]))
     states = {rid: _damaged(study_dir / "runs" / rid) for rid in dict.fromkeys(plan["run_id"])}
-    _refuse_training(study_dir, states)              # --only-report: before anything is moved or written
     for rid, why in states.items():
         run_dir = study_dir / "runs" / rid
         if why is not None:

@@ -179,7 +179,8 @@ def main(argv=None) -> int:
     if a.workers <= 1: results = [job(p) for p in paths]
     else:
         import multiprocessing
-        with ProcessPoolExecutor(max_workers=a.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        # a fresh process per notebook: nothing (open figures, caches) carries over from one notebook to the next
+        with ProcessPoolExecutor(max_workers=a.workers, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=1) as pool:
             results = list(pool.map(job, paths))
     bad = [r for r in results if r and (a.check or "failed" in r.split("\n")[0])]
     for r in results:

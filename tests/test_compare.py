@@ -103,11 +103,12 @@ def test_probes_reordered_are_matched(tiny_run, tmp_path):
 def test_probe_mismatch_one_line(tiny_run, tmp_path):
     run = load_run(tiny_run)
     fewer = _rewrite(run, tmp_path / "fewer", drop=2)
-    with pytest.raises(ValueError, match=r"^probes: b and a hold different probes \(2 of a not in b, e\.g\. .*; 0 of b not in a\)$"):
+    with pytest.raises(ValueError, match=r"^a, b: b and a hold different probes \(2 of a not in b, e\.g\. .*; 0 of b not in a\); give --probes FILE"):
         compare(f"{tiny_run}@step=4", f"{fewer.path}@step=4", n_resamples=0)
     r = subprocess.run([sys.executable, "-c", "from embvar_study.cli import main; main()", "compare", f"{tiny_run}@step=4",
                         f"{fewer.path}@step=4", "--out", str(tmp_path / "out")], capture_output=True, text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "hold different probes" in r.stderr, r.stderr
+    assert "--probes:" not in r.stderr and "a, b: " in r.stderr          # no --probes was given: the two sides are named, not the flag
     r = subprocess.run([sys.executable, "-c", "from embvar_study.cli import main; main()", "compare", f"{tiny_run}@step=5",
                         f"{tiny_run}@step=0", "--out", str(tmp_path / "out")], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [r.stderr.strip()] and "tracked steps are [0, 2, 4]" in r.stderr

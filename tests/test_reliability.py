@@ -379,12 +379,13 @@ def test_only_report_never_trains_a_damaged_or_missing_run(diverged_study, tmp_p
     assert not gone.exists()
 
 
-def test_a_notebook_of_only_report_refuses_to_train(tmp_path, monkeypatch):
-    from embvar_study.sweep import run_study, NO_TRAINING_ENV, TrainingRefused
-    monkeypatch.setenv(NO_TRAINING_ENV, "1")
-    with pytest.raises(TrainingRefused, match=r"--only-report trains nothing, but 4 run\(s\) of this plan are missing or damaged: \w{12} \(not on disk\)"):
-        run_study("smoke", tmp_path / "s", experiments=["lr_sweep"], overrides={"n_train": 32, "n_eval": 16}, say=None)
-    assert not (tmp_path / "s" / "runs").exists() and not (tmp_path / "s" / "sweeps").exists()
+def test_a_notebook_of_only_report_refuses_to_train(tmp_path):
+    "embvar report executes its notebooks with train=False: with runs missing, the notebook's call refuses and writes nothing."
+    from embvar_study.report import experiment_runs
+    from embvar_study.study import NotComputed
+    with pytest.raises((NotComputed, FileNotFoundError)):
+        experiment_runs("smoke", "lr_sweep", tmp_path / "s", train=False)
+    assert not (tmp_path / "s").exists()
 
 
 def test_runs_from_checks_its_folders_before_any_work_and_counts_per_folder(tmp_path, capsys):
