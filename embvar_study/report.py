@@ -99,7 +99,7 @@ RENDER_PACKAGES = ("numpy", "scipy", "pandas", "matplotlib", "torch", "transform
 
 def code_inputs() -> dict:  # {"source": sha256 of the package's .py files, "git": git_info(), "packages": {name: version}}
     "The code a notebook runs: the package's source by content, the commit and dirty flag its header states, the libraries' versions."
-    from embvar_study.runs import git_info, package_version
+    from embvar_study.storage import git_info, package_version
     import embvar_study
     pkg = Path(embvar_study.__file__).resolve().parent
     h = hashlib.sha256()
