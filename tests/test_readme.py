@@ -247,3 +247,19 @@ def test_scan_finds_quotes_and_tables_by_the_report_named_before_them():
     quotes, rows = _scan(blocks)
     assert quotes == {"quick": ["one two", "three"], "stability": ["first line second line"]}
     assert rows == {"quick": ["| a | 1 |", "| b | 2 |"]}
+
+
+def test_the_profile_table_states_each_profiles_grid_and_sizes():
+    "Each row of the README's profile table names the profile's learning rates, seeds per rate and train / held-out sizes as PROFILES defines them."
+    from embvar_study.sweep import PROFILES
+    from embvar_study.study import format_lr
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(\w+)` \|.*$", _readme(), flags=re.M)}
+    assert set(PROFILES) <= set(rows), sorted(set(PROFILES) - set(rows))
+    for name, prof in PROFILES.items():
+        cells = [c.strip() for c in rows[name].strip("|").split("|")]
+        grid, data = cells[3], cells[2]
+        lrs, seeds = re.search(r"lr ([^×]+?) × (\d+) seeds", grid).groups()
+        assert [x.strip() for x in lrs.split(",")] == [format_lr(x) for x in prof["lrs"]], (name, lrs)
+        assert int(seeds) == len(prof["seeds"]), (name, seeds)
+        sizes = re.search(r"([\d,]+) / ([\d,]+)", data).groups()
+        assert [int(x.replace(",", "")) for x in sizes] == [prof["base"]["n_train"], prof["base"]["n_eval"]], (name, sizes)
