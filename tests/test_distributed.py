@@ -82,7 +82,7 @@ def test_a_rank0_refusal_ends_every_rank(tmp_path):
 
 
 def test_an_error_on_another_rank_ends_every_rank(tmp_path):
-    "Rank 1's tracker fails at step 2: rank 0 learns it in the same agreement (one all_gather per tracked step) and raises too."
+    "Rank 1's tracker fails at step 2: rank 0 learns it in the same agreement (one exchange per tracked step) and raises too."
     rc, res, text = launch(tmp_path, "--loop", "plain", "--fail-rank", "1")
     assert rc != 0 and res == []                                           # no rank finished the loop
     assert "RuntimeError: rank 1: RuntimeError: injected failure on rank 1 at step 2" in text   # rank 0's error names rank 1's
