@@ -7,8 +7,10 @@ from __future__ import annotations
 import importlib
 import json  # noqa: F401 (used by the examples below)
 import math
+import pickle
 import sys
 import time
+from contextlib import contextmanager
 import warnings
 from pathlib import Path
 
@@ -26,8 +28,8 @@ from .config import ALARM_SIGNALS, AlarmRule, alarm_rule, divergence_reason, tra
 from .models import is_decoder, lora_summary, parameter_counts
 
 # %% auto #0
-__all__ = ['probe_table', 'NonFiniteEmbeddings', 'model_facts', 'process_rank', 'unwrap_ddp', 'is_sharded', 'EmbeddingTracker',
-           'send_metrics', 'trainer_config', 'EmbvarCallback']
+__all__ = ['probe_table', 'NonFiniteEmbeddings', 'model_facts', 'process_rank', 'unwrap_ddp', 'is_sharded', 'gather_objects',
+           'no_kv_cache', 'EmbeddingTracker', 'send_metrics', 'trainer_config', 'EmbvarCallback']
 
 # %% ../nbs/10_tracking.ipynb #bee8e345
 def probe_table(probes: list[str] | pd.DataFrame | str | Path) -> pd.DataFrame:  # N rows, a `text` column first
@@ -78,6 +80,36 @@ def is_sharded(model: torch.nn.Module) -> bool:
     kinds = tuple(k for k in (getattr(fsdp, "FullyShardedDataParallel", None), getattr(fsdp, "FSDPModule", None)) if isinstance(k, type))
     if kinds and any(isinstance(m, kinds) for m in model.modules()): return True
     return any(hasattr(p, "ds_id") or type(p).__name__ == "DTensor" for p in model.parameters())   # ZeRO-3; FSDP2 DTensors
+
+# %% ../nbs/10_tracking.ipynb #cf6556a2
+_KEPT: list = []   # the last exchange's tensors, alive until the next one (see above)
+
+def gather_objects(obj: object,  # anything picklable
+                   world: int,   # the default group's size
+                  ) -> list:     # every rank's `obj`, in rank order
+    "`all_gather_object` over buffers kept alive after the call (CPU for gloo, the current CUDA device for NCCL)."
+    d = torch.distributed
+    dev = torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(d.get_backend()) else torch.device("cpu")
+    data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(dev)
+    size, sizes = torch.tensor([data.numel()], device=dev), [torch.zeros(1, dtype=torch.long, device=dev) for _ in range(world)]
+    d.all_gather(sizes, size)
+    n = max(int(s) for s in sizes)
+    buf = torch.zeros(n, dtype=torch.uint8, device=dev); buf[:data.numel()] = data
+    outs = [torch.empty(n, dtype=torch.uint8, device=dev) for _ in range(world)]
+    d.all_gather(outs, buf)
+    _KEPT[:] = [data, size, sizes, buf, outs]
+    return [pickle.loads(o[:int(s)].cpu().numpy().tobytes()) for o, s in zip(outs, sizes)]
+
+# %% ../nbs/10_tracking.ipynb #eecbfc22
+@contextmanager
+def no_kv_cache(model: torch.nn.Module):  # a transformers model (PEFT, DDP-unwrapped, FSDP modules too)
+    "Inside the block, the model's `config.use_cache` is False (no key/value cache is built); the setting is restored on exit."
+    cfg = getattr(model, "config", None)
+    old = getattr(cfg, "use_cache", None)
+    if old: cfg.use_cache = False
+    try: yield model
+    finally:
+        if old: cfg.use_cache = old
 
 # %% ../nbs/10_tracking.ipynb #cbbd4c05
 class EmbeddingTracker:
@@ -140,15 +172,16 @@ class EmbeddingTracker:
         return int(layer), pooling, rule
 
     def _agree(self, payload):
-        "Under torchrun: rank 0's `payload` (None, an exception, or a dict) on every rank; a rank-0 error raised everywhere."
+        "Under torchrun: rank 0's `payload` (None or a dict) on every rank, and an error on any rank (`payload` an exception) raised on every rank."
         if self.world == 1: return payload
-        box = [payload if self.rank == 0 else None]
-        if isinstance(payload, BaseException): box = [{"error": f"{type(payload).__name__}: {payload}", "nonfinite": isinstance(payload, NonFiniteEmbeddings)}]
-        torch.distributed.broadcast_object_list(box, src=0)
-        got = box[0]
-        if self.rank != 0 and isinstance(got, dict) and "error" in got:
-            raise (NonFiniteEmbeddings if got["nonfinite"] else RuntimeError)(f"rank 0 (the writer): {got['error']}")
-        return got
+        mine = ({"error": f"{type(payload).__name__}: {payload}", "nonfinite": isinstance(payload, NonFiniteEmbeddings)}
+                if isinstance(payload, BaseException) else payload if self.rank == 0 else None)
+        got = gather_objects(mine, self.world)              # one agreement on every rank, whatever each brings
+        bad = [(r, g) for r, g in enumerate(got) if isinstance(g, dict) and "error" in g]
+        if bad and not isinstance(payload, BaseException):  # a rank with its own error raises it itself
+            r, g = bad[0]
+            raise (NonFiniteEmbeddings if g["nonfinite"] else RuntimeError)(f"rank {r}{' (the writer)' if r == 0 else ''}: {g['error']}")
+        return got[0]
 
     def due(self, step: int) -> bool: return step % self.settings["every"] == 0 and step not in self.tracked
 
@@ -157,7 +190,7 @@ class EmbeddingTracker:
         if self.rank != 0 and not self.sharded: return None      # DDP: each rank holds the whole model, rank 0 embeds alone
         s = self.settings
         cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-        with torch.random.fork_rng(devices=cuda):
+        with torch.random.fork_rng(devices=cuda), no_kv_cache(self.model):
             emb = embed_texts(self.model, self.tokenizer, self.probes["text"].tolist(), pooling=tuple(s["poolings"]),
                               layers=s["layers"], batch_size=s["batch_size"], max_length=s["max_length"],
                               return_dict=True, autocast=self.autocast)
@@ -187,7 +220,7 @@ class EmbeddingTracker:
             arrays = self.embed(); self.embed_seconds += time.perf_counter() - t
             self.record(step, arrays)
         except Exception as e:
-            if self.world > 1: self._agree(e if self.rank == 0 else None)   # the other ranks raise too: no rank is left waiting
+            if self.world > 1: self._agree(e)           # every rank raises: no rank is left waiting in a collective
             raise
         if self.world > 1:                              # rank 0's live metrics and alarm, on every rank (a stop stops them all)
             got = self._agree({"metrics": self.metrics, "alarm": self.alarm})

@@ -3,7 +3,7 @@
     python -m torch.distributed.run --nproc_per_node 2 tests/distributed_worker.py OUT [--loop plain] [--alarm X --stop]
 Each rank prints one line `RESULT {"rank": r, "world": w, "global_step": s, "alarm_fired": b}`.
 """
-import argparse, json, os, sys
+import argparse, faulthandler, json, os, sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -17,14 +17,17 @@ def main():
     ap.add_argument("--alarm", type=float, default=None); ap.add_argument("--stop", action="store_true")
     ap.add_argument("--lr", type=float, default=1e-3); ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--fsdp", action="store_true", help="plain loop: FSDP2 (fully_shard) instead of DDP")
+    ap.add_argument("--fail-rank", type=int, default=None, help="plain loop: this rank's tracker fails at step 2 (not rank 0's)")
     a = ap.parse_args()
     torch.set_num_threads(1)
+    faulthandler.dump_traceback_later(200, exit=False)   # a rank still running after 200 s prints where every thread waits
     from embvar_study.models import load_model_and_tokenizer
     from embvar_study.tracking import EmbvarCallback, EmbeddingTracker, process_rank
     model, tok = load_model_and_tokenizer("tiny-distilbert", num_labels=2, init_seed=0)
     if a.loop == "plain":
         if "RANK" in os.environ: torch.distributed.init_process_group("gloo")
         rank, world = process_rank()
+        torch.manual_seed(1000 + rank)                  # each rank's dropout masks: the same run every time
         if a.fsdp and world > 1:                        # FSDP2: each block and the root sharded across the ranks
             from torch.distributed.fsdp import fully_shard
             from embvar_study.extract import layer_stack
@@ -35,6 +38,12 @@ def main():
         enc = tok(TEXTS, padding=True, return_tensors="pt")
         labels = torch.tensor(LABELS)
         with EmbeddingTracker(ddp, tok, PROBES, a.out + "/run", every=2, alarm=a.alarm) as tracker:
+            if a.fail_rank == rank:                     # a failure on a rank that does not write (e.g. its shard's forward)
+                record = tracker.record
+                def failing(step, arrays):
+                    if step == 2: raise RuntimeError(f"injected failure on rank {rank} at step 2")
+                    return record(step, arrays)
+                tracker.record = failing
             tracker.step(0)
             step = 0
             for step in range(1, a.steps + 1):

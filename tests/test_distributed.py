@@ -54,7 +54,6 @@ def test_ddp_trainer_writes_one_folder_once_with_the_single_process_step0(tmp_pa
     assert run.history["step"].is_unique                                            # rows written once, by rank 0
 
 
-@pytest.mark.skip(reason="hung once of two full runs (rank 1 waits after rank 0 exits): open in issue 34, not yet understood")
 def test_the_alarm_stops_every_rank(tmp_path):
     rc, res, text = launch(tmp_path, "--loop", "plain", "--alarm", "1e-6", "--stop", "--lr", "0.5")
     assert rc == 0, text[-3000:]
@@ -80,6 +79,14 @@ def test_a_rank0_refusal_ends_every_rank(tmp_path):
     rc, res, text = launch(tmp_path, "--loop", "plain", "--lr", "0.25")    # another configuration, same folder
     assert rc != 0 and res == []
     assert "rank 0 (the writer)" in text                                   # rank 1's error names rank 0's
+
+
+def test_an_error_on_another_rank_ends_every_rank(tmp_path):
+    "Rank 1's tracker fails at step 2: rank 0 learns it in the same agreement (one exchange per tracked step) and raises too."
+    rc, res, text = launch(tmp_path, "--loop", "plain", "--fail-rank", "1")
+    assert rc != 0 and res == []                                           # no rank finished the loop
+    assert "RuntimeError: rank 1: RuntimeError: injected failure on rank 1 at step 2" in text   # rank 0's error names rank 1's
+    assert not (tmp_path / "run" / "COMPLETE").exists()                    # rank 0 abandoned the folder
 
 
 def test_fsdp_every_rank_joins_and_rank0_writes(tmp_path):
