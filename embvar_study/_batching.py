@@ -70,6 +70,7 @@ def ops_of(a):
     "The backend of array `a`: numpy, or torch on `a`'s device."
     return TorchOps(a.device) if is_tensor(a) else NUMPY_OPS
 
+# %% ../nbs/01_batching.ipynb #d27588f1
 def backend_of(arrays, names):
     "Backend of a call: torch on the tensors' device if any argument is a tensor, else numpy."
     ts = [(a, n) for a, n in zip(arrays, names) if is_tensor(a)]
@@ -86,6 +87,7 @@ def _numpy_floats(x, name, *, min_ndim, dims):
         return x
     return as_float_array(x, name, min_ndim=min_ndim, dims=dims)
 
+# %% ../nbs/01_batching.ipynb #cbc001ba
 def _tensor_floats(x, name, *, min_ndim, dims):
     "Validated tensor on its device: floating dtypes kept (promoted per block), others converted to float64."
     check_real(x, name)
@@ -95,6 +97,7 @@ def _tensor_floats(x, name, *, min_ndim, dims):
     if not bool(lo.isfinite() & hi.isfinite()): check_finite(x, name)
     return x
 
+# %% ../nbs/01_batching.ipynb #0f8be545
 def valid_floats(x, name, xp, *, min_ndim, dims):
     "`x` validated and placed in backend `xp` (a numpy array or list becomes a tensor on xp's device)."
     if is_tensor(x): return _tensor_floats(x, name, min_ndim=min_ndim, dims=dims)
@@ -106,6 +109,7 @@ _CHUNK_ELEMS = 2**20  # float64 temporaries per block (8 MiB)
 
 def fits_chunk(n: int) -> bool: return n <= _CHUNK_ELEMS
 
+# %% ../nbs/01_batching.ipynb #c6e805a6
 def leading_blocks(lead, cost):
     "Index tuples covering the leading shape `lead` in blocks of ~_CHUNK_ELEMS / cost items, with each block's shape."
     if not lead or math.prod(lead) * cost <= _CHUNK_ELEMS:
@@ -128,6 +132,7 @@ class Scratch:
         if b is None or b.shape[0] < n or b.dtype != dtype: b = self._bufs[key] = self.xp.empty((n,), dtype)
         return b[:n].reshape(shape)
 
+# %% ../nbs/01_batching.ipynb #8fdc9f9f
 def promoted_f64(a, sc, key):
     "A float32/float16 block copied (exactly) into a reused float64 buffer; anything else unchanged."
     xp = sc.xp
@@ -174,16 +179,19 @@ def stable_argsort(v):
     "Stable argsort along the last axis."
     return v.argsort(dim=-1, stable=True) if is_tensor(v) else np.argsort(v, axis=-1, kind="stable")
 
+# %% ../nbs/01_batching.ipynb #8272f95a
 def take_last(a, idx):
     "`a` gathered along the last axis at `idx` (numpy `take_along_axis`, torch `gather`)."
     return a.gather(-1, idx) if is_tensor(a) else np.take_along_axis(a, idx, axis=-1)
 
+# %% ../nbs/01_batching.ipynb #8c2c03a9
 def put_last(a, idx, values):
     "`a` with `values` scattered along the last axis at `idx`, in place; returns `a`."
     if is_tensor(a): return a.scatter_(-1, idx, values)
     np.put_along_axis(a, idx, values, axis=-1)
     return a
 
+# %% ../nbs/01_batching.ipynb #a0ebc657
 def running_extreme(a, op):
     "Running maximum (`op=max`) or minimum (`op=min`) along the last axis."
     if is_tensor(a): return (a.cummax(-1) if op is max else a.cummin(-1)).values

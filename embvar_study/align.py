@@ -58,6 +58,7 @@ def _centered(X, center: bool):
     mu = X.mean(axis=-2)
     return X - mu[..., None, :], mu
 
+# %% ../nbs/03_align.ipynb #e3b2f38c
 def _spread(X, center):
     "(...) sum of squares of each configuration after centring, relative to its raw sum of squares (scale-free)."
     Xn, _ = rescaled_pow2(ops_of(X).f64(X))
@@ -97,6 +98,7 @@ def _solve(A, B, allow_reflection: bool):
     if not allow_reflection: D[..., -1] = 1.0 - 2.0 * (xp.linalg.det(U @ Vt) < 0)
     return (U * D[..., None, :]) @ Vt, (S * D).sum(axis=-1)
 
+# %% ../nbs/03_align.ipynb #5a17b8db
 def _solve_scipy(A, B, allow_reflection: bool):
     "Single (N, d) numpy pair: rotation from `scipy.linalg.orthogonal_procrustes`, Kabsch sign fix if needed."
     R, trace = scipy.linalg.orthogonal_procrustes(A, B, check_finite=False)
@@ -108,6 +110,7 @@ class _Fit(NamedTuple):
     rotation: object; scale: object; source_mean: object; target_mean: object
     aligned: object; disparity: object; rmsd: object; msd: object
 
+# %% ../nbs/03_align.ipynb #2962f8be
 def _fit(X, Y, center: bool, scale: bool, allow_reflection: bool, names: tuple, solver) -> _Fit:
     "Procrustes of X onto Y (..., N, d) (float64, with spread) on rescaled copies; every field in the inputs' units."
     xp = ops_of(X)
@@ -220,6 +223,7 @@ def _gpa_sweeps(A, scale: bool, allow_reflection: bool, max_iter: int, tol: floa
         prev = history[-1]
     return C, Yk, R, s, history, False
 
+# %% ../nbs/03_align.ipynb #58287917
 def _consensus_norm(C):
     norm = ops_of(C).sqrt((C * C).sum())
     if not bool(norm > 0): raise ValueError("runs: the consensus collapsed to a point; the runs share no common structure")
@@ -279,6 +283,7 @@ def _pairs(f, pa, pb, cost):
     "(P, ...) f(index block of run a, index block of run b) over all pairs, block by block."
     return chunked_apply(f, [pa, pb], tuple(pa.shape), cost=cost, promote=False)
 
+# %% ../nbs/03_align.ipynb #feddcbb6
 def _pair_distances(X, pa, pb):
     "raw_msd, aligned_msd and cos_dist of every pair (P,)."
     xp, (N, d) = ops_of(X), X.shape[-2:]
@@ -295,6 +300,7 @@ def _hsic_both(a, b, sc):
     v = hsic(a, b, False, sc)
     return sc.xp.stack([v, debias_hsic(v, a, b)], axis=-1)
 
+# %% ../nbs/03_align.ipynb #7633b09f
 def _pair_cka(X, pa, pb):
     "cka and cka_debiased of every pair (P,), from per-run centred rows and self terms."
     xp, (K, N, d) = ops_of(X), tuple(X.shape)
@@ -317,6 +323,7 @@ def _pair_rsa(X, pa, pb):
         rho = _pairs(lambda i, j: dot(rank_vector(X[i], "cosine"), rank_vector(X[j], "cosine")), pa, pb, cost=10 * N * N)
     return dict(rsa=xp.clip(rho, -1.0, 1.0))
 
+# %% ../nbs/03_align.ipynb #059c0e23
 def _pair_knn(X, pa, pb, k):
     "knn_overlap of every pair (P,), from each run's neighbour sets."
     xp, N = ops_of(X), X.shape[-2]
@@ -332,6 +339,7 @@ def _run_labels(labels, K: int) -> list:
     if len(labels) != K: raise ValueError(f"labels: expected {K} labels (one per run), got {len(labels)}")
     return labels
 
+# %% ../nbs/03_align.ipynb #0a7c81b6
 def _capped_k(k, N: int) -> int:
     "Neighbours for k-NN overlap: an integer >= 1, capped at N-1."
     if not (isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k >= 1):

@@ -86,6 +86,7 @@ def drift_curves(rs: RunSet, layer: int = -1, pooling: str = "mean") -> pd.DataF
 def _stack_drift(rs: RunSet, steps: np.ndarray, layer: int, pooling: str) -> np.ndarray:  # (S, T, N)
     return np.stack([probe_drift(r, layer, pooling)[np.searchsorted(r.steps, steps)] for r in rs.runs])
 
+# %% ../nbs/16_analysis.ipynb #3b23d261
 def drift_summary(rs: RunSet, by: str | list = "lr", layer: int = -1, pooling: str = "mean", *,
                   n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0) -> pd.DataFrame:  # one row per group and step
     "Per group and common tracked step: seeds, mean drift, spread over seeds, probe quantiles, t interval over seeds."

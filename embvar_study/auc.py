@@ -32,6 +32,7 @@ def _strata(failed, strata, n: int) -> tuple[np.ndarray, np.ndarray]:  # (n,) bo
     if g.shape != (n,): raise ValueError(f"strata: expected one stratum per score, shape ({n},), got shape {g.shape}")
     return y.astype(bool), np.unique(g, return_inverse=True)[1].reshape(-1)
 
+# %% ../nbs/04b_auc.ipynb #94cc40d1
 def stratum_sizes(failed: ArrayLike,  # (n,) bool outcome (1 = failed)
                   strata: ArrayLike,  # (n,) stratum of every run (e.g. its learning rate)
                  ) -> tuple[np.ndarray, np.ndarray]:  # (K,) failed and (K,) successful runs of the K strata that have both
@@ -41,6 +42,7 @@ def stratum_sizes(failed: ArrayLike,  # (n,) bool outcome (1 = failed)
     both = (n1 > 0) & (n0 > 0)
     return n1[both], n0[both]
 
+# %% ../nbs/04b_auc.ipynb #61867236
 def stratified_auc(score: ArrayLike,    # (..., n) a score per run (higher: more likely failed)
                    failed: ArrayLike,   # (n,) bool outcome
                    strata: ArrayLike,   # (n,) stratum per run: only (failed, successful) pairs of the same stratum count

@@ -18,8 +18,11 @@ Array = Union[np.ndarray, "torch.Tensor"]                  # what they return: n
 
 # %% ../nbs/00_checks.ipynb #44cbf7f0
 def fmt_shape(shape: tuple[int, ...]) -> str: return "(" + ", ".join(str(s) for s in shape) + ")"
+
+# %% ../nbs/00_checks.ipynb #cd3ad214
 def shape_str(x: object) -> str: return fmt_shape(np.shape(x))   # of an array, tensor or nested list
 
+# %% ../nbs/00_checks.ipynb #b21cdedd
 def is_tensor(x: object) -> bool:  # True for a torch tensor (any device, dtype or subclass)
     "Whether `x` is a torch tensor, decided without importing torch."
     mod = type(x).__module__
@@ -64,6 +67,7 @@ def check_finite(x: Array,   # numpy array or torch tensor
 def _not_numeric(x, name, dims, err) -> ValueError:
     return ValueError(f"{name}: expected a numeric array{' ' + dims if dims else ''}, got {type(x).__name__} ({err})")
 
+# %% ../nbs/00_checks.ipynb #45e7c7f2
 def as_float_array(x: ArrayLike,      # array-like or torch tensor
                    name: str,         # argument name, used in error messages
                    *,
@@ -93,6 +97,7 @@ def check_same_shape(a: Array,  # first array
     if tuple(a.shape) != tuple(b.shape):
         raise ValueError(f"{name_a} and {name_b}: expected the same shape, got {shape_str(a)} and {shape_str(b)}")
 
+# %% ../nbs/00_checks.ipynb #642d0f71
 def check_at_least(n: int,            # the count
                    minimum: int,      # smallest accepted count
                    name: str,         # argument the count comes from

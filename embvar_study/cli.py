@@ -20,6 +20,7 @@ def parse_value(text: str) -> object:
     try: return json.loads(text)
     except json.JSONDecodeError: return text
 
+# %% ../nbs/22_cli.ipynb #afd486ff
 def parse_sets(items: list[str] | None) -> dict:
     "`['lrs=[1e-5,1e-4]', 'dataset=my.csv']` -> `{'lrs': [1e-05, 0.0001], 'dataset': '/abs/my.csv'}` (paths made absolute)."
     out = {}
@@ -28,6 +29,7 @@ def parse_sets(items: list[str] | None) -> dict:
         k, v = it.split("=", 1); out[k.strip()] = parse_value(v.strip())
     return {k: absolute_path(v) if k in ("dataset", "probes", "model") else v for k, v in out.items()}
 
+# %% ../nbs/22_cli.ipynb #ac899db0
 def absolute_path(value: object) -> object:
     "A relative path that exists here, made absolute (the notebooks run in the study folder), also as `heldout:PATH[:SPLIT]`."
     if not isinstance(value, str): return value
@@ -56,15 +58,18 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
         h = action.help or ""
         return h if action.default in (None, argparse.SUPPRESS) or "default" in h else super()._get_help_string(action)
 
+# %% ../nbs/22_cli.ipynb #cc42f005
 class _Parser(argparse.ArgumentParser):
     "An argparse parser whose errors are one line (`embvar train: error: ...`), exit code 2, without the usage block."
     def __init__(self, **kw): super().__init__(**{"formatter_class": _Help, **kw})
     def error(self, message: str) -> None:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+# %% ../nbs/22_cli.ipynb #479c6548
 def _dest_flags(parser: argparse.ArgumentParser) -> dict:
     return {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings and a.dest != "help"}
 
+# %% ../nbs/22_cli.ipynb #aca6355a
 def flag_message(msg: str, parser: argparse.ArgumentParser, set_keys: Callable[[], set] | set | tuple = ()) -> str:
     "The message with its leading `argument:` replaced by the command-line flag that sets it (when there is one)."
     m = re.match(r"^([A-Za-z_][\w.]*)(\[[^\]]*\])?:\s", msg)
@@ -137,6 +142,7 @@ def train_main(argv: list[str]) -> Path:
 class _HelpWithEpilog(_Help, argparse.RawDescriptionHelpFormatter):
     "Defaults in the help, and an epilog printed line by line (the profiles and their experiments)."
 
+# %% ../nbs/22_cli.ipynb #f6cbf333
 def _profiles_epilog() -> str:
     "The profiles and the experiments each runs, from `sweep.PROFILES` (one line each), and every experiment name."
     from embvar_study.sweep import PROFILES, EXPERIMENT_NAMES
@@ -145,6 +151,7 @@ def _profiles_epilog() -> str:
     return ("profiles and the experiments each runs (--profile NAME; --experiments picks some of them):\n" + "\n".join(lines)
             + f"\nexperiments: {', '.join(EXPERIMENT_NAMES)}")
 
+# %% ../nbs/22_cli.ipynb #7fedc49b
 def report_parser() -> argparse.ArgumentParser:
     "The parser of `embvar report`: its help lists the profiles and the experiment names."
     from embvar_study.sweep import PROFILES, EXPERIMENT_NAMES
@@ -182,6 +189,7 @@ def report_parser() -> argparse.ArgumentParser:
 class StudyFailed(RuntimeError):
     "Runs of the study failed (or are damaged): the report is not rendered; the message lists them in one line each."
 
+# %% ../nbs/22_cli.ipynb #afabca62
 def _jobs(v: str) -> int:
     "`--jobs`: a positive integer, or auto (one worker per core without GPUs; with GPUs, --runs-per-gpu decides)."
     import os
@@ -193,6 +201,7 @@ def _jobs(v: str) -> int:
     if n < 1: raise ValueError(f"jobs: expected an integer >= 1 or 'auto', got {v!r}")
     return n
 
+# %% ../nbs/22_cli.ipynb #4dde7634
 def _runs_per_gpu(v: str):
     if v == "auto": return "auto"
     try: n = int(v)
@@ -200,6 +209,7 @@ def _runs_per_gpu(v: str):
     if n < 1: raise ValueError(f"runs_per_gpu: expected an integer >= 1 or 'auto', got {v!r}")
     return n
 
+# %% ../nbs/22_cli.ipynb #c65d5958
 def _failed_runs(study_dir: Path, manifests: dict) -> str | None:
     "One line per distinct error (how many runs, which experiments and runs), then where the tracebacks are; None if none failed."
     rows: dict = {}                                # run_id -> (experiments it belongs to, error)
@@ -233,6 +243,7 @@ def _check_report_args(a: argparse.Namespace) -> None:
     if a.cpus_per_run < 1: raise ValueError(f"cpus_per_run: expected an integer >= 1, got {a.cpus_per_run}")
     if a.gpus_per_run is not None and not a.gpus_per_run >= 0: raise ValueError(f"gpus_per_run: expected a number >= 0, got {a.gpus_per_run}")
 
+# %% ../nbs/22_cli.ipynb #61e3cc14
 def _folder(path: str | Path, name: str) -> Path:
     "`path` made absolute; `ValueError` naming `name` when it is an existing file (a folder is expected)."
     p = Path(path).resolve()
@@ -244,6 +255,7 @@ def _run_folder_of(source: Path, run_id: str) -> Path:
     "Where `source` (a study folder, or a folder of run folders) keeps run `run_id`."
     return source / "runs" / run_id if (source / "runs").is_dir() else source / run_id
 
+# %% ../nbs/22_cli.ipynb #cf710863
 def runs_elsewhere(study_dir: Path,      # the study folder about to train
                    run_ids: list[str],   # the runs it lacks
                   ) -> dict:             # {other study folder: how many of run_ids it holds complete}, most first
@@ -255,6 +267,7 @@ def runs_elsewhere(study_dir: Path,      # the study folder about to train
         if n: found[other] = n
     return dict(sorted(found.items(), key=lambda kv: -kv[1]))
 
+# %% ../nbs/22_cli.ipynb #fbc39c9c
 def copy_cached_runs(study_dir: Path,       # the study folder (its runs/ receives the copies)
                      run_ids: list[str],    # the runs this study needs
                      sources: list[Path],   # study folders or folders of run folders to take complete runs from
@@ -288,7 +301,6 @@ def copy_cached_runs(study_dir: Path,       # the study folder (its runs/ receiv
         say(f"--runs-from: {len(copied)} of the {len(run_ids) - present} runs this study lacks copied in, verified, by run id ({took})"
             + (f"; {len(refused)} refused and trained instead: " + "; ".join(refused) if refused else ""))
     return copied
-
 
 # %% ../nbs/22_cli.ipynb #9fa0206e
 def report_main(argv: list[str]) -> Path:
@@ -352,6 +364,7 @@ def report_main(argv: list[str]) -> Path:
     print(f"report: {dest} ({dest.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - t0:.0f}s)")
     return dest
 
+# %% ../nbs/22_cli.ipynb #8d88f331
 def _stale_notebooks(study_dir: Path, names: list[str], profile: str, sets: dict) -> tuple[list[str], dict]:  # (to re-execute, overrides)
     "Experiment notebooks to re-execute with this code: every one whose runs are all on disk (no training); one papermill did not finish (missing, half-executed) and cannot be is an error, a finished one that cannot be is kept and named."
     from embvar_study import report as R
@@ -377,6 +390,7 @@ def _stale_notebooks(study_dir: Path, names: list[str], profile: str, sets: dict
     if stale: print(f"notebook(s) {', '.join(f'{e} ({s})' for e, s in stale.items())}: re-executed from the runs on disk (no training)")
     return redo, sets
 
+# %% ../nbs/22_cli.ipynb #e2030622
 def _notebook_time(line: str) -> dict:
     m = re.match(r"\[\d+/\d+\] notebook (\w+): done in ([\d.]+)s", line)
     return {m.group(1): float(m.group(2))} if m else {}
@@ -401,6 +415,7 @@ def verify_parser() -> argparse.ArgumentParser:
     p.add_argument("path", metavar="STUDY_OR_RUN", help="a run folder, a study folder, or a folder holding run folders")
     return p
 
+# %% ../nbs/22_cli.ipynb #486d4baf
 def _verify_targets(p: Path) -> list[Path]:
     "The run folders to verify under `p`: itself, or a study's done runs and every run folder with a COMPLETE."
     from embvar_study.runs import find_runs
@@ -412,6 +427,7 @@ def _verify_targets(p: Path) -> list[Path]:
             m = load_manifest(p, f.stem); listed += [p / r for r in m[m["status"].isin(DONE_STATUSES)]["path"]]
     return list(dict.fromkeys([*listed, *find_runs(p)]))
 
+# %% ../nbs/22_cli.ipynb #b4c74a34
 def verify_main(argv: list[str]) -> list[tuple[str, str]]:  # [(damaged file, why)]; exits 1 when there is one
     "`embvar verify`: re-hash everything; one line per damaged file and exit 1, or one line and exit 0."
     from embvar_study.runs import damaged_files
@@ -446,6 +462,7 @@ def compare_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers-b", default=None, help="layers of b (default: --layers), e.g. --layers-b 6")
     return p
 
+# %% ../nbs/22_cli.ipynb #98c76de6
 def compare_main(argv: list[str]) -> None:
     "`embvar compare A B [--probes P] [--layers-a L] [--layers-b L] --out DIR`; progress lines on stderr."
     a = compare_parser().parse_args(argv)
@@ -475,11 +492,13 @@ _T_MAIN = time.perf_counter()   # when `embvar` started its work (reset by main)
 class _Terminated(BaseException):
     "SIGTERM, raised in the main thread so that locks and workers are released as for Ctrl-C."
 
+# %% ../nbs/22_cli.ipynb #3e04f2ed
 def _version() -> str:
     from importlib.metadata import version, PackageNotFoundError
     try: return version("embvar-study")
     except PackageNotFoundError: return "unknown"
 
+# %% ../nbs/22_cli.ipynb #ac16dadc
 def _errors() -> tuple:
     from embvar_study.runs import CorruptRunError
     from embvar_study.storage import FolderLockedError
@@ -490,6 +509,7 @@ def _errors() -> tuple:
     return (ValueError, FileNotFoundError, ImportError, OSError, HubUnavailableError, RayUnavailableError, ClusterError,
             FolderLockedError, CorruptRunError, NotComputed, NotebookFailed, StudyFailed)
 
+# %% ../nbs/22_cli.ipynb #0e037dbe
 _USAGE = """usage: embvar COMMAND [options]
 
 commands:
@@ -529,6 +549,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if main_thread: signal.signal(signal.SIGTERM, old)
 
+# %% ../nbs/22_cli.ipynb #aeda3f0f
 def _set_keys(argv: list[str]) -> set:
     "Keys that `embvar report --set` sets here or could set: those given, the profile keys and the run fields."
     from embvar_study.sweep import PROFILE_KEYS

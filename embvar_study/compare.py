@@ -93,6 +93,7 @@ def _side(x, name, pooling):
     if is_run_spec(x): return ("run", *_run_layers(x, name, pooling))
     return "model", x, None
 
+# %% ../nbs/23_compare.ipynb #02dcc961
 def _embed(x, texts, pooling):
     "(L+1, N, d) embeddings of `texts` by a (model, tokenizer) pair or a model alias / folder / Hub id."
     from embvar_study.extract import embed_texts
@@ -105,6 +106,7 @@ def _embed(x, texts, pooling):
 # %% ../nbs/23_compare.ipynb #5aae0003
 def _short(s, n=40): return s if len(s) <= n else s[:n - 3] + "..."
 
+# %% ../nbs/23_compare.ipynb #35819de7
 def _match_rows(ids, ref, name, ref_name):
     "Row order putting `ids` in the order of `ref` (None: already in it); one line when they are not the same probes."
     if ids == ref: return None
@@ -152,6 +154,7 @@ def parse_layers(text: str | None,  # "all", "0,3,-1" or None
         raise ValueError(f"{flag}: expected comma-separated layer indices (e.g. 0,3,-1) or 'all', got {text!r}")
     return [int(p) for p in parts]
 
+# %% ../nbs/23_compare.ipynb #be748aa2
 def _pick(L, layers, name):
     "Layer indices of a side with L layers (0 <= i < L), from 'all', an int or a sequence of ints (negative from the end)."
     if isinstance(layers, str) and layers == "all": return list(range(L))
@@ -314,6 +317,7 @@ def _diagonal_fig(t):
     fig.tight_layout()
     return fig
 
+# %% ../nbs/23_compare.ipynb #f0926ef2
 def check_out_folder(out: str | Path) -> Path:
     "The output folder of `write_compare_html`, refused before any work when it names an existing file."
     d = Path(out)

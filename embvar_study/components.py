@@ -25,6 +25,7 @@ __all__ = ['COMPONENTS_MIN_LEVELS', 'VarianceComponents', 'variance_components',
 # %% ../nbs/17_components.ipynb #04f21bb6
 def _sq(z, axes): return (z * z).sum(axis=axes)
 
+# %% ../nbs/17_components.ipynb #fc0c6a91
 def _ms_two_way(x: np.ndarray,  # (..., A, B, R) values
                ) -> np.ndarray:  # (..., 4) mean squares A, B, A:B, error
     "Mean squares of the replicated two-way design, over any leading (batch) axes."

@@ -27,8 +27,14 @@ SCHEDULES = ("linear", "constant", "cosine")
 DIVERGENCE_FACTOR = 10  # a run diverges when its training loss is non-finite or above this multiple of its first step's loss
 
 def _int(v) -> bool: return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+# %% ../nbs/09_config.ipynb #ee210707
 def _real(v) -> bool: return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and math.isfinite(v)
+
+# %% ../nbs/09_config.ipynb #c02dca59
 def _opt(ok): return lambda v: v is None or ok(v)
+
+# %% ../nbs/09_config.ipynb #3b0bf94e
 def _subset(allowed, nonempty=False): return lambda v: isinstance(v, list) and set(v) <= set(allowed) and (bool(v) or not nonempty)
 
 CONFIG_RULES = {  # field -> (test, what is expected)
@@ -97,6 +103,7 @@ _RULE_KEYS = ("threshold", "signal", "layer", "pooling", "start", "end", "calibr
 
 def _is_real(v) -> bool: return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
 
+# %% ../nbs/09_config.ipynb #bc12c738
 @dataclass(frozen=True)
 class AlarmRule:
     "A rule that watches a live drift signal and fires when it is strictly above `threshold` (see the table above)."
@@ -159,6 +166,7 @@ def _rule_from_dict(d: dict, where: str) -> AlarmRule:
     if "threshold" not in d: raise ValueError(f"alarm.threshold: missing in {where} (or give 'noise_floor' and 'k')")
     return AlarmRule(**d)
 
+# %% ../nbs/09_config.ipynb #976e282b
 def alarm_rule(spec: float | dict | AlarmRule | str | Path | object,  # a threshold, a rule dict, a DriftThreshold, a rule, a JSON file
               ) -> AlarmRule:
     "An `AlarmRule` from a drift threshold, `{'noise_floor': q, 'k': k}`, a rule dict, a `DriftThreshold`, a rule or a JSON file."

@@ -29,6 +29,7 @@ def _shown(v: object) -> str:
     r = repr(v)
     return r if len(r) <= 80 and "\n" not in r else f"a {type(v).__module__}.{type(v).__qualname__} object"
 
+# %% ../nbs/05_data.ipynb #cf40a2fd
 def clean_text(text: str, # raw text, possibly with IMDb's `<br />` markup
               ) -> str:   # text with line-break tags turned into spaces and whitespace collapsed
     "Replace HTML line breaks (`<br />`) with spaces, collapse whitespace runs, strip the ends."
@@ -36,6 +37,7 @@ def clean_text(text: str, # raw text, possibly with IMDb's `<br />` markup
         raise ValueError(f"text: expected a str, got {type(text).__name__} {_shown(text)}")
     return _WHITESPACE.sub(" ", _BR_TAG.sub(" ", text)).strip()
 
+# %% ../nbs/05_data.ipynb #7dc6abdc
 def _clean_series(s: pd.Series) -> pd.Series:
     "`clean_text` over a Series of str (vectorised)."
     return s.str.replace(_BR_TAG, " ", regex=True).str.replace(_WHITESPACE, " ", regex=True).str.strip()
@@ -49,6 +51,7 @@ def _check_positive_int(n, name: str, maximum: int | None = None, what: str = "r
         raise ValueError(f"{name}: expected at most {maximum} {what} (all that are available), got {n}")
     return int(n)
 
+# %% ../nbs/05_data.ipynb #64ba3114
 def check_seed(seed: object, name: str = "seed") -> int:
     "`seed` as a non-negative int, or a ValueError naming `name`."
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -121,6 +124,7 @@ def _rows(mask: np.ndarray, most: int = 5) -> str:
     pos = np.flatnonzero(mask)
     return f"row{'s' if len(pos) > 1 else ''} " + ", ".join(map(str, pos[:most])) + (f" and {len(pos) - most} more" if len(pos) > most else "")
 
+# %% ../nbs/05_data.ipynb #e94abbce
 def _check_spellings(values: pd.Series, what: str) -> None:
     "Refuse labels that differ only in case or surrounding spaces ('Pos' / 'pos' / ' pos'), naming each spelling."
     counts = values.value_counts(sort=False)
@@ -131,6 +135,7 @@ def _check_spellings(values: pd.Series, what: str) -> None:
         raise ValueError(f"{what}: labels that differ only in case or surrounding spaces would be different classes: {', '.join(same)}; "
                          f"write each class one way")
 
+# %% ../nbs/05_data.ipynb #10b7147d
 def _label_values(labels: pd.Series, what: str) -> np.ndarray:
     "(N,) int64 for bool/integral numbers, str objects otherwise; missing labels (pandas' markers too), case variants and non-integer numbers raise."
     missing = labels.isna().to_numpy() | labels.map(lambda v: isinstance(v, str) and v.strip() in MISSING_MARKERS).to_numpy(dtype=bool)
@@ -166,12 +171,14 @@ def _encode_labels(labels: pd.Series, # (N,) class labels: numbers, bools or str
 class HubUnavailableError(ConnectionError):
     "A dataset or model could not be loaded from the Hugging Face Hub (offline, unreachable, or no such repository)."
 
+# %% ../nbs/05_data.ipynb #6dad382f
 _TRUE = {"1", "true", "yes", "on"}
 
 def _env_flag(name: str) -> bool:
     "Is environment variable `name` set to a true value (1/true/yes/on), read now?"
     return os.environ.get(name, "").strip().lower() in _TRUE
 
+# %% ../nbs/05_data.ipynb #36898822
 def hub_offline() -> bool: # True when HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set to a true value
     "Is Hugging Face offline mode requested (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE, read now)?"
     return _env_flag("HF_HUB_OFFLINE") or _env_flag("TRANSFORMERS_OFFLINE")
@@ -241,11 +248,13 @@ def _resource(name: str) -> Path:
     "Path of a file in the package's `resources/` folder."
     return Path(str(importlib.resources.files("embvar_study") / "resources" / name))
 
+# %% ../nbs/05_data.ipynb #b58a08a5
 def is_file_source(source: object) -> bool:
     "Does `source` name something local (by type, table suffix or existence) rather than a Hub id?"
     if isinstance(source, os.PathLike): return True
     return isinstance(source, str) and (source.lower().endswith(_TABLE_SUFFIXES) or os.path.exists(os.path.expanduser(source)))
 
+# %% ../nbs/05_data.ipynb #9e1986a1
 def _read_source(source, split) -> tuple[pd.DataFrame, dict, str]:
     "(raw rows, ClassLabel names per column, origin for messages) of any `load_texts` source."
     if isinstance(source, pd.DataFrame): return source, {}, "DataFrame source"
@@ -351,6 +360,7 @@ def train_eval_split(df: pd.DataFrame, # (N, ...) labelled rows (e.g. from `load
     rest = np.setdiff1d(np.arange(len(df)), eval_pos)
     return df.iloc[rest[_stratified_positions(labels[rest], n_train, rng, every_class=True)]], df.iloc[eval_pos]
 
+# %% ../nbs/05_data.ipynb #a18b764b
 def _check_every_class(df: pd.DataFrame, labels: np.ndarray, label_col: str, n_train: int, n_eval: int) -> None:
     "Both subsets can hold a row of every class, or a one-line ValueError naming the class (or subset) and the sizes."
     classes, counts = np.unique(labels, return_counts=True)
@@ -379,6 +389,7 @@ def _length_buckets(texts: pd.Series) -> pd.Series:
     return pd.Series(np.select([words <= SHORT_MAX_WORDS, words <= MEDIUM_MAX_WORDS], ["short", "medium"], "long"),
                      index=texts.index, dtype=object).astype(str)
 
+# %% ../nbs/05_data.ipynb #a5ee65ca
 def length_bucket(text: str, # a sentence
                  ) -> str:   # "short" (<= 8 words), "medium" (9-20 words) or "long" (>= 21 words)
     "Length bucket of `text` by whitespace word count (thresholds `SHORT_MAX_WORDS`, `MEDIUM_MAX_WORDS`)."
@@ -405,6 +416,7 @@ def _sentiment_code(v, what: str) -> int:
         raise ValueError(f"{what}: expected an integer class >= 0 or -1 (no sentiment), got {v!r}")
     return int(x)
 
+# %% ../nbs/05_data.ipynb #46f783ac
 def _sentiment_codes(values: pd.Series, what: str) -> np.ndarray:
     "(N,) int64 sentiment codes of a column (see `_sentiment_code`)."
     return np.fromiter((_sentiment_code(v, what) for v in values.tolist()), dtype=np.int64, count=len(values))
@@ -434,6 +446,7 @@ def _match_key(texts: pd.Series) -> pd.Series:
     "Normalised form used to compare probes with training texts: cleaned, lower case, single spaces."
     return _clean_series(texts.astype(str)).str.lower()
 
+# %% ../nbs/05_data.ipynb #1d6a2a45
 def _exclude_texts(df: pd.DataFrame,  # probe table with a `text` column
                    exclude: Iterable[str] | pd.DataFrame,  # training texts, or a frame with a `text` column
                   ) -> pd.DataFrame:  # the probes not found in `exclude` (with a warning giving the count)

@@ -25,6 +25,7 @@ _CUM_LR_COLUMN = re.compile(r"^cum_lr(_low|_high)?$")
 
 def _lr(v) -> str: return "—" if v is None or pd.isna(v) else format_lr(v)
 
+# %% ../nbs/17a_display.ipynb #b9ea3256
 def format_table(df: pd.DataFrame, digits: int = 3) -> pd.DataFrame:  # same shape, every cell a str
     "Every cell as text for reading: lr columns as 5e-5, cumulative lr as 1.25e-3, whole-number columns as integers, the rest by format_value."
     out = {}
@@ -61,6 +62,7 @@ def interval_words(df: pd.DataFrame, low: str, high: str, given: str = "95% inte
 # %% ../nbs/17a_display.ipynb #aa4faa4e
 def _header(c) -> str: return html.escape(plain_column(c))
 
+# %% ../nbs/17a_display.ipynb #07f22078
 def table_html(df: pd.DataFrame, caption: str | None = None, digits: int = 3) -> str:
     "A table as HTML for reading: formatted cells, no index, headers in words (`plain_column`), an optional caption, and the interval method under it."
     meth = method_line(df)

@@ -33,6 +33,7 @@ def _check_runs(rs, minimum: int, what: str) -> RunSet:
     if len(rs) < minimum: raise NotComputed(f"{what} needs at least {minimum} runs, got {len(rs)}")
     return rs
 
+# %% ../nbs/18_early_warning.ipynb #8ea964e3
 def _pair_distances(E: np.ndarray,  # (K, T, N, d) the runs' embeddings at the same T steps
                    ) -> np.ndarray:  # (K(K-1)/2, T) probe-mean cosine distance of every pair of runs at every step
     i, j = np.triu_indices(len(E), k=1)
@@ -88,6 +89,7 @@ def _sample(x, name: str, allow_empty: bool = False) -> np.ndarray:  # (n,) floa
     if (a < 0).any(): raise ValueError(f"{name}: expected non-negative drift values, got a minimum of {a.min():.3g}")
     return a
 
+# %% ../nbs/18_early_warning.ipynb #ef09c25d
 def _positive(v, name: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not (math.isfinite(v) and v > 0):
         raise ValueError(f"{name}: expected a positive finite number, got {v!r}")
@@ -138,6 +140,7 @@ def _history(history) -> pd.DataFrame:
         raise ValueError(f"history: expected a run's history DataFrame with a 'step' column, got {type(history).__name__}")
     return history.sort_values("step", kind="stable")
 
+# %% ../nbs/18_early_warning.ipynb #2689c9ef
 def _check_rule(rule: str, h: pd.DataFrame, chance, delta, patience, loss_delta, window) -> None:
     if rule not in _RULES: raise ValueError(f"rule: expected one of {_RULES}, got {rule!r}")
     miss = [c for c in {"accuracy": ["eval_acc"], "loss": ["train_loss"], "any": ["eval_acc", "train_loss"]}[rule] if c not in h]
@@ -153,6 +156,7 @@ def _divergence_step(h: pd.DataFrame) -> int | None:  # first 'diverged' status 
     if "train_loss" in h: bad |= h["train_loss"].notna() & ~np.isfinite(h["train_loss"].astype(float))
     return int(h.loc[bad, "step"].iloc[0]) if bad.any() else None
 
+# %% ../nbs/18_early_warning.ipynb #f9ef7322
 def _acc_fail_steps(h: pd.DataFrame, chance, delta, patience, min_step) -> tuple[np.ndarray, np.ndarray]:  # eval steps, failing there
     ev = h.dropna(subset=["eval_acc"])
     ev = ev[ev["step"] >= min_step]
@@ -170,6 +174,7 @@ def _loss_fail_steps(h: pd.DataFrame, loss_delta, window, min_step) -> tuple[np.
     s = steps[2 * window - 1:]
     return s[s >= min_step], (rolling >= loss[:window].mean() - loss_delta)[s >= min_step]
 
+# %% ../nbs/18_early_warning.ipynb #5c72d7aa
 def _default_min_step(h: pd.DataFrame) -> int: return int(math.ceil(0.25 * float(h["step"].max()))) if len(h) else 0
 
 # %% ../nbs/18_early_warning.ipynb #d33a5047
@@ -247,6 +252,7 @@ def auc_score_interval(auc: ArrayLike,          # (...) observed AUCs
     "Newcombe's (2006, method 5) score interval: the AUCs t with (A - t)^2 <= z^2 V(t), found by bisection, vectorised over `auc` (`auc.stratified_auc_interval` with one stratum)."
     return stratified_auc_interval(auc, [n1], [n0], check_confidence(confidence))
 
+# %% ../nbs/18_early_warning.ipynb #8a3f1610
 def auc_ci(scores: ArrayLike,         # (n,) a score per run, e.g. drift at step k
            failed: ArrayLike,         # (n,) bool / 0-1 outcome per run (1 = failed)
            *,
@@ -269,7 +275,6 @@ def auc_ci(scores: ArrayLike,         # (n,) a score per run, e.g. drift at step
     lo, hi = auc_score_interval(auc, n1, n0, confidence)
     return OutcomeAUC(auc, float(lo), float(hi), confidence, 0, n1, n0, step,
                       f"{100 * confidence:g}% Newcombe score interval over runs ({n1} failed, {n0} healthy; simulated coverage 93.6-96.2% from 6 runs per class)")
-
 
 # %% ../nbs/18_early_warning.ipynb #a8299ed6
 def _outcome_frame(rs: RunSet, layer: int, pooling: str, rule: str, **kw) -> pd.DataFrame:  # one row per run
@@ -305,6 +310,7 @@ def early_warning_table(rs: RunSet,               # e.g. study.runs("lr_extended
 def _drift_at(steps: np.ndarray, drift: np.ndarray, k: int) -> float:  # drift at the last tracked step <= k
     return float(drift[max(np.searchsorted(steps, k, side="right") - 1, 0)])
 
+# %% ../nbs/18_early_warning.ipynb #1e2de6bb
 def drift_predicts_outcome(table_or_runs: pd.DataFrame | RunSet,  # early_warning_table(...) or a RunSet
                            *,
                            step: int,                   # k: drift at this step (last tracked step <= k per run)
@@ -321,6 +327,7 @@ def drift_predicts_outcome(table_or_runs: pd.DataFrame | RunSet,  # early_warnin
     x = np.array([_drift_at(s, d, step) for s, d in zip(tab["steps"], tab["drift"])])
     return auc_ci(x, tab["failed"].to_numpy(bool), n_resamples=n_resamples, seed=seed, confidence=confidence, step=int(step))
 
+# %% ../nbs/18_early_warning.ipynb #06a948c8
 def _check_table(table, name: str = "table") -> pd.DataFrame:
     if not isinstance(table, pd.DataFrame) or not {"steps", "drift", "failed"} <= set(table):
         raise ValueError(f"{name}: expected an early_warning_table (columns steps, drift, failed) or a RunSet, got {type(table).__name__}")
@@ -353,16 +360,19 @@ def _signal_curve(run, signal: str, layer: int, pooling: str) -> tuple[np.ndarra
     if signal == "drift": return steps, d
     return steps[1:], np.diff(d) / np.diff(steps)
 
+# %% ../nbs/18_early_warning.ipynb #6de64175
 def _max_in(steps: np.ndarray, values: np.ndarray, start: int, end: int | None) -> float:  # max over start <= step <= end; -inf if none
     keep = (steps >= start) & (steps <= (np.iinfo(np.int64).max if end is None else end))
     return float(values[keep].max()) if keep.any() else -math.inf
 
+# %% ../nbs/18_early_warning.ipynb #2914ef88
 def _threshold(score: np.ndarray, y: np.ndarray, recall: float) -> float:  # midway below the k-th highest failed score
     "A threshold `score > t` stops at least `recall` of the failed runs: midway between the k-th highest failed score and the next lower score."
     f = np.sort(score[y])[::-1]; k = int(math.ceil(recall * len(f) - 1e-9))
     below = score[score < f[k - 1]]
     return float((f[k - 1] + below.max()) / 2) if below.size else float(np.nextafter(f[k - 1], -np.inf))
 
+# %% ../nbs/18_early_warning.ipynb #3edcff8d
 def fit_alarm(runs: RunSet,                  # finished runs with both outcomes, e.g. study.runs("stability")
               *,
               signal: str = "drift",         # "drift" or "drift_velocity" (tracking.ALARM_SIGNALS)
@@ -393,6 +403,7 @@ def fit_alarm(runs: RunSet,                  # finished runs with both outcomes,
            "note": f"stops {int(fires[y].sum())}/{int(y.sum())} failed runs by step {int(at)} on {len(y)} calibration runs"}
     return AlarmRule(threshold=threshold, signal=signal, layer=int(layer), pooling=pooling, start=1, end=int(at), calibration=cal)
 
+# %% ../nbs/18_early_warning.ipynb #c3562a14
 def apply_alarm(rule: AlarmRule | dict | float | str,  # anything `tracking.alarm_rule` reads (an AlarmRule, a dict, a JSON file)
                 run: object,                 # a finished run: a `Run` or a run folder path
                ) -> dict:                    # {"fired": bool, "step": int | None, "value": float | None}
@@ -405,7 +416,6 @@ def apply_alarm(rule: AlarmRule | dict | float | str,  # anything `tracking.alar
     hit = np.flatnonzero([rule.fires(x, s) for s, x in zip(steps.tolist(), v.tolist())])
     if not hit.size: return {"fired": False, "step": None, "value": None}
     return {"fired": True, "step": int(steps[hit[0]]), "value": float(v[hit[0]])}
-
 
 # %% ../nbs/18_early_warning.ipynb #6bfac6f3
 STABILITY_FRACTIONS = (0.1, 0.2, 0.3, 0.5)   # fractions of training at which every signal is read
@@ -438,12 +448,14 @@ def stability_failed(history: pd.DataFrame,  # a run's history (step, train_loss
 def _at_or_before(steps: np.ndarray, k: np.ndarray) -> np.ndarray:  # (F,) index of the last step <= each k; -1 if none
     return np.searchsorted(steps, k, side="right") - 1
 
+# %% ../nbs/18_early_warning.ipynb #3a8ed086
 def _window_mean(h: pd.DataFrame, col: str, k: np.ndarray, window: int) -> np.ndarray:  # (F,) mean of col over logged steps in (k - window, k]
     if col not in h: return np.full(k.shape, np.nan)
     r = h.dropna(subset=[col]); s, v = r["step"].to_numpy(float), r[col].to_numpy(float)
     inside = (s[None, :] > (k[:, None] - window)) & (s[None, :] <= k[:, None]) & (s[None, :] >= 1)
     with np.errstate(invalid="ignore"): return np.where(inside.any(1), (inside * np.nan_to_num(v)).sum(1) / inside.sum(1), np.nan)
 
+# %% ../nbs/18_early_warning.ipynb #40ef0ff4
 def run_signals(run: object,                     # a finished `Run`
                 *,
                 fractions: tuple[float, ...] = STABILITY_FRACTIONS,  # fractions f of its planned steps

@@ -37,7 +37,10 @@ class PermutationResult:
                 f"{self.alternative}, {'paired' if self.paired else 'independent'}, "
                 f"n_null={len(self.null_distribution)})")
 
+# %% ../nbs/04a_effects.ipynb #4d2c257c
 def _mean_diff(a, b, axis=-1): return np.mean(a, axis=axis) - np.mean(b, axis=axis)
+
+# %% ../nbs/04a_effects.ipynb #e64a257f
 def _median_diff(a, b, axis=-1): return np.median(a, axis=axis) - np.median(b, axis=axis)
 _TEST_STATISTICS = {"mean_diff": _mean_diff, "median_diff": _median_diff}
 
@@ -70,6 +73,7 @@ def _safe_ratio(num: float, den: float) -> float:
     if den > 0: return float(num / den)
     return math.nan if num == 0 else math.copysign(math.inf, num)
 
+# %% ../nbs/04a_effects.ipynb #91a02f54
 def cohens_d(a: ArrayLike,           # (n_a,) sample
              b: ArrayLike,           # (n_b,) sample; n_b == n_a when paired
              *,
@@ -89,6 +93,7 @@ def _hedges_j(df: int) -> float:
     "Exact small-sample correction J(df) = Gamma(df/2) / (sqrt(df/2) Gamma((df-1)/2))."
     return float(np.exp(gammaln(df / 2) - gammaln((df - 1) / 2)) / math.sqrt(df / 2))
 
+# %% ../nbs/04a_effects.ipynb #6434ed48
 def hedges_g(a: ArrayLike,           # (n_a,) sample
              b: ArrayLike,           # (n_b,) sample; n_b == n_a when paired
              *,
@@ -128,6 +133,7 @@ def _t_note(kind: str, n_a: int, n_b: int, df, confidence: float) -> str:
     d = f"{dfs[0]:g}" if dfs.size == 1 else f"{dfs.min():g}-{dfs.max():g}"
     return f"{100 * confidence:g}% {kind} t interval of the difference over seeds ({n_a} vs {n_b} seeds, {d} df)"
 
+# %% ../nbs/04a_effects.ipynb #45a55e05
 def difference_interval(a: ArrayLike,               # (S_a, ...) one value per seed of group A, seeds along axis 0
                         b: ArrayLike,               # (S_b, ...) one value per seed of group B; S_b == S_a when paired
                         *,
@@ -173,6 +179,7 @@ def _nct_root(t: np.ndarray, df: np.ndarray, target: float, iters: int = 100) ->
         lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)
     return (lo + hi) / 2
 
+# %% ../nbs/04a_effects.ipynb #7328b1a6
 def standardized_difference_interval(d: ArrayLike,          # (...) Cohen's d (pooled SD), or d_z when paired
                                      n_a: int,              # seeds in group A (the pairs when paired)
                                      n_b: int | None = None,  # seeds in group B; None: d is a paired d_z on n_a pairs
@@ -196,6 +203,7 @@ def standardized_difference_interval(d: ArrayLike,          # (...) Cohen's d (p
     return {"low": as_scalar(np.where(ok, lo, np.nan)), "high": as_scalar(np.where(ok, hi, np.nan)), "df": df,
             "note": f"{100 * confidence:g}% noncentral-t interval of the standardized difference ({what}, {df} df)"}
 
+# %% ../nbs/04a_effects.ipynb #163dfaa6
 def permutation_min_pvalue(n_a: int,               # seeds in group A (the pairs when paired)
                            n_b: int | None = None,  # seeds in group B; None: a paired sign-flip test on n_a pairs
                            alternative: str = "two-sided",  # 'two-sided' | 'less' | 'greater'
@@ -214,6 +222,7 @@ def _holm(pvalues: np.ndarray) -> np.ndarray:
     out = np.empty(m); out[order] = adjusted
     return out
 
+# %% ../nbs/04a_effects.ipynb #d20c091d
 def _comparison_row(ka, kb, a, b, paired, n_resamples, confidence, rng) -> dict:
     "One row of effect_size_table: difference with its t interval and p-value, d and g with the noncentral-t interval, permutation p."
     ci = difference_interval(a, b, paired=paired, equal_var=True, confidence=confidence)   # the model of d: equal variances

@@ -16,6 +16,7 @@ __all__ = ['MAX_RUNS_PER_GPU', 'run_one', 'InProcess', 'plan_workers', 'auto_run
 # %% ../nbs/12_executors.ipynb #a0c1c2e6
 def _one_line(e: BaseException) -> str: return f"{type(e).__name__}: {' '.join(str(e).split())}"
 
+# %% ../nbs/12_executors.ipynb #5d29b946
 def _warning_lines(caught: list[warnings.WarningMessage]) -> list[str]:
     return list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught if not issubclass(w.category, DeprecationWarning)))
 
@@ -118,6 +119,7 @@ def _serve(conn, target: Callable, threads: int) -> None:
         key, config, run_dir = task
         conn.send((key, target(config, run_dir, threads=threads)))
 
+# %% ../nbs/12_executors.ipynb #8512325a
 def _worker(spec: dict, conn, parent_pid: int, target: Callable):
     _die_with_parent(parent_pid)
     os.environ.update(worker_env(spec))
@@ -137,6 +139,7 @@ def _sigint_ignored():
     try: yield
     finally: signal.signal(signal.SIGINT, old)
 
+# %% ../nbs/12_executors.ipynb #d7f6d92c
 class _Worker:
     def __init__(self, ctx, spec: dict, target: Callable):
         self.spec, self.task = spec, None
@@ -166,6 +169,7 @@ def _check_runs_per_gpu(runs_per_gpu) -> int | str:
         raise ValueError(f"runs_per_gpu: expected an integer >= 1 or 'auto', got {runs_per_gpu!r}")
     return runs_per_gpu
 
+# %% ../nbs/12_executors.ipynb #51811949
 def _added_workers(device: str, total_memory: float, peak_memory: float | None, on_device: int, n_workers: int,
                    cpu_count: int | None) -> list[dict]:
     "The workers to add on `device` (which has `on_device` of the `n_workers`) once one run's peak memory there is known."

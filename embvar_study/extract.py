@@ -48,6 +48,7 @@ def _check_positive_int(x, name: str) -> int:
         raise ValueError(f"{name}: expected a positive int, got {x!r}")
     return int(x)
 
+# %% ../nbs/07_extract.ipynb #11a62c91
 def _check_seed(seed) -> int:
     "`seed` as an int >= 0, or a ValueError."
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -83,6 +84,7 @@ def _token_lengths(tokenizer, texts: list[str], max_length: int) -> np.ndarray:
     enc = tokenizer(texts, add_special_tokens=True, truncation=True, max_length=max_length + 1, verbose=False)
     return np.fromiter((len(ids) for ids in enc["input_ids"]), dtype=np.int64, count=len(texts))
 
+# %% ../nbs/07_extract.ipynb #c8d0f6dc
 def count_truncated(tokenizer: PreTrainedTokenizerBase, # Hugging Face tokenizer
                     texts: Sequence[str],  # N texts
                     max_length: int,       # token limit, special tokens included
@@ -125,6 +127,7 @@ def _model_device(model) -> torch.device:
     p = next(model.parameters(), None)
     return p.device if p is not None else torch.device("cpu")
 
+# %% ../nbs/07_extract.ipynb #98249593
 @contextmanager
 def _on_device(model, device) -> Iterator[torch.device]:
     "Run on `device` (default: the model's own): the model is moved there and back, even on error."
@@ -135,6 +138,7 @@ def _on_device(model, device) -> Iterator[torch.device]:
     finally:
         if dev != home: model.to(home)
 
+# %% ../nbs/07_extract.ipynb #2b29c5b6
 def _autocast(dev: torch.device, autocast: bool | None):
     "bf16 autocast on `dev` (default: on for CUDA only), or a null context."
     use = (dev.type == "cuda") if autocast is None else bool(autocast)
@@ -168,6 +172,7 @@ def _onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> 
     y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), w, b, "none", [], "")
     return y.reshape(*x.shape[:-1], w.shape[0])
 
+# %% ../nbs/07_extract.ipynb #68653363
 class _OneDNNLinearFn(torch.autograd.Function):
     "oneDNN forward; the backward's two products also through oneDNN (grad_x = g W, grad_W = g^T x)."
     @staticmethod
@@ -183,6 +188,7 @@ class _OneDNNLinearFn(torch.autograd.Function):
         gb = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return gx, gw, gb
 
+# %% ../nbs/07_extract.ipynb #a4caaf1c
 @functools.lru_cache(maxsize=1)
 def onednn_available() -> bool:  # True when oneDNN's linear exists here and matches F.linear (forward and gradients)
     "Does the installed torch have oneDNN's fp32 linear, giving F.linear's results to fp32 rounding?"
@@ -191,6 +197,7 @@ def onednn_available() -> bool:  # True when oneDNN's linear exists here and mat
         with torch.inference_mode(False), torch.enable_grad(): return _onednn_matches()
     except (RuntimeError, AttributeError, NotImplementedError): return False
 
+# %% ../nbs/07_extract.ipynb #d85d68d9
 def _onednn_matches() -> bool:
     "oneDNN's forward and gradients equal F.linear's on a small example (fp32 rounding)."
     g = torch.Generator().manual_seed(0)
@@ -209,6 +216,7 @@ def _fast_linear(x, w, b=None):
         return _OneDNNLinearFn.apply(x, w, b) if torch.is_grad_enabled() else _onednn_linear(x, w, b)
     return _F_LINEAR(x, w, b)
 
+# %% ../nbs/07_extract.ipynb #cac1bf70
 @contextmanager
 def linear_kernel(kernel: str = "default",  # one of LINEAR_KERNELS
                  ) -> Iterator[None]:
@@ -245,17 +253,19 @@ def position_limit(model: PreTrainedModel, # HF model (its `config` is read)
         n -= int(getattr(cfg, "pad_token_id", 1) or 0) + 1   # positions are numbered from pad_token_id + 1
     return n
 
+# %% ../nbs/07_extract.ipynb #207f6e19
 def _n_hidden_states(model) -> int | None:
     "L+1 from the config, if it says (checked against the forward's output later)."
     n = getattr(getattr(model, "config", None), "num_hidden_layers", None)
     return int(n) + 1 if isinstance(n, int) else None
+
+# %% ../nbs/07_extract.ipynb #2631fd04
 def saved_layers(model: PreTrainedModel,  # HF model (its config's depth is read)
                  layers: str | int | Sequence[int] = "all",  # as in `embed_texts`
                 ) -> list[int] | None:   # hidden-state indices in [0, L], or None when the config does not give the depth
     "The hidden states `layers` selects on `model`, checked against its depth before any forward pass."
     n = _n_hidden_states(model)
     return None if n is None else _check_layers(layers, n)[0]
-
 
 # %% ../nbs/07_extract.ipynb #df77fb69
 def _check_lengths(lengths: np.ndarray, # (N,) token counts from `_token_lengths`
@@ -281,11 +291,13 @@ def _forward_params(model) -> set[str]:
     inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
     return set(inspect.signature(inner.forward).parameters)
 
+# %% ../nbs/07_extract.ipynb #0ec85d3e
 def _left_positions(mask: torch.Tensor) -> torch.Tensor | None:  # (B, T) long, or None when no row is left-padded
     "Position ids that start at 0 on each row's first real token: max(0, cumsum(mask) - 1); None for right padding."
     if bool(mask[:, 0].all()): return None
     return (mask.long().cumsum(1) - 1).clamp(min=0)
 
+# %% ../nbs/07_extract.ipynb #63ae4bd9
 def _forward_pooled(model, tokenizer, batch: list[str], max_length: int, dev: torch.device, layers,
                     poolings: tuple[str, ...], capture: str = "hidden_states") -> tuple[dict[str, np.ndarray], bool]:
     "One padded batch through the model: {pooling: (L', B, d) float32} and the single-layer flag (`capture`: see below)."
@@ -307,7 +319,6 @@ def _forward_pooled(model, tokenizer, batch: list[str], max_length: int, dev: to
     h = torch.stack([hs[i] for i in idx])                   # (L', B, T, d)
     return {p: _pool(h, mask, p).cpu().numpy() for p in poolings}, single
 
-
 # %% ../nbs/07_extract.ipynb #f67e8844
 CAPTURES = ("hooks", "hidden_states")   # how `embed_texts` gets hidden states: hooks on the requested layers, or all of them
 
@@ -315,6 +326,7 @@ def _inner_model(model):
     "The transformers model under a PEFT wrapper (the model itself otherwise)."
     return model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
 
+# %% ../nbs/07_extract.ipynb #23c9b1be
 def layer_stack(model: torch.nn.Module,  # a transformers model (PEFT, FSDP wrappers included)
                ) -> torch.nn.ModuleList | None:  # its L blocks, or None when not found
     "The model's stack of blocks: the first `ModuleList` of `config.num_hidden_layers` modules (None if the config does not say or none is found)."
@@ -322,6 +334,7 @@ def layer_stack(model: torch.nn.Module,  # a transformers model (PEFT, FSDP wrap
     if not isinstance(n, int) or isinstance(n, bool): return None
     return next((m for m in _inner_model(model).modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n), None)
 
+# %% ../nbs/07_extract.ipynb #19737602
 def _hidden_arg(args: tuple, kwargs: dict) -> torch.Tensor:
     "The hidden states a block is called with: its first positional tensor, else `hidden_states` (or `x`) by name."
     if args and torch.is_tensor(args[0]): return args[0]
@@ -329,11 +342,13 @@ def _hidden_arg(args: tuple, kwargs: dict) -> torch.Tensor:
         if torch.is_tensor(kwargs.get(k)): return kwargs[k]
     raise RuntimeError(f"capture='hooks': cannot find the hidden states among the block's arguments {sorted(kwargs)}; use capture='hidden_states'")
 
+# %% ../nbs/07_extract.ipynb #8c8563e7
 def _last_hidden(out) -> torch.Tensor:
     "The backbone's last hidden state from its output (a ModelOutput or a tuple)."
     h = getattr(out, "last_hidden_state", None)
     return h if h is not None else out[0]
 
+# %% ../nbs/07_extract.ipynb #d81ec49b
 @contextmanager
 def _pooling_hooks(model, idx: list[int], mask_box: dict, poolings: tuple[str, ...], got: dict) -> Iterator[None]:
     "Hooks that pool hidden state i (for i in `idx`) into `got[i]` = {pooling: (B, d)} on the device; removed on exit."
@@ -348,7 +363,6 @@ def _pooling_hooks(model, idx: list[int], mask_box: dict, poolings: tuple[str, .
         yield
     finally:
         for h in handles: h.remove()
-
 
 # %% ../nbs/07_extract.ipynb #f8577592
 def _embed(model, tokenizer, texts: list[str], *, poolings: tuple[str, ...], layers, batch_size: int, max_length: int,
@@ -469,6 +483,7 @@ def _has_dropout(model) -> bool:
     return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()) or any(
         isinstance(v, float) and v > 0 and "dropout" in k for k, v in getattr(getattr(model, "config", None), "__dict__", {}).items())
 
+# %% ../nbs/07_extract.ipynb #9c5aa48c
 def _mc_dropout(embed,            # `_embed` with everything but texts, dropout and what bound
                 model,            # the same model (checked for dropout)
                 texts: list[str], # N texts
@@ -535,6 +550,7 @@ def pinned_threads(n: int | None,  # torch intra-op threads inside the block (No
     try: yield
     finally: torch.set_num_threads(old)
 
+# %% ../nbs/07_extract.ipynb #f14a32d1
 def run_numerics(config: TrainConfig | dict,  # the run's parameters
                 ) -> dict:  # {"device": type, "torch_threads": n, "linear_kernels": {"train": k, "inference": k}} (CPU), {"device": type} elsewhere
     "What a run of `config` computes with on this machine, beyond its parameters: on a CPU its thread count and linear kernels."
@@ -545,6 +561,7 @@ def run_numerics(config: TrainConfig | dict,  # the run's parameters
     return {"device": "cpu", "torch_threads": cfg.threads,
             "linear_kernels": {m: choose_linear_kernel(m == "train")["kernel"] for m in ("train", "inference")}}
 
+# %% ../nbs/07_extract.ipynb #1d1a5e15
 def numerics_differ(run_dir: str | Path,          # a complete run folder
                     config: TrainConfig | dict,   # the parameters a run would be computed with now
                    ) -> str:  # '' when the same; else what the folder recorded vs what this machine would use, in words

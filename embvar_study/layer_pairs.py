@@ -44,6 +44,7 @@ class LayerFactors:
     rank: np.ndarray   # (L,) rank of the centred rows (N - 1 at most); the CCA family is saturated at N - 1
     d: int             # the original width
 
+# %% ../nbs/02b_layer_pairs.ipynb #2525ddf4
 def layer_factors(X: np.ndarray,  # (L, N, d) float64 layers of one side
                  ) -> LayerFactors:
     "The factors every measure of `pair_scores` is derived from: one QR of X^T per layer when d > N, the centred Gram, the rank."
@@ -69,6 +70,7 @@ def _svd(M, compute_uv=True):
         if not compute_uv: return np.stack(out).reshape(M.shape[:-2] + (-1,))
         return tuple(np.stack(p).reshape(M.shape[:-2] + p[0].shape) for p in zip(*out))
 
+# %% ../nbs/02b_layer_pairs.ipynb #6cfb5443
 def _weighted_side(f, w, alphas, keep=0.99):
     "Every layer of one side in each resample (multiplicities w (b, N)): rows centred on the resample and scaled by sqrt(w), their SVD, rank and SVCCA masks, whitened rows per alpha; (L, b, ...) arrays."
     L, N, r = f.Z.shape
@@ -92,6 +94,7 @@ def _weighted_side(f, w, alphas, keep=0.99):
         out[a] = c @ ((V * g[..., None, :]) @ np.swapaxes(V, -1, -2))
     return out
 
+# %% ../nbs/02b_layer_pairs.ipynb #240352ef
 def _mean_top(rho, m):
     "(...) mean of the m (...) largest of each row of rho (..., k), sorted descending."
     return np.where(np.arange(rho.shape[-1]) < m[..., None], rho, 0.0).sum(axis=-1) / m
@@ -146,6 +149,7 @@ def _masked_hsic(K, L, kr, lr, w, debiased):
     q = dg(L) - 2 * lr / n[:, None] + (ls / n ** 2)[..., None]
     return v - n / (n - 2) * (w * r * q).sum(axis=-1) + (w * r).sum(axis=-1) * (w * q).sum(axis=-1) / ((n - 1) * (n - 2))
 
+# %% ../nbs/02b_layer_pairs.ipynb #2c87e2a8
 def _gram_scores(fa, fb, w, ms):
     "{measure: (La, Lb, b)} linear and debiased CKA of every layer pair in each resample, from the centred Grams (one layer of a at a time: memory Lb N^2)."
     L, lr = fb.K, w @ fb.K                                             # (Lb, N, N), (Lb, b, N)
@@ -166,16 +170,19 @@ def _unit_gram(f):
     u = f.Z / np.linalg.norm(f.Z, axis=-1, keepdims=True)
     return u @ np.swapaxes(u, -1, -2)
 
+# %% ../nbs/02b_layer_pairs.ipynb #8188d167
 def _masked_knn(S, w, k):
     "(L, b, N, k) each probe's k cosine-nearest other probes among each resample's probes (self excluded)."
     S = S.copy(); i = np.arange(S.shape[-1]); S[:, i, i] = -np.inf
     return top_k(np.where(w[None, :, None, :] > 0, S[:, None], -np.inf), k)
 
+# %% ../nbs/02b_layer_pairs.ipynb #704c9a8a
 def _slots(idx, w, k):
     "(L, b, N, k) how many of the k neighbour slots each listed probe fills: its copies, in order of nearness, until k are filled."
     c = np.take_along_axis(np.broadcast_to(w[None, :, None, :], idx.shape[:-1] + w.shape[-1:]), idx, axis=-1)
     return np.clip(k - (np.cumsum(c, axis=-1) - c), 0, c)
 
+# %% ../nbs/02b_layer_pairs.ipynb #c7a429ca
 def _knn_scores(ia, ib, w, k, ms):
     "{measure: (La, Lb, b)} multiplicity-weighted means of |N_X & N_Y| / k and the Jaccard overlap (copies of a probe are not its neighbours)."
     sa, sb = _slots(ia, w, k)[:, None], _slots(ib, w, k)[None]
@@ -201,6 +208,7 @@ def _rsa_values(fa, fb, m):
         return v / np.sqrt((v * v).sum(axis=-1, keepdims=True))
     return np.clip(vecs(fa) @ np.swapaxes(vecs(fb), -1, -2), -1.0, 1.0)
 
+# %% ../nbs/02b_layer_pairs.ipynb #e7afc2e4
 def _cknna_values(fa, fb, k):
     "(La, Lb) CKNNA of every layer pair from the layers' cosine kernels and k-NN masks."
     def parts(f):

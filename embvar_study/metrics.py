@@ -27,6 +27,7 @@ def float_rows(x: np.ndarray, name: str, xp: object, dims: str="(..., N, d)", mi
     check_at_least(a.shape[-2], min_rows, name, what)
     return a
 
+# %% ../nbs/02_metrics.ipynb #45bdaf4c
 def check_pair_rows(a: np.ndarray, b: np.ndarray, name_a: str, name_b: str, same_d: bool=True) -> None:
     "Raise unless `a` (..., N, d) and `b` share N (and d when `same_d`)."
     ok = a.shape[-2:] == b.shape[-2:] if same_d else a.shape[-2] == b.shape[-2]
@@ -49,6 +50,7 @@ def _norms(x):
     xp = ops_of(x)
     return chunked_apply(lambda a: xp.sqrt(xp.einsum("...d,...d->...", a, a)), [x], x.shape[:-2], cost=x.shape[-2] * x.shape[-1])
 
+# %% ../nbs/02_metrics.ipynb #c99051b1
 def row_norms(x: np.ndarray, name: str) -> np.ndarray:
     "L2 norms along the last axis, `(..., N)`; raises if one is zero (cosine undefined) or overflows."
     norms = _norms(x)
@@ -71,6 +73,7 @@ def _small_drift(A, B, na, nb, rows):
     u -= xp.broadcast_to(B, shape)[rows] * (1.0 / xp.broadcast_to(nb, shape[:-1])[rows])[:, None]
     return 0.5 * xp.einsum("kd,kd->k", u, u)
 
+# %% ../nbs/02_metrics.ipynb #58f198e5
 def cos_dist_block(a: np.ndarray, b: np.ndarray, na: np.ndarray, nb: np.ndarray, sc: object) -> np.ndarray:
     "(..., N) 1 - cos(a_i, b_i) of broadcast blocks: dot-product route, tiny distances redone by `_small_drift`."
     xp = sc.xp
@@ -87,6 +90,7 @@ def _cos_dist_chunked(a, b, na, nb, lead):
     return chunked_apply(lambda *z: cos_dist_block(*z, sc), [a, b, na, nb], lead,
                     cost=2 * a.shape[-2] * a.shape[-1], promote=False)
 
+# %% ../nbs/02_metrics.ipynb #68b190cd
 def _cosine_distance_rows(ref, cur, name_ref, name_cur):
     "(..., N) matched-row cosine distance of validated, broadcast inputs."
     xp = backend_of([ref, cur], [name_ref, name_cur])
@@ -104,6 +108,7 @@ def cosine_similarity_rows(a: ArrayLike,  # (..., N, d) embeddings
     d = _cosine_distance_rows(a, b, "a", "b")
     return ops_of(d).clip(1.0 - d, -1.0, 1.0)
 
+# %% ../nbs/02_metrics.ipynb #c5c79d08
 def cosine_drift(ref: ArrayLike,  # (..., N, d) reference embeddings (e.g. checkpoint 0), broadcast against `cur`
                  cur: ArrayLike,  # (..., N, d) current embeddings of the same N probes
                  *,
@@ -120,12 +125,14 @@ def _traj(traj, min_T=1):
     check_at_least(x.shape[-3], min_T, "traj", "checkpoints (T)")
     return x, row_norms(x, "traj")
 
+# %% ../nbs/02_metrics.ipynb #fce67966
 def _drift_between(a, b, na, nb, lead):
     "(..., N) cosine distances between slices of the same validated trajectory."
     xp = ops_of(a)
     a, b, na, nb = (xp.broadcast_to(v, lead + tuple(v.shape[-c:])) for v, c in zip((a, b, na, nb), (2, 2, 1, 1)))
     return _cos_dist_chunked(a, b, na, nb, lead)
 
+# %% ../nbs/02_metrics.ipynb #4fc8a105
 def drift_curve(traj: ArrayLike,  # (..., T, N, d) embeddings of N probes at T checkpoints
                ) -> Array:      # (..., T) drift of each checkpoint from checkpoint 0
     "Cosine drift of every checkpoint from the first one; exactly 0 at t=0."
@@ -142,6 +149,7 @@ def step_drift(traj: ArrayLike,  # (..., T, N, d) embeddings of N probes at T >=
     lead = tuple(x.shape[:-3]) + (x.shape[-3] - 1,)
     return _drift_between(x[..., :-1, :, :], x[..., 1:, :, :], n[..., :-1, :], n[..., 1:, :], lead).mean(axis=-1)
 
+# %% ../nbs/02_metrics.ipynb #d258b405
 def path_length(traj: ArrayLike,  # (..., T, N, d) embeddings of N probes at T >= 2 checkpoints
                 *,
                 cumulative: bool = False,  # return the running sum (..., T), starting at 0
@@ -174,6 +182,7 @@ def _check_ddof(ddof, n, name):
         raise ValueError(f"ddof: expected a non-negative integer, got {ddof!r}")
     check_at_least(n, ddof + 1, name, f"rows (N) for a variance with ddof={ddof}")
 
+# %% ../nbs/02_metrics.ipynb #86d36a69
 def per_dimension_variance(X: ArrayLike,  # (..., N, d) embeddings
                            *,
                            ddof: int = 1,  # delta degrees of freedom (1: unbiased)
@@ -197,6 +206,7 @@ def norm_stats(X: ArrayLike,  # (..., N, d) embeddings
     var = xp.var(norms, axis=-1, ddof=ddof)
     return dict(mean=norms.mean(axis=-1), var=var, std=xp.sqrt(var))
 
+# %% ../nbs/02_metrics.ipynb #5718904f
 def norm_variance(X: ArrayLike,  # (..., N, d) embeddings
                   *,
                   ddof: int = 1,  # delta degrees of freedom
@@ -233,6 +243,7 @@ def set_for_metric(X: np.ndarray, metric: str, name: str, xp: object, min_rows: 
     if metric == "cosine": row_norms(x, name)
     return x
 
+# %% ../nbs/02_metrics.ipynb #f0a5300d
 def pairwise_distances(X: ArrayLike,  # (..., N, d) embeddings
                        *,
                        metric: str = "euclidean",  # "euclidean" or "cosine" (1 - cosine similarity)
@@ -268,6 +279,7 @@ def _centred(x, sc=None, key="c"):
     "Column-centred rows x (..., N, d), written into a scratch buffer when `sc` is given."
     return ops_of(x).subtract(x, x.mean(axis=-2, keepdims=True), out=None if sc is None else sc(key, tuple(x.shape)))
 
+# %% ../nbs/02_metrics.ipynb #3049e6bb
 def _small_gram(c, sc=None):
     "The smaller of c^T c (d x d) and c c^T (N x N) for centred rows c (..., N, d)."
     N, d = c.shape[-2:]
@@ -275,6 +287,7 @@ def _small_gram(c, sc=None):
     out = None if sc is None else sc("gram", tuple(c.shape[:-2]) + (m, m))
     return ops_of(c).matmul(*((c, ct) if N < d else (ct, c)), out=out)
 
+# %% ../nbs/02_metrics.ipynb #43ada4bb
 def _spectrum_chunk(x, sc):
     "(..., d) descending eigenvalues of the covariance of each set in the block, zero-padded."
     xp, (N, d) = sc.xp, x.shape[-2:]
@@ -290,12 +303,14 @@ def _per_set(f, x):
     sc, (N, d) = Scratch(ops_of(x)), x.shape[-2:]
     return chunked_apply(lambda a: f(a, sc), [x], x.shape[:-2], cost=2 * N * d + 2 * min(N, d) ** 2)
 
+# %% ../nbs/02_metrics.ipynb #b471d2a7
 def _cov_input(X, what=None):
     "A validated set (..., N >= 2, d), refused when all rows are identical and `what` needs spread."
     x = float_rows(X, "X", backend_of([X], ["X"]), min_rows=2)
     if what: check_not_constant(x, "X", what)
     return x
 
+# %% ../nbs/02_metrics.ipynb #d237d07f
 def covariance_spectrum(X: ArrayLike,  # (..., N, d) embeddings, N >= 2
                        ) -> Array:   # (..., d) eigenvalues of the covariance, descending, zero-padded
     "Eigenvalues of the (ddof=1) covariance of the rows, descending, length d."
@@ -310,11 +325,13 @@ def _moments_chunk(x, sc):
     tr = xp.einsum("...nd,...nd->...", c, c) / (N - 1)
     return xp.stack([tr, xp.sqrt(xp.einsum("...ij,...ij->...", G, G)) / (N - 1)], axis=-1)
 
+# %% ../nbs/02_metrics.ipynb #65dfc362
 def total_variance(X: ArrayLike,  # (..., N, d) embeddings, N >= 2
                   ) -> Array:   # (...) trace of the covariance
     "Trace of the covariance = sum of the per-dimension variances (ddof=1)."
     return _per_set(_moments_chunk, _cov_input(X))[..., 0]
 
+# %% ../nbs/02_metrics.ipynb #5bc3a98b
 def covariance_frobenius(X: ArrayLike,  # (..., N, d) embeddings, N >= 2
                         ) -> Array:   # (...) Frobenius norm of the covariance
     "Frobenius norm of the (ddof=1) covariance, sqrt(sum of squared eigenvalues)."
@@ -333,18 +350,22 @@ def _ratios(X, what):
     ev = _per_set(_spectrum_chunk, _cov_input(X, what))
     return ev / ev.sum(axis=-1, keepdims=True)
 
+# %% ../nbs/02_metrics.ipynb #114ee299
 def _entropy_rank(p): return ops_of(p).exp(-ops_of(p).xlogy(p, p).sum(axis=-1))
 
+# %% ../nbs/02_metrics.ipynb #9e77ffc9
 def explained_variance_ratio(X: ArrayLike,  # (..., N, d) embeddings, N >= 2, rows not all identical
                             ) -> Array:   # (..., d) eigenvalues / their sum, descending
     "Share of the total variance along each principal direction."
     return _ratios(X, "explained_variance_ratio")
 
+# %% ../nbs/02_metrics.ipynb #f1e639c6
 def effective_rank(X: ArrayLike,  # (..., N, d) embeddings, N >= 2, rows not all identical
                   ) -> Array:   # (...) exp(entropy of the normalised spectrum), in [1, rank]
     "Effective rank (Roy & Vetterli 2007) of the covariance spectrum."
     return _entropy_rank(_ratios(X, "effective_rank"))
 
+# %% ../nbs/02_metrics.ipynb #f7b55dc6
 def top_eigen_ratio(X: ArrayLike,  # (..., N, d) embeddings, N >= 2, rows not all identical
                    ) -> Array:   # (...) largest eigenvalue / total variance
     "Share of the total variance along the first principal direction."
@@ -357,6 +378,7 @@ def _anisotropy_chunk(x, n, sc):
     s = u.sum(axis=-2)
     return (xp.einsum("...d,...d->...", s, s) - xp.einsum("...nd,...nd->...", u, u)) / (N * (N - 1))
 
+# %% ../nbs/02_metrics.ipynb #20dd4a81
 def anisotropy(X: ArrayLike,  # (..., N, d) embeddings, N >= 2, non-zero rows
               ) -> Array:   # (...) mean cosine similarity over pairs i != j, in [-1/(N-1), 1]
     "Mean pairwise cosine similarity of the rows (Ethayarajh 2019)."
@@ -383,6 +405,7 @@ def msd_block(a: np.ndarray, b: np.ndarray, sc: object) -> np.ndarray:
     diff -= b                                    # float32 b is promoted exactly by the subtraction
     return sc.xp.einsum("...nd,...nd->...", diff, diff) / a.shape[-2]
 
+# %% ../nbs/02_metrics.ipynb #bbf7e1cc
 def expected_squared_distance(X: ArrayLike,  # (..., N, d) embeddings from one run
                               Y: ArrayLike,  # (..., N, d) the same probes from another run; leading dims broadcast
                              ) -> Array:   # (...) mean over probes of ||x_i - y_i||^2
@@ -418,6 +441,7 @@ def cross_run_dispersion(runs: ArrayLike,  # (..., K, N, d) the same N probes em
     out = chunked_apply(lambda *z: _dispersion_chunk(*z, sc), [x, m, nx, nm], x.shape[:-3], cost=3 * K * N * d, promote=False)
     return dict(mean_sq_distance=out[..., 0], mean_cosine_distance=out[..., 1], cosine_distance_var=out[..., 2])
 
+# %% ../nbs/02_metrics.ipynb #d8c9e2cb
 def cosine_distance_variance(runs: ArrayLike,  # (..., K, N, d) the same N probes embedded by K >= 2 runs
                             ) -> Array:      # (...) mean over probes of Var_k(1 - cos(x_i^k, m_i)), ddof=1
     "Across-run variance of each probe's cosine distance to its mean embedding, averaged over probes."
@@ -433,6 +457,7 @@ def _label_array(labels):
         lab = np.empty(len(labels), dtype=object); lab[:] = list(labels)
     return lab
 
+# %% ../nbs/02_metrics.ipynb #a5e9fd8b
 def _encode_labels(labels, N, name, X_shape):
     "(classes list, codes (N,) int, counts (C,) int) for a length-N labelling."
     lab = _label_array(labels)
@@ -510,6 +535,7 @@ def _pr_terms(x):
                 t7=(q * S * S).sum(-1), t9=(S ** 4).sum(-1))
     return t, {k: t[k] - same[k] for k in t}
 
+# %% ../nbs/02_metrics.ipynb #c9fa8f09
 def participation_ratio_corrected(X: ArrayLike,  # (..., N, d) raw embeddings (not centred), N >= 4, d >= 2
                                   *,
                                   correct: str = "both",  # "both" (rows and columns), "rows", or "none" (plain PR)
@@ -529,4 +555,3 @@ def participation_ratio_corrected(X: ArrayLike,  # (..., N, d) raw embeddings (n
     A = u["t6"] - 2 / (P - 1) * u["t7"] + (4 * u["t3"] - P * u["t2"]) / (P - 2) + f3 * (u["t9"] - 4 * u["t5"] + 2 * u["t1"] - u["t6"])
     B = u["t1"] - f1 * u["t2"] + f2 * (2 * u["t3"] - u["t5"]) + f3 * (u["t6"] - 2 * u["t7"] + u["t9"])
     return A / B
-

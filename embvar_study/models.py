@@ -31,6 +31,7 @@ def _bundled_texts() -> list[str]:
     "The texts the tiny vocabulary is built from: the bundled corpus, then the bundled probes."
     return load_texts("bundled")["text"].tolist() + default_probes()["text"].tolist()
 
+# %% ../nbs/06_models.ipynb #3f4016f2
 @functools.lru_cache(maxsize=1)
 def tiny_vocab() -> tuple[str, ...]: # special tokens, characters, ##characters, then whole words
     "WordPiece vocabulary built from the bundled corpus and probes (deterministic)."
@@ -60,6 +61,7 @@ def _tiny_vocab_text() -> str:
     "The tiny vocabulary as vocab.txt holds it: one piece per line."
     return "\n".join(tiny_vocab()) + "\n"
 
+# %% ../nbs/06_models.ipynb #1d6b9bc9
 def _write_tokenizer_files(folder: Path, vocab_text: str) -> None:
     "Write vocab.txt and tokenizer_config.json as `folder`, atomically (a temp folder renamed; a lost race is fine)."
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
@@ -71,6 +73,7 @@ def _write_tokenizer_files(folder: Path, vocab_text: str) -> None:
     try: os.replace(tmp, folder)
     except OSError: shutil.rmtree(tmp)   # another process won the race: use its folder
 
+# %% ../nbs/06_models.ipynb #7761c575
 @functools.lru_cache(maxsize=1)
 def tiny_tokenizer_dir() -> Path: # folder with vocab.txt and tokenizer_config.json
     "Folder holding the tiny tokenizer files, written once per vocabulary (atomic rename)."
@@ -85,6 +88,7 @@ def _load_tiny_tokenizer(**kwargs) -> PreTrainedTokenizerFast:
     from transformers import BertTokenizerFast
     return BertTokenizerFast.from_pretrained(str(tiny_tokenizer_dir()), **kwargs)
 
+# %% ../nbs/06_models.ipynb #37504488
 @functools.lru_cache(maxsize=1)
 def tiny_tokenizer() -> PreTrainedTokenizerFast: # BertTokenizerFast over `tiny_vocab()`, uncased, model_max_length 256
     "The offline WordPiece tokenizer of the tiny models (shared instance: do not mutate)."
@@ -157,6 +161,7 @@ def _init_module(module, # one module of the head (its own parameters only)
     else:
         for p in module.parameters(recurse=False): p.normal_(0.0, std) if p.ndim >= 2 else p.zero_()
 
+# %% ../nbs/06_models.ipynb #4f82aa19
 def _init_head(model, init_seed: int) -> None:
     "Re-initialise every head module, in module order, under torch.manual_seed(init_seed) (call inside fork_rng)."
     import torch
@@ -194,6 +199,7 @@ def _tiny_config(alias: str, common: dict):
     return LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
                        bos_token_id=pad, eos_token_id=pad, **common)
 
+# %% ../nbs/06_models.ipynb #3584886b
 def _build_tiny(alias: str,      # one of the tiny aliases (tiny-distilbert, tiny-bert, tiny-gpt2, tiny-llama)
                 num_labels: int, # classes of the head
                ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:  # randomly initialised (call under TINY_BODY_SEED)
@@ -207,7 +213,6 @@ def _build_tiny(alias: str,      # one of the tiny aliases (tiny-distilbert, tin
     model.config.name_or_path = alias
     return model, tokenizer
 
-
 # %% ../nbs/06_models.ipynb #e8faf96f
 DECODER_TYPES = ("gpt2", "gpt_neo", "gpt_neox", "gptj", "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
                  "phi", "phi3", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "smollm3", "falcon", "bloom", "opt", "codegen",
@@ -220,6 +225,7 @@ def is_decoder(config: object, # a transformers config (or anything with model_t
     archs = getattr(config, "architectures", None) or []
     return getattr(config, "model_type", None) in DECODER_TYPES or any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
 
+# %% ../nbs/06_models.ipynb #5237e9c5
 def _cached_config(name: str) -> dict | None:
     "A Hub id's config.json from the local Hugging Face cache (no network), or None."
     try:
@@ -228,6 +234,7 @@ def _cached_config(name: str) -> dict | None:
         return json.loads(Path(path).read_text()) if isinstance(path, str) else None
     except Exception: return None   # not a valid repo id, unreadable cache: decided when the model is loaded
 
+# %% ../nbs/06_models.ipynb #ebcebca1
 def model_is_decoder(name: str | os.PathLike, # alias, model folder, or Hub id
                     ) -> bool:                # True when the name is known to be a decoder (no weights loaded)
     "Whether `name` is a decoder, from the alias, the folder's config.json or the cached config.json of a Hub id."
@@ -238,12 +245,14 @@ def model_is_decoder(name: str | os.PathLike, # alias, model folder, or Hub id
     from types import SimpleNamespace
     return bool(cfg) and is_decoder(SimpleNamespace(**cfg))
 
+# %% ../nbs/06_models.ipynb #34b168a0
 def _local_config(resolved: str) -> dict | None:
     "The config.json of a resolved model folder, or of a Hub id in the local cache; None when neither is readable here."
     if not os.path.isdir(resolved): return _cached_config(resolved)
     try: return json.loads((Path(resolved) / "config.json").read_text())
     except (OSError, ValueError): return None
 
+# %% ../nbs/06_models.ipynb #75a9b523
 def model_depth(name: str | os.PathLike, # alias, model folder, or Hub id
                ) -> int | None:          # L, the number of transformer layers (a run saves L + 1 hidden states); None if unknown here
     "The number of layers of `name` from its config alone (no weights loaded): what a layer index can be checked against before any work."
@@ -254,6 +263,7 @@ def model_depth(name: str | os.PathLike, # alias, model folder, or Hub id
     n = next((cfg[k] for k in ("num_hidden_layers", "n_layers", "n_layer", "num_layers") if isinstance(cfg.get(k), int)), None)
     return n
 
+# %% ../nbs/06_models.ipynb #74452595
 def default_poolings(name: str | os.PathLike, # alias, model folder, or Hub id
                     ) -> list[str]:           # ["mean", "cls", "max"] for an encoder, ["mean", "last", "max"] for a decoder
     "The poolings a run stores when none are given: the sentence token of the architecture (cls or last), mean and max."
@@ -279,6 +289,7 @@ def _decoder_padding(model, tokenizer) -> None:
         tokenizer.pad_token = tokenizer.eos_token
     model.config.pad_token_id, tokenizer.padding_side = tokenizer.pad_token_id, "right"
 
+# %% ../nbs/06_models.ipynb #487b8ee0
 def _from_pretrained(name: str,      # the name as given, for messages
                      resolved: str,  # folder path or Hub id (from resolve_model)
                      num_labels: int,
@@ -333,6 +344,7 @@ def _head_modules(model) -> list[str]:
     "Top-level modules holding the head's parameters (kept fully trainable under LoRA)."
     return list(dict.fromkeys(n.split(".")[0] for n in head_parameter_names(model)))
 
+# %% ../nbs/06_models.ipynb #71f77db8
 def apply_lora(model: PreTrainedModel,   # a classifier from `load_model_and_tokenizer`
                r: int,                   # LoRA rank
                *,
@@ -360,6 +372,7 @@ def apply_lora(model: PreTrainedModel,   # a classifier from `load_model_and_tok
             raise ValueError(f"lora_targets: could not adapt {model.config.name_or_path!r} ({mtype}): {one_line(e)}; "
                              "name the modules to adapt (e.g. query value)") from None
 
+# %% ../nbs/06_models.ipynb #b75a53a3
 def lora_summary(model: PreTrainedModel, # any model
                 ) -> dict | None:        # r, alpha, dropout, targets (as resolved), modules_to_save; None without LoRA
     "The LoRA adapter of a PEFT model, as it was applied (JSON-able), or None for a plain model."
@@ -368,10 +381,12 @@ def lora_summary(model: PreTrainedModel, # any model
     return {"r": int(cfg.r), "alpha": float(cfg.lora_alpha), "dropout": float(cfg.lora_dropout),
             "targets": sorted(cfg.target_modules), "modules_to_save": sorted({m for m in cfg.modules_to_save or [] if hasattr(_unwrapped(model), m)})}
 
+# %% ../nbs/06_models.ipynb #544e13ff
 def _unwrapped(model):
     "The transformers model inside a PEFT model (with its adapter layers), or `model` itself."
     return model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
 
+# %% ../nbs/06_models.ipynb #f7d99477
 def parameter_counts(model: PreTrainedModel, # any torch module (a PEFT model too)
                     ) -> dict:               # {"n_params", "n_trainable_params", "trainable_share"}
     "Total and trainable parameters (requires_grad) of the model as it is trained."

@@ -24,6 +24,7 @@ PROBE_TIMEOUT_S = 120.0   # seconds for the shared-folder check tasks (a worker 
 class RayUnavailableError(ImportError):
     "Ray is not installed in this environment."
 
+# %% ../nbs/13_ray.ipynb #0490b9d5
 class ClusterError(RuntimeError):
     "The Ray cluster cannot run the sweep (unreachable, output folder not shared, a node cannot run our code)."
 
@@ -40,6 +41,7 @@ def import_ray() -> types.ModuleType:
 # %% ../nbs/13_ray.ipynb #e2c8794a
 def _is_int(v, lo: int) -> bool: return not isinstance(v, bool) and isinstance(v, int) and v >= lo
 
+# %% ../nbs/13_ray.ipynb #48174214
 def _check_gpus_per_run(g) -> None:
     if g is None: return
     if isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g) or g < 0:
@@ -62,9 +64,11 @@ def check_run_resources(num_cpus_per_run: int,  # CPUs (and torch threads) per r
 def _node_label(n: dict) -> str:
     return f"{n['host']} ({n['ip']}, node {n['node_id'][:8]})"
 
+# %% ../nbs/13_ray.ipynb #4672cc26
 def _node_table(nodes: list[dict]) -> str:
     return "; ".join(f"{_node_label(n)}: {n['cpus']:g} CPUs, {n['gpus']:g} GPUs" for n in nodes)
 
+# %% ../nbs/13_ray.ipynb #9412af61
 def _node_info(n: dict) -> dict:
     "One entry of `ray.nodes()` as {node_id, host, ip, cpus, gpus}."
     r = n.get("Resources", {}) or {}
@@ -146,6 +150,7 @@ def _connect_reason(e: BaseException) -> str:
 class _DropSigtermWarning(logging.Filter):
     def filter(self, record): return "SIGTERM handler is not set" not in record.getMessage()
 
+# %% ../nbs/13_ray.ipynb #f6f3be0f
 def _connect(ray, address: str, timeout_s: float) -> None:
     "ray.init(address=...) with a deadline (it runs in a helper thread; Ray retries for minutes otherwise)."
     box = {}
@@ -175,6 +180,7 @@ def _resolve_address(ray_address: str | None) -> tuple[str | None, str]:
     a = ray_address.strip()
     return (None, "") if a == "local" else (a, "ray_address")
 
+# %% ../nbs/13_ray.ipynb #baba8e78
 def _find_local_cluster(source: str) -> str:
     "The address of the Ray cluster running on this machine (for 'auto'), or a ClusterError."
     try:
@@ -232,6 +238,7 @@ _PROBE_PREFIX = ".embvar-shared-check-"
 def _write_probe_token(path: Path, token: str) -> None:
     atomic_write_text(path, token)
 
+# %% ../nbs/13_ray.ipynb #0d07cb62
 def _probe_shared_folder(folder: str, token: str, node_id: str) -> dict:
     "Runs on one node: can it read the driver's token file in `folder` and write a reply next to it?"
     import socket
@@ -374,6 +381,7 @@ def _submit(self: RayExecutor, tasks: list[tuple]) -> dict:  # {task ref: key}
         refs[ref] = key
     return refs
 
+# %% ../nbs/13_ray.ipynb #d83f74d3
 def _worker_died(e: Exception, max_retries: int) -> dict:
     "The summary of a task whose worker died more than `max_retries` times (or whose node was lost)."
     msg = str(e).strip().splitlines()

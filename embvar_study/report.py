@@ -24,6 +24,7 @@ def project_root() -> Path | None:
     root = Path(__file__).resolve().parent.parent
     return root if (root / "settings.ini").is_file() and (root / "nbs").is_dir() else None
 
+# %% ../nbs/21_report.ipynb #ecf5987d
 def resolve_study_dir(study_dir: str | os.PathLike, profile: str) -> Path:
     "The absolute study folder for `study_dir` ('' = reports/<profile>), independent of the current folder in a checkout."
     p = Path(study_dir) if str(study_dir) else Path("reports") / profile
@@ -107,6 +108,7 @@ def code_inputs() -> dict:  # {"source": sha256 of the package's .py files, "git
         h.update(f.relative_to(pkg).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
     return {"source": h.hexdigest(), "git": git_info(), "packages": {p: package_version(p) for p in RENDER_PACKAGES}}
 
+# %% ../nbs/21_report.ipynb #275e6ac9
 _VOLATILE_SPEC = ("created", "updated", "git_commit", "git_dirty", "embvar_study")   # who wrote study.json last, and when
 _VOLATILE_MANIFEST = ("status", "error", "seconds", "node")   # how this invocation got each run (trained, skipped as complete, ...)
 
@@ -127,6 +129,7 @@ def study_inputs(study_dir: str | Path) -> str:  # sha256 hex digest
     for f in sorted((d / "runs").glob("*/COMPLETE")): put(f.relative_to(d).as_posix(), f.read_bytes())
     return h.hexdigest()
 
+# %% ../nbs/21_report.ipynb #2f459cad
 def notebook_inputs(template: str | Path,  # the template executed
                     parameters: dict,      # the parameters it receives (those it declares)
                     code: dict,            # code_inputs()
@@ -140,6 +143,7 @@ def notebook_inputs(template: str | Path,  # the template executed
 class NotebookFailed(RuntimeError):
     "An executed notebook raised; the message names the notebook, the cell, the error and the log."
 
+# %% ../nbs/21_report.ipynb #ab8ad653
 def _execute_one(name: str, template: Path, study_dir: Path, parameters: dict, inputs: str) -> float:  # seconds it took
     "Execute one template with papermill into study_dir/notebooks, its cells logged to study_dir/logs/<name>.log; the digest of its inputs recorded in it."
     import logging, papermill as pm
@@ -161,6 +165,7 @@ def _execute_one(name: str, template: Path, study_dir: Path, parameters: dict, i
     atomic_write_bytes(out, json.dumps(nb, indent=1, ensure_ascii=False).encode("utf-8"))
     return (_dt.datetime.now() - t).total_seconds()
 
+# %% ../nbs/21_report.ipynb #8cd07c0a
 def recorded_inputs(path: str | Path) -> str | None:  # None: missing, unreadable, unfinished, or executed before digests were recorded
     "The inputs digest a finished executed notebook records."
     if notebook_state(path) != "finished": return None

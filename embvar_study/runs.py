@@ -36,14 +36,17 @@ class RunAlreadyComplete(Exception):
 class IncompleteRunError(ValueError):
     "The run folder has no COMPLETE marker (crashed, killed, or still running)."
 
+# %% ../nbs/08_runs.ipynb #95de1aa0
 class CorruptRunError(ValueError):
     "A file of a complete run is missing, unreadable, malformed, outside the folder, or fails its checksum."
 
+# %% ../nbs/08_runs.ipynb #6c3b7f1b
 def _corrupt(f: Path, what: str) -> CorruptRunError: return CorruptRunError(f"{f}: {what}")
 
 # %% ../nbs/08_runs.ipynb #10e6092b
 def _is_hidden(p: Path) -> bool: return p.name.startswith(".")
 
+# %% ../nbs/08_runs.ipynb #b489eab4
 def _entries(d: Path) -> list[Path]: return [p for p in d.iterdir() if not _is_hidden(p)]
 
 # %% ../nbs/08_runs.ipynb #d1fb91e7
@@ -92,12 +95,14 @@ _POOLING_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 
 def _step_file(step: int, pooling: str) -> str: return f"embeddings/step_{int(step):06d}.{pooling}.npy"
 
+# %% ../nbs/08_runs.ipynb #6e784d34
 def _check_step(step, saved: list[int], run_dir: Path) -> int:
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
         raise ValueError(f"step: expected a non-negative int, got {step!r}")
     if int(step) in saved: raise ValueError(f"step: {int(step)} was already saved in {run_dir}")
     return int(step)
 
+# %% ../nbs/08_runs.ipynb #f05afa51
 def _check_dtype(dtype, earlier: str | None) -> np.dtype:
     dt = np.dtype(dtype) if dtype in ("float16", "float32") else None
     if dt is None: raise ValueError(f"dtype: expected 'float32' or 'float16', got {dtype!r}")
@@ -135,6 +140,7 @@ def _writer_config(config) -> dict:
     if clash: raise ValueError(f"config: keys {clash} are reserved (RunWriter adds them to config.json)")
     return dict(config)
 
+# %% ../nbs/08_runs.ipynb #641581fc
 def _prepare_run_folder(run_dir: Path, config_hash: str) -> None:
     if run_folder_state(run_dir, config_hash) == "complete": raise RunAlreadyComplete(run_dir, config_hash)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -212,6 +218,7 @@ def log(self: RunWriter, *,
     self._rows.append({k: _scalar(k, v) for k, v in row.items()})
     if flush: self.flush()
 
+# %% ../nbs/08_runs.ipynb #e31a5411
 @method_of(RunWriter)
 def flush(self: RunWriter) -> None:
     "Rewrite history.csv atomically from every row logged so far."
@@ -244,6 +251,7 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""): h.update(chunk)
     return h.hexdigest()
 
+# %% ../nbs/08_runs.ipynb #0914c35a
 def _digests(run_dir: Path) -> dict:
     "{relative posix path: sha256} of every non-hidden file under `run_dir` except COMPLETE."
     return {p.relative_to(run_dir).as_posix(): _sha256(p) for p in sorted(run_dir.rglob("*"))
@@ -275,6 +283,7 @@ def finish(self: RunWriter,
     self._closed = True; self._release()
     return self.path
 
+# %% ../nbs/08_runs.ipynb #d8398006
 @method_of(RunWriter)
 def abandon(self: RunWriter) -> None:
     "Stop writing without COMPLETE (the run stays incomplete) and release the lock."
@@ -354,10 +363,12 @@ _VERIFIED: dict = {}   # (path, size, mtime_ns, inode) -> sha256 of each file ha
 def _identity(f: Path) -> tuple:  # (absolute path, size, mtime_ns, inode)
     st = f.stat(); return (str(f.absolute()), st.st_size, st.st_mtime_ns, st.st_ino)
 
+# %% ../nbs/08_runs.ipynb #091ee010
 def _mismatch(run_dir: Path, rel: str, got: str, digest: str) -> CorruptRunError:
     return _corrupt(run_dir / rel, f"checksum mismatch with COMPLETE of run {run_dir.name} (sha256 {got[:12]}..., COMPLETE says "
                                    f"{digest[:12]}...): the file changed after the run was written; nothing is computed from it")
 
+# %% ../nbs/08_runs.ipynb #001427fe
 def _verify_file(run_dir: Path,        # the run folder
                  rel: str,             # a path COMPLETE lists
                  digest: str,          # its sha256 in COMPLETE
@@ -377,7 +388,6 @@ def _verify_file(run_dir: Path,        # the run folder
     _VERIFIED[key] = digest
     return data
 
-
 # %% ../nbs/08_runs.ipynb #07b25006
 def damaged_files(run_dir: str | Path,  # a run folder with a COMPLETE marker
                  ) -> list[tuple[str, str]]:  # [(file path, one-line reason)], empty when every file verifies
@@ -391,6 +401,7 @@ def damaged_files(run_dir: str | Path,  # a run folder with a COMPLETE marker
         except CorruptRunError as e: bad.append((str(run_dir / rel), str(e)[len(str(run_dir / rel)) + 2:]))
     return bad
 
+# %% ../nbs/08_runs.ipynb #b96eabfe
 def verify_run(run_dir: str | Path,  # a complete run folder
                *,
                full: bool = False,   # re-hash every file even if this process already hashed it unchanged
@@ -400,7 +411,6 @@ def verify_run(run_dir: str | Path,  # a complete run folder
     _stats(run_dir, m["files"])           # a missing file is named before anything is hashed
     for rel, digest in m["files"].items(): _verify_file(run_dir, rel, digest, full=full)
     return m
-
 
 # %% ../nbs/08_runs.ipynb #9e216281
 class Run:
@@ -432,12 +442,15 @@ def _read_json_object(f: Path) -> dict:
     if not isinstance(d, dict): raise _corrupt(f, f"expected a JSON object, got {type(d).__name__}")
     return d
 
+# %% ../nbs/08_runs.ipynb #20babe9b
 def _read_table(f: Path, read) -> pd.DataFrame:
     try: return read(f)
     except (OSError, ValueError, UnicodeDecodeError) as e: raise _corrupt(f, f"unreadable ({e})") from None
 
+# %% ../nbs/08_runs.ipynb #6908c405
 def _read_history(f: Path) -> pd.DataFrame: return pd.read_csv(f) if f.stat().st_size else pd.DataFrame()
 
+# %% ../nbs/08_runs.ipynb #dfa49ca0
 def _read_probes(f: Path) -> pd.DataFrame:
     return pd.DataFrame([json.loads(line) for line in f.read_text(encoding="utf-8").splitlines() if line.strip()])
 
@@ -466,6 +479,7 @@ def _load_npy(f: Path, data: bytes | None = None) -> np.ndarray:  # from `data` 
     try: return np.load(io.BytesIO(data), allow_pickle=False) if data is not None else np.load(f, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError, EOFError) as e: raise _corrupt(f, f"cannot be read ({e})") from None
 
+# %% ../nbs/08_runs.ipynb #118d4698
 @method_of(Run)
 def _read_array(self: Run, rel: str) -> np.ndarray:
     "The array at `rel` (a path COMPLETE lists), checked against its sha256 first unless the run was loaded with verify=False."
@@ -473,18 +487,19 @@ def _read_array(self: Run, rel: str) -> np.ndarray:
     data = _verify_file(self.path, rel, self.marker["files"][rel], read=True) if self.verify else None
     return _load_npy(f, data)
 
+# %% ../nbs/08_runs.ipynb #83112630
 @method_of(Run)
 def _load(self: Run, step: int, pooling: str) -> np.ndarray:  # (L+1, N, d)
     a = self._read_array(_step_file(step, pooling))
     if a.shape != self.shape: raise _corrupt(self.path / _step_file(step, pooling), f"expected shape {self.shape}, got {a.shape}")
     return a
 
-
 # %% ../nbs/08_runs.ipynb #126fb38b
 def _check_saved_pooling(pooling: str, poolings: list[str], run_dir: Path) -> None:
     if not poolings: raise ValueError(f"{run_dir}: the run has no saved embeddings")
     if pooling not in poolings: raise ValueError(f"pooling: expected one of {poolings} (saved in {run_dir}), got {pooling!r}")
 
+# %% ../nbs/08_runs.ipynb #7602b4c8
 def _check_layer(layer: int, n_hidden: int) -> None:
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not -n_hidden <= layer < n_hidden:
         raise ValueError(f"layer: expected an int in [-{n_hidden}, {n_hidden - 1}] (L = {n_hidden - 1}), got {layer!r}")
@@ -542,6 +557,7 @@ def array(self: Run,
         raise ValueError(f"relpath: {relpath!r} is not in {self.path}; saved arrays: {extra}")
     return self._read_array(relpath)
 
+# %% ../nbs/08_runs.ipynb #9026ea7d
 @method_of(Run)
 def perturbations(self: Run) -> list[tuple[str, int, np.ndarray]]:  # [(kind, step, (k, L+1, N, d) array)]
     "Every perturbation array saved under perturb/, sorted by step and kind."
@@ -556,6 +572,7 @@ def is_complete(run_dir: str | Path) -> bool:
     "Whether `run_dir` holds a COMPLETE marker (nothing verified: see `verify_run`)."
     return (Path(run_dir) / "COMPLETE").is_file()
 
+# %% ../nbs/08_runs.ipynb #bb034ced
 def find_runs(root: str | Path,  # a run folder, or a folder to search
              ) -> list[Path]:    # complete run folders under `root`, sorted
     "Every folder under `root` (or `root` itself) that holds a COMPLETE marker (hidden folders skipped)."

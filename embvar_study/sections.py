@@ -80,6 +80,7 @@ def commit_words(commit: str | None, dirty: bool | None) -> str | None:  # None:
     if not commit: return None
     return f"commit {commit[:10]}" + ("" if dirty is None else " (uncommitted changes)" if dirty else " (clean)")
 
+# %% ../nbs/20b_sections.ipynb #b22ee562
 def header(study: Study) -> RawHTML:
     "Folded under one line that names both commits: date, the commit that rendered the page, the commit(s) that made the runs, profile (or the grouping of a report from run folders), model, data (content hash), probes as used, runs."
     runs, gi = list(study._runs.values()), git_info()

@@ -23,6 +23,7 @@ def check_k(k: int, N: int, name: str="k") -> None:
     if not (isinstance(k, (int, np.integer)) and not isinstance(k, bool) and 1 <= k <= N - 1):
         raise ValueError(f"{name}: expected an integer with 1 <= k <= N-1 = {N - 1} (self excluded), got {k!r}")
 
+# %% ../nbs/02a_similarity.ipynb #36e1fafc
 def _knn_chunk(x, n, k, sc):
     "(..., N, k) cosine k-nearest neighbours of each row of a block x (..., N, d) with row norms n."
     xp, N = sc.xp, x.shape[-2]
@@ -38,6 +39,7 @@ def knn_sets(x: np.ndarray, name: str, k: int) -> np.ndarray:
     n, sc, (N, d) = row_norms(x, name), Scratch(ops_of(x)), x.shape[-2:]
     return chunked_apply(lambda a, b: _knn_chunk(a, b, k, sc), [x, n], x.shape[:-2], cost=3 * N * N + N * d)
 
+# %% ../nbs/02a_similarity.ipynb #ca1a4653
 def knn_indices(X: ArrayLike,  # (..., N, d) embeddings, non-zero rows
                 *,
                 k: int = 10,  # neighbours per probe, 1 <= k <= N-1
@@ -101,6 +103,7 @@ def rank_vector(x: np.ndarray, metric: str) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         return r / xp.sqrt(xp.einsum("...m,...m->...", r, r))[..., None]
 
+# %% ../nbs/02a_similarity.ipynb #8fc924ea
 def _rsa_operand(a, lead, metric):
     "(array, core ndim, fn) for one rsa input: its rank vectors precomputed when it is broadcast and they fit, else `a` ranked per block."
     N, n = a.shape[-2], math.prod(a.shape[:-2])
@@ -118,6 +121,7 @@ def _check_rank_n(N, compare):
         raise ValueError(f"rsa: compare={compare!r} ranks all N(N-1)/2 = {N * (N - 1) // 2:,} RDM entries at once, refused above "
                          f"N = {RSA_RANK_MAX_N:,} probes (got N = {N:,}); use compare='pearson' (streamed in row blocks) or fewer probes")
 
+# %% ../nbs/02a_similarity.ipynb #94f5a701
 _RDMS, _COMPARES = ("euclidean", "correlation", "cosine"), ("spearman", "kendall", "pearson")
 
 def rsa(X: ArrayLike,  # (..., N, dx) embeddings, N >= 3
@@ -170,6 +174,7 @@ def hsic(a: np.ndarray, b: np.ndarray, debiased: bool, sc: object) -> np.ndarray
         v = xp.einsum("...ij,...ij->...", K, L)
     return debias_hsic(v, a, b) if debiased else v
 
+# %% ../nbs/02a_similarity.ipynb #61976971
 def debias_hsic(v: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     "The unbiased HSIC numerator from the plain one, v = <K, L>_F, and the centred rows a, b (..., N, d)."
     xp, N = ops_of(a), a.shape[-2]
@@ -184,11 +189,13 @@ def _cka_terms(x, y, debiased, own, sc):
     out = [hsic(cx, cy, debiased, sc)] + [hsic(c, c, debiased, sc) for c, o in zip((cx, cy), own) if o]
     return sc.xp.stack(out, axis=-1)
 
+# %% ../nbs/02a_similarity.ipynb #164f9393
 def _self_hsic(a, debiased, sc, cost):
     "(...) HSIC(a, a) on a's own (un-broadcast) leading shape."
     def f(b): c = centred_unit(b, sc, "cs"); return hsic(c, c, debiased, sc)
     return chunked_apply(f, [a], a.shape[:-2], cost=cost(a.shape[-1], a.shape[-1]))
 
+# %% ../nbs/02a_similarity.ipynb #6fcb4d77
 def cka_ratio(xy: np.ndarray, sx: np.ndarray, sy: np.ndarray) -> np.ndarray:
     "HSIC(x, y) / sqrt(HSIC(x, x) HSIC(y, y)); nan where a self term is not positive."
     xp = ops_of(xy)
@@ -233,6 +240,7 @@ def _flat_pairs(X, Y, min_rows, what):
     N = x.shape[-2]
     return xp, lead, xp.f64(x).reshape((-1, N, x.shape[-1])), xp.f64(y).reshape((-1, N, y.shape[-1]))
 
+# %% ../nbs/02a_similarity.ipynb #8a02b311
 def _basis(c, keep=None):
     "Orthonormal basis (N, r) of the column space of centred c (N, d); with `keep`, the top singular directions holding that share of variance, scaled."
     xp = ops_of(c)
@@ -244,6 +252,7 @@ def _basis(c, keep=None):
         return U[:, :r], U[:, :r] * s[:r]
     return U[:, :r], None
 
+# %% ../nbs/02a_similarity.ipynb #7defb36d
 def _canon(x, y, keep=None):
     "Canonical correlations (descending) of sets x (N, dx), y (N, dy); SVCCA-reduced first when `keep`."
     xp = ops_of(x)
@@ -252,18 +261,21 @@ def _canon(x, y, keep=None):
     if keep is not None: qx, _ = _basis(rx); qy, _ = _basis(ry)
     return xp.clip(xp.linalg.svdvals(qx.swapaxes(-1, -2) @ qy), 0.0, 1.0)
 
+# %% ../nbs/02a_similarity.ipynb #d554c12d
 def _per_pair(f, X, Y, min_rows, what):
     "f(x, y) of every broadcast pair of sets, each on one BLAS thread (small decompositions: see `_batching.single_blas_thread`)."
     xp, lead, x, y = _flat_pairs(X, Y, min_rows, what)
     with single_blas_thread(): out = xp.stack([xp.asarray(f(a, b)) for a, b in zip(x, y)]).reshape(lead)
     return out[()] if not lead else out
 
+# %% ../nbs/02a_similarity.ipynb #be73adec
 def cca(X: ArrayLike,  # (..., N, dx) embeddings
         Y: ArrayLike,  # (..., N, dy) the same probes; leading dims broadcast
        ) -> Array:  # (...) mean canonical correlation in [0, 1]
     "Mean canonical correlation between the column spaces of the centred sets (needs N > dx + dy to be informative)."
     return _per_pair(lambda a, b: _canon(a, b).mean(), X, Y, 2, "cca")
 
+# %% ../nbs/02a_similarity.ipynb #31a75828
 def svcca(X: ArrayLike,  # (..., N, dx) embeddings
           Y: ArrayLike,  # (..., N, dy) the same probes; leading dims broadcast
           *,
@@ -273,6 +285,7 @@ def svcca(X: ArrayLike,  # (..., N, dx) embeddings
     if not (isinstance(keep, (int, float)) and 0 < keep <= 1): raise ValueError(f"keep: expected a share in (0, 1], got {keep!r}")
     return _per_pair(lambda a, b: _canon(a, b, keep).mean(), X, Y, 2, "svcca")
 
+# %% ../nbs/02a_similarity.ipynb #e725c637
 def _pwcca_pair(x, y):
     xp = ops_of(x)
     cx, cy = x - x.mean(axis=0, keepdims=True), y - y.mean(axis=0, keepdims=True)
@@ -282,13 +295,12 @@ def _pwcca_pair(x, y):
     w = abs(h.swapaxes(-1, -2) @ cx).sum(axis=-1)
     return (w * xp.clip(rho, 0.0, 1.0)).sum() / w.sum()
 
+# %% ../nbs/02a_similarity.ipynb #c906fd83
 def pwcca(X: ArrayLike,  # (..., N, dx) embeddings whose canonical variates weight the correlations
           Y: ArrayLike,  # (..., N, dy) the same probes; leading dims broadcast
          ) -> Array:  # (...) projection-weighted mean canonical correlation in [0, 1]
     "PWCCA (Morcos et al. 2018): canonical correlations weighted by how much of X each canonical variate accounts for."
     return _per_pair(_pwcca_pair, X, Y, 2, "pwcca")
-
-
 
 # %% ../nbs/02a_similarity.ipynb #a240fd11
 def span_rows(c: Array,  # (..., N, d) rows
@@ -298,6 +310,7 @@ def span_rows(c: Array,  # (..., N, d) rows
     R = ops_of(c).linalg.qr(c.swapaxes(-1, -2), mode="r")               # numpy: R; torch: (empty Q, R)
     return (R[1] if isinstance(R, tuple) else R).swapaxes(-1, -2)
 
+# %% ../nbs/02a_similarity.ipynb #13b9e4e9
 def _whiten(c, alpha, d=None):
     "netrep's partial whitening of centred c (N, r): eigenvalue weights alpha + (1 - alpha) lam^-1/2, total variance kept; d: the width c was reduced from (its d - r directions have eigenvalue 0)."
     if alpha >= 1: return c
@@ -309,6 +322,7 @@ def _whiten(c, alpha, d=None):
     w = w * xp.sqrt((lam.sum() + extra * 1e-7) / (h(lam).sum() + extra * h(1e-7)))
     return c @ ((V * w[None, :]) @ V.swapaxes(-1, -2))
 
+# %% ../nbs/02a_similarity.ipynb #555bb7a9
 def _shape_pair(x, y, alpha, kind):
     "netrep's shape distance of x (N, dx), y (N, dy), computed on their rows in their N-dim spans when d > N (N x N matrices only)."
     xp = ops_of(x)
@@ -319,6 +333,7 @@ def _shape_pair(x, y, alpha, kind):
     if kind == "angular": return xp.arccos(xp.clip(nuc / xp.sqrt(na * nb), -1.0, 1.0))
     return xp.sqrt(xp.clip(na + nb - 2 * nuc, 0.0, None) / x.shape[0])
 
+# %% ../nbs/02a_similarity.ipynb #7867eb15
 def procrustes_distance(X: ArrayLike,  # (..., N, dx) embeddings
                         Y: ArrayLike,  # (..., N, dy) the same probes; leading dims broadcast
                         *,
@@ -340,6 +355,7 @@ def mutual_knn(X: ArrayLike,  # (..., N, dx) embeddings, non-zero rows
     j = knn_overlap(X, Y, k=k, per_point=True)
     return (2 * k * j / (1 + j) / k).mean(axis=-1)      # Jaccard c / (2k - c) turned back into c / k
 
+# %% ../nbs/02a_similarity.ipynb #01b3de92
 def hsic_unbiased(K: np.ndarray, L: np.ndarray) -> np.ndarray:
     "Unbiased HSIC of (B, N, N) kernels (Song et al. 2012)."
     xp, N = ops_of(K), K.shape[-1]
@@ -351,6 +367,7 @@ def hsic_unbiased(K: np.ndarray, L: np.ndarray) -> np.ndarray:
     t = t - 2 * (K.sum(axis=-2) * L.sum(axis=-1)).sum(axis=-1) / (N - 2)
     return t / (N * (N - 3))
 
+# %% ../nbs/02a_similarity.ipynb #72e8e2a8
 def _cknna_pair(x, y, k):
     xp, N = ops_of(x), x.shape[0]
     u, v = x / xp.sqrt((x * x).sum(-1))[:, None], y / xp.sqrt((y * y).sum(-1))[:, None]
@@ -364,6 +381,7 @@ def _cknna_pair(x, y, k):
     s = lambda A, B, mA, mB: hsic_unbiased((mA * mB) * A, (mA * mB) * B)
     return s(K, L, mK, mL) / xp.sqrt(s(K, K, mK, mK) * s(L, L, mL, mL))
 
+# %% ../nbs/02a_similarity.ipynb #e62378f6
 def cknna(X: ArrayLike,  # (..., N, dx) embeddings, non-zero rows, N >= 4
           Y: ArrayLike,  # (..., N, dy) the same probes; leading dims broadcast
           *,
@@ -375,8 +393,6 @@ def cknna(X: ArrayLike,  # (..., N, dx) embeddings, non-zero rows, N >= 4
     out = xp.stack([xp.asarray(_cknna_pair(a, b, k)) for a, b in zip(x, y)]).reshape(lead)
     return out[()] if not lead else out
 
-
-
 # %% ../nbs/02a_similarity.ipynb #cab6b105
 def rdm_vector(x: np.ndarray, rdm: str) -> np.ndarray:
     "(M,) upper-triangle RDM of rows x (N, d): squared euclidean / d (rsatoolbox), 1 - pearson, or 1 - cosine."
@@ -387,6 +403,7 @@ def rdm_vector(x: np.ndarray, rdm: str) -> np.ndarray:
     iu, ju = xp.triu_indices(x.shape[-2])
     return D[..., iu, ju]
 
+# %% ../nbs/02a_similarity.ipynb #520e0c3d
 def _tau_a(a, b):
     "Kendall's tau_a of two vectors (M,) in O(M log M): scipy's tau_b (exact concordance counts) rescaled by the tie counts."
     from scipy.stats import kendalltau
@@ -397,11 +414,13 @@ def _tau_a(a, b):
     with np.errstate(invalid="ignore"):
         return float(kendalltau(a, b).statistic) * math.sqrt((n0 - ties(a)) * (n0 - ties(b))) / n0
 
+# %% ../nbs/02a_similarity.ipynb #36727612
 def _corr(a, b):
     xp = ops_of(a)
     a, b = a - a.mean(), b - b.mean()
     return (a * b).sum() / xp.sqrt((a * a).sum() * (b * b).sum())
 
+# %% ../nbs/02a_similarity.ipynb #7180b904
 _CHUNK = 2 ** 22
 def _rsa_pair(x, y, rdm, compare, block=None):
     N = x.shape[-2]
@@ -423,6 +442,7 @@ def _rdm_prep(x, rdm):
     if rdm == "correlation": x = x - x.mean(axis=-1, keepdims=True)
     return x / xp.sqrt(xp.einsum("nd,nd->n", x, x))[:, None], None
 
+# %% ../nbs/02a_similarity.ipynb #1d10c29f
 def _rdm_rows(u, sq, i, j, d):
     "(j - i, N) rows i:j of the RDM from prepared rows (see `_rdm_prep`); d the original width (euclidean / d)."
     xp = ops_of(u)
@@ -430,6 +450,7 @@ def _rdm_rows(u, sq, i, j, d):
     if sq is None: return xp.clip(1.0 - G, 0.0, 2.0)
     return xp.clip(sq[i:j, None] + sq[None, :] - 2.0 * G, 0.0, None) / d
 
+# %% ../nbs/02a_similarity.ipynb #cd7c671b
 def _rsa_pearson_streaming(x, y, rdm, block):
     "Pearson correlation of the RDM upper triangles of x (N, dx), y (N, dy), merged over row blocks: memory O(block N + N d)."
     xp, N = ops_of(x), x.shape[-2]
@@ -492,11 +513,14 @@ class Measure:
     invariances: frozenset  # transforms T with m(T1 X, T2 Y) == m(X, Y) for independent T1, T2 of that kind
     needs_rows: int = 4     # smallest N
     saturates: str | None = None  # "x", "y" or "either": the side whose centred rows spanning all N - 1 centred directions
+
+# %% ../nbs/02a_similarity.ipynb #805271ba
                                   # (N <= d) makes the measure its identity by construction, whatever the other side holds
 
 def _m(name, fn, direction, rng, identity, metric, inv, needs=4, saturates=None):
     return Measure(name, fn, direction, rng, identity, metric, frozenset(inv), needs, saturates)
 
+# %% ../nbs/02a_similarity.ipynb #c480297e
 _ALL = set(INVARIANCES)
 _ROT = {"orthogonal", "isotropic_scale", "translation", "permutation"}
 MEASURES = {m.name: m for m in [
@@ -538,6 +562,7 @@ def _r2_pair(x, y):
     p = q.swapaxes(-1, -2) @ cy
     return (p * p).sum() / (cy * cy).sum()
 
+# %% ../nbs/02a_similarity.ipynb #ed404b1e
 def linear_r2(X: ArrayLike,  # (..., N, dx) predictors
               Y: ArrayLike,  # (..., N, dy) targets, the same probes; leading dims broadcast
              ) -> Array:  # (...) share of Y's total variance explained, in [0, 1]

@@ -41,6 +41,7 @@ def _drift_layers(sig: pd.DataFrame) -> list[str]:  # drift_<layer> columns in l
     if not cols: raise ValueError("sig: expected drift_<layer> columns (early_warning.stability_signals)")
     return cols
 
+# %% ../nbs/18a_stability.ipynb #80925ff2
 def mixed_runs(sig: pd.DataFrame,   # early_warning.stability_signals(...): one row per run and fraction
               ) -> pd.DataFrame:    # the rows of the runs whose learning rate has both failed and successful runs
     "The runs of the learning rates where both outcomes occur: the only ones with within-rate (failed, successful) pairs."
@@ -48,6 +49,7 @@ def mixed_runs(sig: pd.DataFrame,   # early_warning.stability_signals(...): one 
     both = o.groupby("lr")["failed"].agg(lambda f: bool(f.any() and not f.all()))
     return sig[sig["lr"].isin(both.index[both])].copy()
 
+# %% ../nbs/18a_stability.ipynb #376272ff
 def outcome_counts(sig: pd.DataFrame,  # stability_signals(...)
                   ) -> pd.DataFrame:   # one row per learning rate: runs, failed, learned, both outcomes, mean final accuracy of each
     "Failed and learned runs per learning rate, with the mean final held-out accuracy of each group and its majority-class share."
@@ -78,6 +80,7 @@ def within_scores(sig: pd.DataFrame,   # stability_signals(...) (all runs; only 
     res = pd.concat(out, ignore_index=True); res.attrs["notes"] = notes
     return res
 
+# %% ../nbs/18a_stability.ipynb #b2dba2c8
 def _chosen_on_other_seeds(X: np.ndarray, y: np.ndarray, lr: np.ndarray, seeds: np.ndarray, layers: list[str]) -> tuple[np.ndarray, np.ndarray]:
     "(n,) score, (n,) choice: a (n,) signal's direction, or the best column of a (n, L) drift table, chosen on the other seeds."
     score, chosen = np.zeros(len(y)), np.empty(len(y), object)
@@ -99,6 +102,7 @@ def _direction_word(name: str, s: pd.DataFrame) -> str:
     c = s.drop_duplicates("seed")["chosen"].value_counts()
     return "chosen on other seeds: " + ", ".join(f"{k} {v}/{c.sum()}" for k, v in c.items())
 
+# %% ../nbs/18a_stability.ipynb #d47a7d9c
 def within_auc_table(ws: pd.DataFrame,        # within_scores(...)
                      confidence: float = 0.95, # nominal coverage
                     ) -> pd.DataFrame:        # fraction, step, signal, auc, low, high, failed, learned, pairs, direction, reading
@@ -117,6 +121,7 @@ def within_auc_table(ws: pd.DataFrame,        # within_scores(...)
                      "failed": int(n1.sum()), "learned": int(n0.sum()), "pairs": int((n1 * n0).sum()), "direction": _direction_word(name, s), "reading": read})
     return pd.DataFrame(rows)
 
+# %% ../nbs/18a_stability.ipynb #7113bef9
 def pooled_auc_table(sig: pd.DataFrame,       # stability_signals(...) (every run)
                     ) -> pd.DataFrame:        # fraction, step, signal, auc, low, high, failed, learned
     "The pooled AUC over all runs and rates (Newcombe's interval), of drift at the last layer and, beside it, of the learning rate alone (known before training)."
@@ -140,6 +145,7 @@ def _cv_logistic(X: np.ndarray, y: np.ndarray, seeds: np.ndarray, ridge: float =
         score[te] = w[0] + ((X[te] - mu) / sd) @ w[1:]
     return score
 
+# %% ../nbs/18a_stability.ipynb #fd3e4d7b
 def incremental_value(sig: pd.DataFrame,       # stability_signals(...)
                       *,
                       confidence: float = 0.95, # nominal coverage
@@ -207,6 +213,7 @@ EARLY_STOP_CI_METHOD = ("no interval: the percentile bootstrap over seeds of an 
 def _dodge_pair(x, final, ok, t, p, n_draws, seed, random) -> tuple[float, float]:  # expected best accuracy, share with a learned run kept (same draws)
     return tuple(float(dodge_best(x, v, t, p, n_draws, np.random.default_rng(seed), random=random)) for v in (final, ok))
 
+# %% ../nbs/18a_stability.ipynb #9977eac4
 def early_stopping_table(sig: pd.DataFrame,   # stability_signals(...)
                          *,
                          t: int | None = None, p: int | None = None,   # seeds started and kept; default t = min(8, seeds per mixed rate), p = t // 4
@@ -272,6 +279,7 @@ def alarm_cost(sig: pd.DataFrame,       # stability_signals(...) (every run)
 # %% ../nbs/18a_stability.ipynb #18dad677
 def _iv(lo: float, hi: float) -> str: return f"[{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) and math.isfinite(hi) else "(no interval)"
 
+# %% ../nbs/18a_stability.ipynb #8a6fd83a
 def stability_answer(inc: pd.DataFrame,       # incremental_value(...)
                      wa: pd.DataFrame,        # within_auc_table(...)
                      pooled: pd.DataFrame,    # pooled_auc_table(...)
@@ -309,6 +317,7 @@ def stability_tables(study: object, *, pooling: str = "mean") -> dict:  # sig, c
     return {"sig": sig, "failure": failure, "counts": outcome_counts(sig), "within": wa, "notes": ws.attrs.get("notes", []), "pooled": pooled,
             "increment": inc, "early": early_stopping_table(sig), "alarm": alarm_cost(sig), "answer": stability_answer(inc, wa, pooled)}
 
+# %% ../nbs/18a_stability.ipynb #1e283dd4
 def stability_finding(study: object, *, pooling: str = "mean") -> dict:  # text, value, ci, verdict
     "The computed answer as a key finding (text, value: the increment, ci, verdict)."
     a = stability_tables(study, pooling=pooling)["answer"]
@@ -317,11 +326,13 @@ def stability_finding(study: object, *, pooling: str = "mean") -> dict:  # text,
 # %% ../nbs/18a_stability.ipynb #2223f55f
 def _pct(df: pd.DataFrame) -> pd.DataFrame: return df.assign(fraction=[f"{f:.0%}" for f in df["fraction"]])
 
+# %% ../nbs/18a_stability.ipynb #932af62f
 def _below_chance(wa: pd.DataFrame) -> str:
     b = wa[wa["reading"] == "below chance: not compared"]
     if not len(b): return "No trainer's signal has a stratified AUC below 0.5 at any fraction."
     return "Below chance (stratified AUC < 0.5 with its direction fixed beforehand), so not compared: " + "; ".join(f"{r.signal} at {r.fraction:.0%} ({r.auc:.2f})" for r in b.itertuples()) + "."
 
+# %% ../nbs/18a_stability.ipynb #50306db4
 def _early_sentence(es: pd.DataFrame, fraction: float = PRIMARY_FRACTION) -> str:
     e = es[np.isclose(es["fraction"], fraction)].set_index("selection")
     if not len(e): return ""
@@ -332,10 +343,12 @@ def _early_sentence(es: pd.DataFrame, fraction: float = PRIMARY_FRACTION) -> str
             f"({e.loc['training loss', 'learned_kept']:.0%}), at random {rnd['expected_best']:.3f} ({rnd['learned_kept']:.0%}); finishing all {int(full['t'])} gives {full['expected_best']:.3f}. "
             f"{_no_interval(es)}")
 
+# %% ../nbs/18a_stability.ipynb #90e63a9b
 def _no_interval(es: pd.DataFrame) -> str:  # the table's reason for showing no interval, as one sentence
     why = str(es.attrs.get("ci_method", EARLY_STOP_CI_METHOD))
     return f"No interval: {why[len('no interval: '):] if why.startswith('no interval: ') else why}."
 
+# %% ../nbs/18a_stability.ipynb #6b088fc8
 def _early_caption(es: pd.DataFrame, reference: str = "all t finished") -> str:
     "The early-stopping figure's caption from the table: which selection is highest at each fraction and by how much over random, the compute spent, the best point against finishing all t."
     r = es[es["selection"] != reference]
@@ -353,6 +366,7 @@ def _early_caption(es: pd.DataFrame, reference: str = "all t finished") -> str:
             f"Highest: selection {'; '.join(parts)}. Compute spent, a share of finishing all {t}: " + ", ".join(f"{c:.0%} at {f:.0%}" for f, c in comp.items()) + ". "
             f"The highest point, {sb} at {fb:.0%} ({vb:.3f} for {comp[fb]:.0%} of the compute), is {abs(full - vb):.3f} {side} finishing all {t}. {_no_interval(es)}")
 
+# %% ../nbs/18a_stability.ipynb #6df61156
 def _alarm_sentence(ac: pd.DataFrame) -> str:
     d = ac[ac["signal"] == "drift, last layer"]
     if not len(d): return ""
@@ -361,6 +375,7 @@ def _alarm_sentence(ac: pd.DataFrame) -> str:
     return (f"Stopping {d['failed_stopped'].iloc[0]} failed runs, drift's alarm wrongly stops these successful runs (the learning rate alone, seeds in random order within a rate, on average): {parts}; "
             f"it is no better than the rate at {nb} of {len(d)} fractions.")
 
+# %% ../nbs/18a_stability.ipynb #e9b76f7e
 def stability_section(study: object,           # a loaded study with the stability experiment
                       *,
                       pooling: str = "mean", **_ignored,   # the report's options (layer, n_resamples: unused here)

@@ -36,6 +36,7 @@ def check_confidence(confidence: object) -> float:
         raise ValueError(f"confidence: expected a number strictly between 0 and 1 (e.g. 0.95), got {confidence!r}")
     return float(confidence)
 
+# %% ../nbs/04_stats.ipynb #773ea1a4
 def check_n_resamples(n_resamples: object) -> int:
     try: n = operator.index(n_resamples)
     except TypeError: n = None
@@ -49,6 +50,7 @@ def check_choice(value: object, name: str, choices: tuple) -> str:
         raise ValueError(f"{name}: expected one of {', '.join(repr(c) for c in choices)}, got {value!r}")
     return value.lower()
 
+# %% ../nbs/04_stats.ipynb #e46c2d47
 def as_rng(seed: SeedLike) -> np.random.Generator:
     try: return np.random.default_rng(seed)
     except (TypeError, ValueError) as e:
@@ -61,6 +63,7 @@ def check_callable(statistic: object, name: str = "statistic") -> None:
         raise ValueError(f"{name}: expected a callable such as np.mean or `lambda x, axis: ...`, "
                          f"got {type(statistic).__name__}")
 
+# %% ../nbs/04_stats.ipynb #ec0fa574
 def _check_axis(axis, x: np.ndarray, name: str = "values") -> int:
     try: a = operator.index(axis)
     except TypeError: a = None
@@ -94,6 +97,7 @@ def as_sample(x: ArrayLike, name: str) -> np.ndarray:
     check_at_least(a.shape[0], 2, name, "samples")
     return a
 
+# %% ../nbs/04_stats.ipynb #be3bc07a
 def as_two_samples(a: ArrayLike, b: ArrayLike, paired: bool) -> tuple[np.ndarray, np.ndarray]:
     a, b = as_sample(a, "a"), as_sample(b, "b")
     if paired and a.shape != b.shape:
@@ -101,6 +105,7 @@ def as_two_samples(a: ArrayLike, b: ArrayLike, paired: bool) -> tuple[np.ndarray
                          f"got lengths {a.shape[0]} and {b.shape[0]}")
     return a, b
 
+# %% ../nbs/04_stats.ipynb #83d69343
 def as_scalar(x: ArrayLike) -> float | np.ndarray:
     "Python float for 0-d results, the array otherwise."
     x = np.asarray(x, dtype=np.float64)
@@ -182,6 +187,7 @@ def _leave_one_out_index(n: int, start: int = 0, stop: int | None = None) -> np.
     j = np.arange(n - 1)[None, :]
     return j + (j >= i)
 
+# %% ../nbs/04_stats.ipynb #7f151d3d
 def _jackknife_values(rows: np.ndarray, statistic: Callable) -> np.ndarray:
     "(R, n) statistic of each row of rows (R, n) with one sample left out, in blocks of left-out samples."
     R, n = rows.shape
@@ -305,6 +311,7 @@ def interval_method(n_seeds: int,              # seeds (clusters) behind the int
     if n_seeds < 2: return f"no interval: {n_seeds} seed (an interval over seeds needs at least 2)"
     return f"{100 * check_confidence(confidence):g}% t interval over {n_seeds} seeds ({n_seeds - 1} df)"
 
+# %% ../nbs/04_stats.ipynb #5a6594c9
 INTERVAL_METHOD = "t interval over the per-seed means (seeds - 1 degrees of freedom); none with 1 seed"
 
 def seed_interval(values: ArrayLike,          # (S, ...) one value per seed (e.g. its mean over probes) along axis 0
@@ -346,6 +353,7 @@ def _accepts_axis(statistic: Callable) -> bool:
     except (TypeError, ValueError): return True          # numpy builtins without a signature take `axis`
     return any(p.name == "axis" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
+# %% ../nbs/04_stats.ipynb #3e9c1feb
 def _leave_one_out_values(statistic: Callable, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     "(estimate, leave-one-out values (n, ...)) of `statistic` over the units on axis 0 of x."
     n, index = x.shape[0], _leave_one_out_index(x.shape[0])

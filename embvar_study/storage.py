@@ -72,6 +72,7 @@ def check_config(config: object) -> dict:
     if bad: raise ValueError(f"config: expected str keys, got {bad[0]!r}")
     return config
 
+# %% ../nbs/07a_storage.ipynb #d4f560ee
 def config_hash(config: dict,  # run parameters; NON_IDENTITY_KEYS are ignored
                ) -> str:       # 12 hex digits
     "Identity of a run configuration: sha256 of its canonical JSON, without the keys that do not affect results."
@@ -87,6 +88,7 @@ def _fsync_dir(d: Path):
     try: os.fsync(fd)
     finally: os.close(fd)
 
+# %% ../nbs/07a_storage.ipynb #6729ea4a
 def _cannot_write(path: Path, e: OSError) -> OSError: return OSError(e.errno, f"{path}: cannot write ({e.strerror or e})")
 
 # %% ../nbs/07a_storage.ipynb #57fc147f
@@ -115,6 +117,7 @@ def atomic_write_bytes(path: str | Path,  # target file (parents created)
     "Replace `path` with `data` atomically: readers see the old or the new file, never a mix."
     return _atomic_write(path, lambda f: f.write(data))
 
+# %% ../nbs/07a_storage.ipynb #c877deb5
 def atomic_write_text(path: str | Path,  # target file (parents created)
                       text: str,         # full new content, written as UTF-8
                      ) -> Path:          # `path`
@@ -128,6 +131,7 @@ def atomic_write_json(path: str | Path,  # target file (parents created)
     "Atomic write of `obj` as indented JSON; serialised before anything is written."
     return atomic_write_text(path, json.dumps(obj, indent=2, default=json_default, ensure_ascii=False) + "\n")
 
+# %% ../nbs/07a_storage.ipynb #ff4bcadd
 def atomic_save_npy(path: str | Path,     # target .npy file (parents created)
                     array: np.ndarray,    # any shape; object arrays are refused by np.save(allow_pickle=False)
                    ) -> Path:             # `path`
@@ -154,11 +158,13 @@ def _git(args: list[str], cwd: Path) -> str | None:
     except (OSError, subprocess.SubprocessError): return None
     return r.stdout.strip() if r.returncode == 0 else None
 
+# %% ../nbs/07a_storage.ipynb #d6e76cb9
 def git_dirty(root: Path) -> bool | None:
     "Whether tracked files of the checkout at `root` differ from HEAD; the outputs in `reports/` do not count."
     status = _git(["status", "--porcelain", "--untracked-files=no", "--", ":(top)", ":(top,exclude)reports"], root)
     return None if status is None else bool(status)
 
+# %% ../nbs/07a_storage.ipynb #07ff3843
 def git_info() -> dict:  # {"git_commit": sha or None, "git_dirty": bool or None}
     "The commit of the checkout `embvar_study` is imported from, and whether its tracked files (reports/ aside) changed."
     spec = importlib.util.find_spec("embvar_study")
@@ -183,6 +189,7 @@ def environment_info() -> dict:  # python, platform, packages, torch_cuda, cudnn
 # %% ../nbs/07a_storage.ipynb #5440e3bd
 def utc_now() -> str: return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
+# %% ../nbs/07a_storage.ipynb #482ad88e
 def run_context() -> dict:  # {"host", "pid", "command"}
     "Where and by what a run is being written: recorded in COMPLETE and in the lock's holder file."
     return {"host": socket.gethostname(), "pid": os.getpid(), "command": " ".join(sys.argv)[:300]}
@@ -194,6 +201,7 @@ def lock_files(folder: str | Path,  # a run or study folder (need not exist)
     f = Path(folder).absolute()
     return f.parent / f".{f.name}.lock", f.parent / f".{f.name}.lock.json"
 
+# %% ../nbs/07a_storage.ipynb #0c7becaf
 def lock_holder(folder: str | Path,  # a run or study folder
                ) -> dict | None:     # {"host", "pid", "command", "since"} as the holder wrote it
     "Who last took the lock of `folder` (host, pid, command, since), or None."

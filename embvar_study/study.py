@@ -49,6 +49,7 @@ def write_study_spec(study_dir: str | Path,  # the study folder (created)
     "Write `study.json` (the resolved profile and provenance) atomically."
     return atomic_write_json(Path(study_dir) / STUDY_FILE, spec)
 
+# %% ../nbs/14_study.ipynb #f5deee90
 def read_study_spec(study_dir: str | Path) -> dict:
     "`study.json` of a study folder; `NotComputed` naming the folder when there is none."
     f = Path(study_dir) / STUDY_FILE
@@ -90,6 +91,7 @@ def manifest_path(study_dir: str | Path, experiment: str) -> Path:
         raise ValueError(f"experiment: expected a name of letters, digits, '_' and '-', got {experiment!r}")
     return Path(study_dir) / "sweeps" / f"{experiment}.csv"
 
+# %% ../nbs/14_study.ipynb #ad46bd35
 def write_manifest(study_dir: str | Path,  # the study folder
                    experiment: str,        # the experiment's name (letters, digits, '_', '-')
                    rows: list[dict],       # one per grid point: grid values and MANIFEST_COLUMNS
@@ -162,6 +164,7 @@ def _save_perturbed(w: RunWriter, step: int, emb: np.ndarray) -> None:
         noise = np.random.default_rng(step).normal(scale=0.05, size=(4,) + emb.shape)
         w.save_array(f"perturb/step_{step:06d}.{kind}.npy", (emb[None] + noise).astype(np.float32))
 
+# %% ../nbs/14_study.ipynb #abd5bbfa
 def _synthetic_run(run_dir: Path, cfg: dict, base: np.ndarray, probes: pd.DataFrame, total: int, every: int, perturb: bool) -> str:
     lrs, cum, emb = _synthetic_path(cfg, base, total)
     with RunWriter(run_dir, cfg, probes) as w:
@@ -184,6 +187,7 @@ def _synthetic_config(lr: float, seed: int, every: int, *, init: int | None = No
             "replicate": replicate, "batch_size": 16, "epochs": 1, "track_every": every,
             "perturb_kinds": ["typo", "token_dropout"] if perturb else []}   # recorded always, as embvar train records it
 
+# %% ../nbs/14_study.ipynb #92f2798d
 def _synthetic_design(lrs: tuple[float, ...], seeds: tuple[int, ...], every: int) -> dict:  # experiment -> [(factor, config)]
     cfg = lambda lr, seed, **kw: _synthetic_config(lr, seed, every, **kw)
     s0, ref = seeds[0], lrs[0]
@@ -314,11 +318,13 @@ def _field_value(run: Run, key: str) -> object:
     v = config_value(run.config, key)
     return tuple(v) if isinstance(v, list) else json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
 
+# %% ../nbs/14_study.ipynb #f8a1bb55
 _LORA_SETTINGS = ("lora_alpha", "lora_dropout", "lora_targets")   # settings of an adapter: compared among LoRA runs only
 
 def _among(runs: list[Run], key: str) -> list[Run]:
     return [r for r in runs if config_value(r.config, "lora_r") is not None] if key in _LORA_SETTINGS else runs
 
+# %% ../nbs/14_study.ipynb #cf2ed14f
 def split_fields(runs: list[Run],  # the runs to group
                  group_by: str,    # the key the user groups by (always a field of the groups)
                 ) -> list[str]:    # group_by first, then every GROUP_FIELDS key whose values differ between the runs
@@ -331,10 +337,12 @@ def split_fields(runs: list[Run],  # the runs to group
               and len({v for r in _among(runs, k) if known(r, k, v := _field_value(r, k))}) > 1]
     return [group_by, *differ]
 
+# %% ../nbs/14_study.ipynb #539e4bce
 def arm_label(lora_r: object) -> str:
     "A LoRA rank in words, from the typed field (not from an arm's name): None (or NaN in a table) -> 'full fine-tuning', 64 -> 'LoRA r=64'."
     return "full fine-tuning" if lora_r is None or (isinstance(lora_r, float) and lora_r != lora_r) else f"LoRA r={int(lora_r)}"
 
+# %% ../nbs/14_study.ipynb #431bb0fe
 def group_word(key: str, value: object) -> str:
     "One field of a group in words: 'LoRA r=4' / 'full fine-tuning', 'schedule cosine', 'data imdb.csv', a hash by 8 digits."
     if key == "lora_r": return arm_label(value)
@@ -345,7 +353,6 @@ def group_word(key: str, value: object) -> str:
     elif isinstance(value, tuple): value = ", ".join(map(str, value)) or "none"
     return f"{GROUP_FIELDS.get(key, key)} {value}"
 
-
 # %% ../nbs/14_study.ipynb #27ef1444
 _LABEL_WORDS = {"lr": "lr", "schedule": "", "init_seed": "init seed", "data_seed": "data seed", "dropout_seed": "dropout seed",
                 "seed": "seed", "replicate": "replicate"}
@@ -354,6 +361,7 @@ def _label_columns(t: pd.DataFrame) -> list[str]:
     return [c for c in ("lora_r", "lr", "schedule", "init_seed", "data_seed", "dropout_seed", "replicate")
             if c in t and t[c].nunique(dropna=False) > 1] or ["seed"]
 
+# %% ../nbs/14_study.ipynb #93832338
 _NOT_LABELS = ("resolved", "environment", "device", "config_hash")   # config keys that never name a run
 
 def _short(v: object) -> str:
@@ -362,6 +370,7 @@ def _short(v: object) -> str:
     if isinstance(v, float): return format_lr(v)
     return json.dumps(v, sort_keys=True, default=str)
 
+# %% ../nbs/14_study.ipynb #41e0c1c2
 def _differing_config(runs: list[Run], most: int = 2) -> list[dict]:  # per run {key: short value}; [] when nothing differs
     "The (at most `most`) top-level config keys whose values differ between the runs, per run."
     keys = sorted({k for r in runs for k in r.config if k not in _NOT_LABELS and not k.startswith("_")})
@@ -372,6 +381,7 @@ def _differing_config(runs: list[Run], most: int = 2) -> list[dict]:  # per run 
         names = [{**n, "run": r.config_hash} for n, r in zip(names, runs)]
     return names if differ else []
 
+# %% ../nbs/14_study.ipynb #12611026
 def _label_word(column: str, value: object) -> str:
     if column == "lora_r": return arm_label(value)   # the table holds the rank as the run records it (`_manifest_table`)
     v = format_lr(value) if column == "lr" else value
@@ -441,6 +451,7 @@ def _load_manifest_runs(study_dir: Path, manifests: dict[str, pd.DataFrame]) -> 
             runs[r["run_id"]] = run
     return runs
 
+# %% ../nbs/14_study.ipynb #607768bb
 def load_study(study_dir: str | Path) -> Study:
     "Read a study folder: `study.json`, every manifest, and each distinct complete run once (verified)."
     study_dir = Path(study_dir)
@@ -499,6 +510,7 @@ def all_runs(self: Study) -> RunSet:
     for s in sets[1:]: out = out + s
     return out
 
+# %% ../nbs/14_study.ipynb #3e6a4c16
 @method_of(Study)
 def failed(self: Study) -> pd.DataFrame:  # experiment, run_id, status, error
     "The grid points whose run failed, over every experiment."
@@ -506,12 +518,14 @@ def failed(self: Study) -> pd.DataFrame:  # experiment, run_id, status, error
     t = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["experiment", "run_id", "status", "error"])
     return t[t["status"] == "failed"][["experiment", "run_id", "status", "error"]].drop_duplicates("run_id")
 
+# %% ../nbs/14_study.ipynb #09665b25
 def diverged_step(run: Run) -> int:  # the step of the first history row marked 'diverged' (else the last step done)
     "The optimizer step at which a diverged run was stopped, from its history (COMPLETE's `steps_done` when no row says so)."
     h = run.history
     bad = h[h["status"].astype(str) == "diverged"] if {"status", "step"} <= set(h.columns) else h.iloc[:0]
     return int(bad["step"].iloc[0]) if len(bad) else int(run.marker.get("steps_done", run.steps[-1] if len(run.steps) else 0))
 
+# %% ../nbs/14_study.ipynb #c8d653e0
 @method_of(Study)
 def diverged(self: Study,
              experiments: list[str] | None = None,  # those to look at (None: every experiment)
@@ -547,14 +561,17 @@ def _add_diverged_run(study_dir: Path, experiment: str, cfg: dict, at_step: int 
 # %% ../nbs/14_study.ipynb #6adc201e
 def _seeds(n: int) -> str: return f"{n} seed{'s' if n != 1 else ''}"
 
+# %% ../nbs/14_study.ipynb #5e8d30c1
 def _lrs_words(t: pd.DataFrame) -> str:
     return f"{t['lr'].nunique()} learning rates ({', '.join(format_lr(x) for x in sorted(t['lr'].unique()))})"
 
+# %% ../nbs/14_study.ipynb #1b77a414
 def _seed_sweep_words(t: pd.DataFrame, m: pd.DataFrame) -> str:   # from the manifest: a run shared by two factors counts in both
     vals = lambda f: ", ".join(str(int(v)) for v in sorted(m[m["factor"] == f][f].unique())) or "none"
     return (f"at lr {format_lr(t['lr'].iloc[0])}: head seeds {vals('init_seed')} (data seed fixed), data seeds "
             f"{vals('data_seed')} (head seed fixed), and {int((m['factor'] == 'replicate').sum())} identical-seed replicates")
 
+# %% ../nbs/14_study.ipynb #bf058a4a
 def arm_names(t: pd.DataFrame) -> dict:  # factor -> its name in words
     """Each arm (`factor`) of a design table named by the LoRA rank its runs record ('full fine-tuning', 'LoRA r=8'), when every arm
     has its own rank; else each factor as it is. The name comes from the `lora_r` field, never from the factor's text."""
@@ -565,6 +582,7 @@ def arm_names(t: pd.DataFrame) -> dict:  # factor -> its name in words
     if len(groups) > 1 and words and len(set(words.values())) == len(words) and all(same_rank(g) for g in groups.values()): return words
     return {f: str(f) for f in groups}
 
+# %% ../nbs/14_study.ipynb #75aa410c
 def _design_words(experiment: str, t: pd.DataFrame, m: pd.DataFrame) -> str:
     if experiment == "crossed":
         return f"{t['init_seed'].nunique()} head seeds x {t['data_seed'].nunique()} data seeds at lr {format_lr(t['lr'].iloc[0])}"

@@ -96,6 +96,7 @@ def suggest(name: str, valid: "Iterable[str]") -> str:
     near = difflib.get_close_matches(str(name), list(valid), n=1, cutoff=0.6)
     return f" (did you mean {near[0]!r}?)" if near else ""
 
+# %% ../nbs/15_sweep.ipynb #a0b9f016
 def check_profile_name(name: str) -> str:
     "`name` if it is a profile, else `ValueError` listing the profiles and suggesting the nearest."
     if name not in PROFILES:
@@ -122,6 +123,7 @@ def _check_grid_keys(prof: dict):
     if not isinstance(prof["perturb"], dict): raise ValueError(f"perturb: expected a dict of run fields, got {prof['perturb']!r}")
     TrainConfig.from_dict({**prof["base"], **prof["perturb"]})
 
+# %% ../nbs/15_sweep.ipynb #1a957cf3
 def get_profile(name: str,  # one of PROFILES
                 overrides: dict | None = None,  # {"lrs": [...], "n_train": 100, ...}: grid keys or TrainConfig fields
                ) -> dict:   # base, grid keys, name
@@ -207,12 +209,14 @@ def check_plan_data(configs: list[dict]) -> None:
 def _fmt_seconds(s: float) -> str:
     s = int(round(s)); return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
+# %% ../nbs/15_sweep.ipynb #8e5ea9ba
 def _damaged(run_dir: Path) -> str | None:
     "None if `run_dir` is absent, incomplete, or complete and verified; else the one-line reason it is damaged."
     if not (run_dir / "COMPLETE").exists(): return None
     try: verify_run(run_dir); return None
     except (CorruptRunError, IncompleteRunError) as e: return " ".join(str(e).split())
 
+# %% ../nbs/15_sweep.ipynb #ed06de24
 def _move_aside(study_dir: Path, run_dir: Path) -> Path:
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
     dest = study_dir / "damaged" / f"{run_dir.name}.{stamp}"
@@ -228,6 +232,7 @@ def _label(row: dict) -> str:
     return " ".join(f"{k}={shown(k, given[k])}" for k in keys if k in given
                     and not (k == "replicate" and not given[k]) and not (k == "schedule" and given[k] == "linear"))
 
+# %% ../nbs/15_sweep.ipynb #90fb2add
 def _say_other_numerics(kept: list[str], configs: dict, study_dir: Path, say: Callable[[str], None]) -> None:
     "One line naming the kept runs computed with other numerics (threads, kernels, device) than a run here would use."
     if not kept: return
@@ -238,6 +243,7 @@ def _say_other_numerics(kept: list[str], configs: dict, study_dir: Path, say: Ca
             f"({next(iter(other.values()))}): kept, but a rebuild would differ in the last bits; delete them to compute them again: "
             + " ".join(other))
 
+# %% ../nbs/15_sweep.ipynb #241cc9c1
 def _executor(executor: str, study_dir: Path, jobs: int, runs_per_gpu, ray_options: dict | None):
     "The executor for a plan: Ray, this process (one run at a time, at most one GPU), or warm local workers."
     from embvar_study import executors as E
@@ -247,6 +253,7 @@ def _executor(executor: str, study_dir: Path, jobs: int, runs_per_gpu, ray_optio
     if jobs == 1 and runs_per_gpu == 1 and len(E.visible_gpus()) <= 1: return E.InProcess()
     return E.LocalExecutor(jobs, runs_per_gpu=runs_per_gpu)
 
+# %% ../nbs/15_sweep.ipynb #7c514eec
 def execute_plan(plan: pd.DataFrame,        # from plan_study (or any rows with experiment, run_id, config)
                  study_dir: str | Path,      # the study folder (its lock must be held by the caller)
                  *,
@@ -310,21 +317,25 @@ def _spec(prof: dict, overrides: dict, experiments: list, old: dict | None) -> d
             "resolved": {k: prof[k] for k in ("base", *PROFILE_KEYS, "failure") if k in prof}, "embvar_study": package_version("embvar_study"),
             **git_info(), "created": (old or {}).get("created", now), "updated": now}
 
+# %% ../nbs/15_sweep.ipynb #e2c6c1d4
 def check_experiments(names: list[str]) -> list[str]:
     "`names` if every one is an experiment; else the first unknown one named, with a suggestion."
     for e in names:
         if e not in EXPERIMENT_NAMES: raise ValueError(f"experiments: unknown {e!r}{suggest(e, EXPERIMENT_NAMES)}; valid: {list(EXPERIMENT_NAMES)}")
     return list(names)
 
+# %% ../nbs/15_sweep.ipynb #772b42e6
 def _check_executor(executor: str, jobs: int):
     if executor not in EXECUTORS: raise ValueError(f"executor: expected one of {list(EXECUTORS)}, got {executor!r}")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1: raise ValueError(f"jobs: expected an integer >= 1, got {jobs!r}")
 
+# %% ../nbs/15_sweep.ipynb #17ede121
 def ray_options(ray_address: str | None = None, gpus_per_run: float | None = None, cpus_per_run: int = 1, max_retries: int = 3) -> dict:
     "The Ray settings of a study ('' address and a negative GPU count mean: not given)."
     return {"address": ray_address or None, "num_gpus_per_run": None if gpus_per_run is None or gpus_per_run < 0 else gpus_per_run,
             "num_cpus_per_run": cpus_per_run, "max_retries": max_retries}
 
+# %% ../nbs/15_sweep.ipynb #e85d667a
 def _overrides(overrides) -> dict:
     "Overrides as a dict: a dict as it is, a JSON object string parsed (papermill's -p passes strings)."
     if isinstance(overrides, str):
@@ -333,6 +344,7 @@ def _overrides(overrides) -> dict:
     if not isinstance(overrides or {}, dict): raise ValueError(f"overrides: expected a dict (or a JSON object string), got {overrides!r}")
     return dict(overrides or {})
 
+# %% ../nbs/15_sweep.ipynb #6e253a7a
 def run_study(profile: str,                 # profile name (see PROFILES)
               study_dir: str | Path,        # the study folder (created)
               *,
@@ -359,6 +371,7 @@ def run_study(profile: str,                 # profile name (see PROFILES)
                             ray_options=ray_options(ray_address, gpus_per_run, cpus_per_run, max_retries),
                             spec=_spec(prof, overrides, experiments, old), say=say)
 
+# %% ../nbs/15_sweep.ipynb #04002fc9
 def run_experiment(profile: str, experiment: str, study_dir: str | Path, **kwargs) -> pd.DataFrame:  # the manifest
     "`run_study` of one experiment (what an experiment notebook calls)."
     return run_study(profile, study_dir, experiments=[experiment], **kwargs)[experiment]

@@ -48,9 +48,13 @@ def probe_table(probes: list[str] | pd.DataFrame | str | Path) -> pd.DataFrame: 
 class NonFiniteEmbeddings(ValueError):
     "The probe embeddings at a checkpoint contain NaN or inf (the model diverged)."
 
+# %% ../nbs/10_tracking.ipynb #ba2e92ac
 def _is_int(v) -> bool: return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+# %% ../nbs/10_tracking.ipynb #3cce2d2e
 def _is_real(v) -> bool: return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
 
+# %% ../nbs/10_tracking.ipynb #13ce565c
 def _check_live(live, alarm) -> bool:
     if not isinstance(live, bool): raise ValueError(f"live: expected True or False, got {live!r}")
     if not live and alarm is not None: raise ValueError(f"live: an alarm needs the live metrics (live=True), got live=False with alarm={alarm!r}")
@@ -69,11 +73,13 @@ def process_rank() -> tuple[int, int]:  # (rank, world size)
     d = torch.distributed
     return (d.get_rank(), d.get_world_size()) if d.is_available() and d.is_initialized() else (0, 1)
 
+# %% ../nbs/10_tracking.ipynb #94aa8f78
 def unwrap_ddp(model: torch.nn.Module) -> torch.nn.Module:
     "The module inside a `DistributedDataParallel` wrapper (its forward may sync buffers across ranks); the model otherwise."
     from torch.nn.parallel import DistributedDataParallel
     return model.module if isinstance(model, DistributedDataParallel) else model
 
+# %% ../nbs/10_tracking.ipynb #83fda146
 def is_sharded(model: torch.nn.Module) -> bool:
     "Are the parameters sharded across ranks (FSDP, FSDP2, DeepSpeed ZeRO-3)? Then each forward pass is a collective that every rank joins."
     import torch.distributed.fsdp as fsdp
@@ -343,10 +349,12 @@ def _calling_handler(cb: TrainerCallback) -> CallbackHandler | None:
         f = f.f_back
     return None
 
+# %% ../nbs/10_tracking.ipynb #25e1540c
 def _check_stop(stop) -> bool:
     if not isinstance(stop, bool): raise ValueError(f"stop: expected True or False, got {stop!r}")
     return stop
 
+# %% ../nbs/10_tracking.ipynb #0f03697f
 _TRACKER_ARGS = ("layers", "poolings", "identity", "max_length", "batch_size", "dtype", "autocast", "lock",
                  "drift_layer", "drift_pooling", "live")
 
@@ -357,6 +365,7 @@ def _check_tracker_kwargs(every, kwargs: dict) -> None:
     tracker_settings(every, kwargs.get("layers", "all"), kwargs.get("poolings") or "mean", kwargs.get("max_length", 128),
                      kwargs.get("batch_size", 16), kwargs.get("dtype", "float32"))
 
+# %% ../nbs/10_tracking.ipynb #f30287ad
 class EmbvarCallback(TrainerCallback):
     "A `transformers.TrainerCallback` that tracks the probes' hidden states into a run folder during `Trainer.train`."
     def __init__(self, probes, run_dir: str | Path, every: int = 10, *, config: dict | None = None,
@@ -482,6 +491,7 @@ def _lightning_callback_class() -> type:
     EmbvarLightningCallback.__module__ = __name__
     return EmbvarLightningCallback
 
+# %% ../nbs/10_tracking.ipynb #c9d7a728
 _LAZY: dict = {}
 
 def __getattr__(name: str) -> object:

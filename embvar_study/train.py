@@ -48,6 +48,7 @@ def _probe_source(cfg: TrainConfig, train_texts) -> pd.DataFrame:
         return load_probes(rows, n=cfg.n_probes, seed=cfg.probe_seed, exclude=train_texts)
     return load_probes(cfg.probes, n=cfg.n_probes, seed=cfg.probe_seed, exclude=train_texts)
 
+# %% ../nbs/11_train.ipynb #df945573
 def _drop_leaked(train_df: pd.DataFrame, eval_df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     "The evaluation rows whose text is not also a training text (exact duplicates leak), and how many were removed (said once)."
     dup = eval_df["text"].isin(set(train_df["text"])).to_numpy()
@@ -59,6 +60,7 @@ def _drop_leaked(train_df: pd.DataFrame, eval_df: pd.DataFrame) -> tuple[pd.Data
                       f"(exact duplicates): the held-out metrics use the other {int((~dup).sum())}", stacklevel=3)
     return eval_df[~dup], int(dup.sum())
 
+# %% ../nbs/11_train.ipynb #30b0250a
 @contextlib.contextmanager
 def _n_probes(cfg: TrainConfig):
     "`load_probes`'s `n: expected at most K probes` is about the run's n_probes: said so, with the probe source."
@@ -68,6 +70,7 @@ def _n_probes(cfg: TrainConfig):
         if not m: raise
         raise ValueError(f"n_probes: {m.group(1)} in probes={cfg.probes!r}") from None
 
+# %% ../nbs/11_train.ipynb #61a5e5a6
 def prepare_data(cfg: TrainConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:  # (train, eval, probes)
     "Stratified train/eval subsets chosen by data_seed, probes by probe_seed; facts for COMPLETE in `train.attrs`."
     with as_field("dataset"): df = load_texts(cfg.dataset, split=cfg.split, text_col=cfg.text_col, label_col=cfg.label_col)
@@ -123,13 +126,16 @@ def _use_bf16(device: torch.device, precision: str) -> bool:
     "bf16 autocast for `precision` on `device`: 'bf16' always, 'auto' on CUDA only, 'fp32' never."
     return precision == "bf16" or (precision == "auto" and device.type == "cuda")
 
+# %% ../nbs/11_train.ipynb #aa7e9e74
 def _autocast(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=_use_bf16(device, precision))
 
+# %% ../nbs/11_train.ipynb #0067970f
 def _kernel(device: torch.device, precision: str, train: bool) -> str:
     "The linear kernel for fp32 work on the CPU (measured: `extract.choose_linear_kernel`); the default elsewhere."
     return choose_linear_kernel(train)["kernel"] if device.type == "cpu" and not _use_bf16(device, precision) else "default"
 
+# %% ../nbs/11_train.ipynb #4948a7a2
 def evaluate(model: torch.nn.Module, batches: Batches, device: torch.device, precision: str = "auto") -> dict:  # {"eval_loss", "eval_acc"}
     "Mean cross-entropy and accuracy over `batches`, in length-sorted batches (model put in eval mode, previous mode restored)."
     was_training = model.training; model.eval()
@@ -144,6 +150,7 @@ def evaluate(model: torch.nn.Module, batches: Batches, device: torch.device, pre
         return {"eval_loss": tot_loss / n, "eval_acc": correct / n}
     finally: model.train(was_training)
 
+# %% ../nbs/11_train.ipynb #5b25eb14
 def forward_backward(model: torch.nn.Module, micro: list[dict], device: torch.device, precision: str = "auto") -> torch.Tensor:  # () the batch's mean loss
     "One batch given as micro-batches: each micro-batch's mean loss weighted by its share of the batch, gradients accumulated."
     n = sum(len(m["labels"]) for m in micro); total = torch.zeros((), device=device)
@@ -153,7 +160,6 @@ def forward_backward(model: torch.nn.Module, micro: list[dict], device: torch.de
         w = len(m["labels"]) / n
         (loss * w).backward(); total += loss.detach() * w
     return total
-
 
 # %% ../nbs/11_train.ipynb #ce197ec1
 _NO_DECAY = ("bias", "LayerNorm.weight", "layer_norm.weight", "norm.weight")
@@ -185,6 +191,7 @@ def _check_writable(run_dir: Path) -> None:
     try: fd, probe = tempfile.mkstemp(dir=base, prefix=".embvar-write-check-"); os.close(fd); os.unlink(probe)
     except OSError as e: raise ValueError(f"run_dir: cannot write to {run_dir} ({base}: {e.strerror or e})") from None
 
+# %% ../nbs/11_train.ipynb #4f8e9b5a
 def _check_alarm(cfg: TrainConfig) -> None:
     "The run's alarm rule against what the run tracks: a tracked pooling, a tracked step in its range, a layer the model has."
     rule = alarm_rule(cfg.alarm)
@@ -197,6 +204,7 @@ def _check_alarm(cfg: TrainConfig) -> None:
         raise ValueError(f"alarm.layer: expected an int in [-{depth + 1}, {depth}] ({cfg.model} has {depth} layers: "
                          f"{depth + 1} saved hidden states), got {rule.layer}")
 
+# %% ../nbs/11_train.ipynb #b63e8f40
 def check_before_work(cfg: TrainConfig,  # the run's parameters (already checked field by field)
                       run_dir: str | Path,  # the run folder it would write
                       run_id: str | None = None,  # `cfg.run_id()` when the caller has it (it hashes data and model files)
@@ -208,7 +216,6 @@ def check_before_work(cfg: TrainConfig,  # the run's parameters (already checked
     if cfg.alarm is not None: _check_alarm(cfg)
     return state
 
-
 # %% ../nbs/11_train.ipynb #d1e2f312
 STEP0_CACHE: dict = {}   # (model, probes, embedding settings, device, threads) -> {pooling: (L+1, N, d)}; per process
 
@@ -218,6 +225,7 @@ def _step0_key(cfg: TrainConfig, probe_texts: list, device: torch.device) -> tup
     return (cfg.model, probes, tuple(cfg.poolings), cfg.probe_max_length, cfg.embed_batch_size, cfg.embed_dtype,
             cfg.precision, str(device), torch.get_num_threads())
 
+# %% ../nbs/11_train.ipynb #86be2e6f
 def _track(tracker: EmbeddingTracker, step: int, key: tuple | None) -> None:
     "Embed the probes at `step` (step 0 from STEP0_CACHE when `key` is given and cached)."
     t = time.perf_counter()
@@ -282,6 +290,7 @@ def train_run(config: TrainConfig | dict,  # the run's parameters
             except BaseException: tracker.writer.abandon(); raise
     return run_dir
 
+# %% ../nbs/11_train.ipynb #9290e078
 def _check_lengths(cfg: TrainConfig, model):
     limit = position_limit(model)
     for name in ("max_length", "probe_max_length"):
@@ -291,6 +300,7 @@ def _check_lengths(cfg: TrainConfig, model):
 # %% ../nbs/11_train.ipynb #d1e2f314
 class _Diverged(ValueError): "The run's outputs are no longer finite or its loss exploded."
 
+# %% ../nbs/11_train.ipynb #09693314
 def _checkpoint(cfg, tracker, step, last, model, tok, held, device, timing, step0_key) -> dict:
     "Embed the probes (and perturbations) and/or evaluate at `step`, as due; return the eval columns."
     out, bf16 = {}, _use_bf16(device, cfg.precision)

@@ -42,6 +42,7 @@ def value_label(value: object) -> str:
 class Distinct(tuple):
     "The distinct values one setting takes over runs (typed, each once): shown as 'a | b'."
 
+# %% ../nbs/00a_words.ipynb #f80c3331
 def format_value(v: object, digits: int = 3) -> str:
     "One value for reading: 3 significant digits, no trailing exponent noise, '—' for missing, '[a, b]' for pairs, 'a, b, c' for lists, 'a | b' for `Distinct` values."
     if isinstance(v, Distinct): return " | ".join(format_value(x, digits) for x in v) or "—"
@@ -154,6 +155,7 @@ def _override_words(k: str, v: object) -> str:
     f = lambda x: format_lr(x) if ("lr" in k and isinstance(x, (int, float)) and not isinstance(x, bool)) else (Path(x).name if isinstance(x, str) and "/" in x else format_value(x))
     return f"{k} = {', '.join(f(x) for x in vals)}"
 
+# %% ../nbs/00a_words.ipynb #dacafa2a
 def study_description(spec: dict) -> str:
     "A study in words from its study.json: the profile and every override ('quick profile with lrs = 1e-4, 5e-4 and seeds = 0, 1')."
     prof = f"{spec.get('profile', 'runs')} profile"
