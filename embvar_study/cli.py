@@ -159,7 +159,7 @@ def report_parser() -> argparse.ArgumentParser:
                 epilog=_profiles_epilog(), formatter_class=_HelpWithEpilog)
     g = p.add_argument_group("study")
     g.add_argument("--profile", default=None, help=f"one of {', '.join(PROFILES)} (their experiments: below); default quick")
-    g.add_argument("--out", dest="study_dir", default=None, help="study folder (default reports/PROFILE, relative to this folder); runs are stored inside it: a new --out trains again the runs another "
+    g.add_argument("--out", dest="study_dir", default=None, help="study folder (default build/PROFILE, relative to this folder; make report publishes its page to reports/PROFILE); runs are stored inside it: a new --out trains again the runs another "
                    "study folder holds (it says which at the start) unless --runs-from names that folder")
     g.add_argument("--runs-from", dest="runs_from", nargs="+", default=[], metavar="DIR",
                    help="study folders (or folders of run folders) whose complete runs of this study are copied in by run id after a full "
@@ -309,12 +309,12 @@ def report_main(argv: list[str]) -> Path:
     _check_report_args(a)
     if a.runs:
         from embvar_study.study import check_out_folder
-        out = check_out_folder(_folder(a.study_dir or "reports/runs", "study_dir"), runs=True)   # someone else's folder: refused
+        out = check_out_folder(_folder(a.study_dir or "build/runs", "study_dir"), runs=True)   # someone else's folder: refused
         return runs_report(a.runs, a.group_by, out, templates=a.templates)
     from embvar_study.sweep import check_profile_name, check_experiments
     profile = check_profile_name(a.profile or "quick")              # before anything heavy is imported
     if a.experiments: check_experiments(a.experiments)
-    sets, study_dir = parse_sets(a.sets), _folder(a.study_dir or Path("reports") / profile, "study_dir")
+    sets, study_dir = parse_sets(a.sets), _folder(a.study_dir or Path("build") / profile, "study_dir")
     jobs = _jobs(a.jobs) if a.executor == "local" else (1 if a.jobs == "auto" else _jobs(a.jobs))
     from embvar_study.sweep import get_profile, run_study
     from embvar_study.study import study_lock, check_study, read_study_spec, check_out_folder

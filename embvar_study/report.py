@@ -26,8 +26,8 @@ def project_root() -> Path | None:
 
 # %% ../nbs/21_report.ipynb #ecf5987d
 def resolve_study_dir(study_dir: str | os.PathLike, profile: str) -> Path:
-    "The absolute study folder for `study_dir` ('' = reports/<profile>), independent of the current folder in a checkout."
-    p = Path(study_dir) if str(study_dir) else Path("reports") / profile
+    "The absolute study folder for `study_dir` ('' = build/<profile>), independent of the current folder in a checkout."
+    p = Path(study_dir) if str(study_dir) else Path("build") / profile
     if p.is_absolute(): return p
     base = os.environ.get("EMBVAR_REPORTS_ROOT") or project_root() or Path.cwd()
     return (Path(base) / p).resolve()

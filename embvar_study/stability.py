@@ -18,8 +18,8 @@ from .study import NotComputed, format_lr
 __all__ = ['WITHIN_SIGNALS', 'DRIFT_NAMES', 'TRAINER_NAMES', 'PRIMARY_FRACTION', 'NONE_MARGIN', 'STRATIFIED_MIN_PER_CLASS',
            'INCREMENT_BAND_METHOD', 'EARLY_STOP_SELECTIONS', 'EARLY_STOP_CI_METHOD', 'mixed_runs', 'outcome_counts',
            'within_scores', 'within_auc_table', 'pooled_auc_table', 'incremental_value', 'decide', 'dodge_best',
-           'early_stopping_table', 'false_stops', 'alarm_cost', 'stability_answer', 'stability_tables',
-           'stability_finding', 'stability_section']
+           'early_stopping_table', 'false_stops', 'alarm_cost', 'stability_answer', 'tracked_fractions',
+           'stability_tables', 'stability_finding', 'stability_section']
 
 # %% ../nbs/18a_stability.ipynb #472945d4
 WITHIN_SIGNALS = {"drift, last layer": ("drift_last", 1), "drift, best layer": ("drift_best", 1), "drift velocity": ("velocity", 1),
@@ -306,15 +306,31 @@ def stability_answer(inc: pd.DataFrame,       # incremental_value(...)
              f"the learning rate's alone {p.loc['learning rate (known before training)', 'auc']:.2f} {_iv(p.loc['learning rate (known before training)', 'low'], p.loc['learning rate (known before training)', 'high'])}.")
     return {"text": text, "verdict": d["verdict"], "value": float(r["diff"]), "ci": (float(r["low"]), float(r["high"])), "seeds_needed": d["seeds_needed"]}
 
+# %% ../nbs/18a_stability.ipynb #8fe00e82
+def tracked_fractions(rs: object,                                # the stability runs (a RunSet)
+                      fractions: tuple[float, ...] = STABILITY_FRACTIONS,
+                     ) -> tuple[tuple[float, ...], list[str]]:   # (the fractions every run tracked a step for, one note per fraction left out)
+    "The fractions f of training at which every run has a tracked step after 0 at or before floor(f x planned steps); a fraction before the first tracked step is left out, with a note saying why."
+    totals = [int(r.marker.get("total_steps") or r.history["step"].max()) for r in rs.runs]
+    firsts = [min((int(s) for s in r.steps if s > 0), default=None) for r in rs.runs]
+    if any(f is None for f in firsts): raise NotComputed("a run tracked no step after step 0: the stability analysis has no signal to read")
+    total, first = min(totals), max(firsts)
+    kept = tuple(f for f in fractions if math.floor(f * total) >= first)
+    notes = [f"{f:.0%} of training (step {math.floor(f * total)} of {total}) comes before the first tracked step after 0 (step {first}): not analysed; "
+             f"track more often (--set track_every=...) to analyse it" for f in fractions if f not in kept]
+    if not kept: raise NotComputed(notes[0])
+    return kept, notes
+
 # %% ../nbs/18a_stability.ipynb #2972bb44
 def stability_tables(study: object, *, pooling: str = "mean") -> dict:  # sig, counts, within, pooled, increment, early, alarm, answer
     "Every table of the stability analysis from a study's stability runs, with the failure rule recorded in study.json."
     rs = study.runs("stability", min_runs=4, diverged=True)
     failure = (study.spec.get("resolved") or {}).get("failure")
     if not failure: raise NotComputed("study.json records no failure rule (resolved.failure): the stability profile fixes it before the runs")
-    sig = stability_signals(rs, failure, pooling=pooling)
+    fractions, skipped = tracked_fractions(rs)
+    sig = stability_signals(rs, failure, pooling=pooling, fractions=fractions)
     ws = within_scores(sig); wa = within_auc_table(ws); pooled = pooled_auc_table(sig); inc = incremental_value(sig)
-    return {"sig": sig, "failure": failure, "counts": outcome_counts(sig), "within": wa, "notes": ws.attrs.get("notes", []), "pooled": pooled,
+    return {"sig": sig, "failure": failure, "counts": outcome_counts(sig), "within": wa, "notes": skipped + ws.attrs.get("notes", []), "pooled": pooled,
             "increment": inc, "early": early_stopping_table(sig), "alarm": alarm_cost(sig), "answer": stability_answer(inc, wa, pooled)}
 
 # %% ../nbs/18a_stability.ipynb #1e283dd4
@@ -396,7 +412,7 @@ def stability_section(study: object,           # a loaded study with the stabili
               f"{INCREMENT_BAND_METHOD}. The stratified AUC interval (stratified DeLong, logit scale) covers 95.5-97.4% at 14 seeds x 3 rates (simulated, AUC 0.5-0.9); the pooled AUC's Newcombe interval 93.6-96.2% from 6 runs per class.")
     return [counts, Table(c, "Failed and learned runs per learning rate (final held-out accuracy: mean of each group)"),
             "**Does drift add anything beyond the learning rate?** " + T["answer"]["text"], method, *[f"*{n}*" for n in T["notes"]],
-            Table(_pct(wa), "Stratified AUC for failure (failed vs learned runs of the same learning rate only), 95% interval, at 10/20/30/50% of training"),
+            Table(_pct(wa), "Stratified AUC for failure (failed vs learned runs of the same learning rate only), 95% interval, at " + "/".join(f"{f:.0%}" for f in sorted(wa["fraction"].unique())) + " of training"),
             _below_chance(wa),
             Table(_pct(T["pooled"]), "Pooled AUC over all runs and rates (Newcombe interval), beside the learning rate's own AUC, known before training"),
             Table(_pct(inc), "Drift's incremental value: stratified AUC of the cross-validated model with drift minus without (rate indicators and the trainer's signals); low/high: the test band (see the method), not a confidence interval"),

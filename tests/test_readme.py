@@ -249,9 +249,9 @@ def test_scan_finds_quotes_and_tables_by_the_report_named_before_them():
     assert rows == {"quick": ["| a | 1 |", "| b | 2 |"]}
 
 
-def test_the_profile_table_states_each_profiles_grid_and_sizes():
+def test_the_profile_table_states_each_profiles_grid_and_sizes(tmp_path):
     "Each row of the README's profile table names the profile's learning rates, seeds per rate and train / held-out sizes as PROFILES defines them."
-    from embvar_study.sweep import PROFILES
+    from embvar_study.sweep import PROFILES, get_profile, plan_study
     from embvar_study.study import format_lr
     rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(\w+)` \|.*$", _readme(), flags=re.M)}
     assert set(PROFILES) <= set(rows), sorted(set(PROFILES) - set(rows))
@@ -263,3 +263,7 @@ def test_the_profile_table_states_each_profiles_grid_and_sizes():
         assert int(seeds) == len(prof["seeds"]), (name, seeds)
         sizes = re.search(r"([\d,]+) / ([\d,]+)", data).groups()
         assert [int(x.replace(",", "")) for x in sizes] == [prof["base"]["n_train"], prof["base"]["n_eval"]], (name, sizes)
+        data = tmp_path / "reviews.csv"; data.write_text("text,label\n" + "".join(f"review {i},{i % 2}\n" for i in range(400)))
+        sets = {"dataset": str(data)} if prof["base"].get("dataset") is None else {}    # a profile that asks for a review file
+        planned = plan_study(get_profile(name, sets))["run_id"].nunique()
+        assert int(cells[4]) == planned, (name, cells[4], planned)                      # the runs column: distinct runs planned
