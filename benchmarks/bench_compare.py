@@ -12,7 +12,7 @@ were made) and the subprocess's peak resident memory (getrusage maxrss: inputs, 
 
     python benchmarks/bench_compare.py                               # speed, old vs new vs pytorch-cka
     python benchmarks/bench_compare.py --old-resamples 20 --n-resamples 200 --old-tree /work/main
-    python benchmarks/bench_compare.py --memory                      # every memory case at the sizes of compare-readme.md
+    python benchmarks/bench_compare.py --memory                      # every memory case at the sizes of nbs/guide_measurements.ipynb (Memory of compare at large N)
     python benchmarks/bench_compare.py --case cka_stream --n 3000 --d 64
 """
 import argparse
