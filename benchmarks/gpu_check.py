@@ -180,7 +180,7 @@ def scaling(cfg: dict, ks: list[int], root: Path, gpus: list[dict]) -> list[dict
 # ---------------------------------------------------------------- the table
 def rows_of(res: dict) -> list[tuple[str, str, str]]:
     "The one table: (section, what, value); every number from `res`."
-    p, c, dev = res["paper_step"], res["compare"], res["device"]
+    p, c = res["paper_step"], res["compare"]
     cfg = p["config"]
     gib = lambda r: f"{r['peak_memory_gib']:.2f} GiB" if res["cuda"] else "n/a (CPU)"
     rows = [("paper step", "model", f"{p['plain']['params'] / 1e6:.1f}M parameters, random weights from DistilBertConfig"

@@ -6,7 +6,8 @@
 from __future__ import annotations
 import datetime as _dt, hashlib, html, json, os, re
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TYPE_CHECKING
+if TYPE_CHECKING: import pandas as pd
 
 from .storage import atomic_write_bytes
 from .words import study_description

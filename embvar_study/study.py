@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from .runs import Run, RunWriter, load_run, CorruptRunError
-from .storage import config_hash, atomic_write_json, atomic_write_text, FolderLock, lock_holder, method_of
+from .storage import config_hash, atomic_write_json, atomic_write_text, FolderLock, method_of
 
 # %% auto #0
 __all__ = ['STUDY_FILE', 'RUNS_REPORT_MARK', 'MANIFEST_COLUMNS', 'DESIGN_COLUMNS', 'GROUP_FIELDS', 'EXPERIMENT_FACTORS',

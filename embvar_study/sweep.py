@@ -4,7 +4,7 @@
 
 # %% ../nbs/15_sweep.ipynb #526e1b7f
 from __future__ import annotations
-import contextlib, copy, datetime as _dt, difflib, itertools, json, math, os, re, shutil, time
+import contextlib, copy, datetime as _dt, difflib, itertools, json, math, re, shutil, time
 from pathlib import Path
 from typing import Callable, Iterable
 
