@@ -11,6 +11,7 @@ import pickle
 import sys
 import time
 from contextlib import contextmanager
+from typing import Iterator
 import warnings
 from pathlib import Path
 
@@ -108,7 +109,7 @@ def gather_objects(obj: object,  # anything picklable
 
 # %% ../nbs/10_tracking.ipynb #eecbfc22
 @contextmanager
-def no_kv_cache(model: torch.nn.Module):  # a transformers model (PEFT, DDP-unwrapped, FSDP modules too)
+def no_kv_cache(model: torch.nn.Module) -> Iterator[torch.nn.Module]:  # a transformers model (PEFT, DDP-unwrapped, FSDP modules too)
     "Inside the block, the model's `config.use_cache` is False (no key/value cache is built); the setting is restored on exit."
     cfg = getattr(model, "config", None)
     old = getattr(cfg, "use_cache", None)
