@@ -151,13 +151,16 @@ def test_only_report_reexecutes_a_half_run_notebook_from_the_runs_on_disk(diverg
     assert 'id="appendix-lr_sweep"' in page
 
 
-def test_only_report_reexecutes_finished_notebooks_with_this_code(diverged_study, capsys):
-    "A finished experiment notebook is executed again by --only-report (from the runs on disk), so no page is rendered by older code."
+def test_only_report_reexecutes_a_notebook_made_by_other_code_and_reuses_one_made_by_this(diverged_study, capsys):
+    "A finished experiment notebook whose recorded inputs (the code's digest among them) are not today's is executed again by --only-report, from the runs on disk, so no page is rendered by older code; one whose inputs are today's is reused."
     nb = diverged_study / "notebooks" / "lr_sweep.ipynb"
-    d = json.loads(nb.read_text()); d["metadata"]["papermill"]["start_time"] = "2000-01-01T00:00:00"; nb.write_text(json.dumps(d))
+    d = json.loads(nb.read_text()); d["metadata"]["papermill"]["start_time"] = "2000-01-01T00:00:00"
+    d["metadata"].setdefault("embvar", {})["inputs"] = "0" * 64; nb.write_text(json.dumps(d))        # as another version of the code left it
     main(["report", "--profile", "smoke", "--only-report", "--out", str(diverged_study)])
     assert json.loads(nb.read_text())["metadata"]["papermill"]["start_time"] != "2000-01-01T00:00:00"
     assert "notebook lr_sweep: done" in capsys.readouterr().out
+    main(["report", "--profile", "smoke", "--only-report", "--out", str(diverged_study)])           # nothing changed since
+    assert "notebook lr_sweep: inputs unchanged (template, parameters, code, runs): reused" in capsys.readouterr().out
 
 
 def test_only_report_names_a_notebook_it_cannot_reexecute_without_training(diverged_study, tmp_path, capsys):
