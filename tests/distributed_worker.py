@@ -25,7 +25,9 @@ def main():
     from embvar_study.tracking import EmbvarCallback, EmbeddingTracker, process_rank
     model, tok = load_model_and_tokenizer("tiny-distilbert", num_labels=2, init_seed=0)
     if a.loop == "plain":
-        if "RANK" in os.environ: torch.distributed.init_process_group("gloo")
+        if "RANK" in os.environ:                       # a collective that waits past 120 s raises (gloo's default: 30 min)
+            import datetime
+            torch.distributed.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
         rank, world = process_rank()
         torch.manual_seed(1000 + rank)                  # each rank's dropout masks: the same run every time
         if a.fsdp and world > 1:                        # FSDP2: each block and the root sharded across the ranks

@@ -1,10 +1,11 @@
 """Tracking under `torchrun --nproc_per_node 2` (CPU, gloo): one run folder written once by rank 0, step-0 embeddings
 equal to a single-process run's, the alarm stopping every rank, a rank-0 error ending every rank (no hang: each launch
 is bounded by a subprocess timeout), and FSDP (every rank joins the probe forward pass)."""
-import json, os, signal, subprocess, sys
+import contextlib, json, os, subprocess, sys, tempfile
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from embvar_study.runs import load_run
@@ -19,12 +20,19 @@ def launch(out: Path, *args, nproc: int | None = 2) -> tuple[int, list[dict], st
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     pre = [sys.executable] if nproc is None else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                   "--nproc_per_node", str(nproc)]
-    p = subprocess.Popen(pre + [str(WORKER), str(out), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                         start_new_session=True)     # its own process group: a hang is ended with every worker
-    try: stdout, _ = p.communicate(timeout=LIMIT)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL); stdout, _ = p.communicate()
-        pytest.fail(f"hang: no exit within {LIMIT}s\n{stdout[-3000:]}")
+    # The output goes to a file, not a pipe: torchrun starts each worker in its own session, so a worker that outlives
+    # torchrun would hold a pipe open and block the read forever (a CI run stalled so for an hour).
+    log = Path(tempfile.mkstemp(prefix="torchrun-", suffix=".log")[1])
+    with open(log, "w") as f:
+        p = subprocess.Popen(pre + [str(WORKER), str(out), *args], stdout=f, stderr=subprocess.STDOUT, text=True, env=env)
+        try: p.wait(timeout=LIMIT)
+        except subprocess.TimeoutExpired:
+            procs = [p_ for p_ in [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]]
+            for q in procs:                           # torchrun and every worker, whatever its session
+                with contextlib.suppress(psutil.NoSuchProcess): q.kill()
+            psutil.wait_procs(procs, timeout=30)
+            pytest.fail(f"hang: no exit within {LIMIT}s\n{log.read_text()[-6000:]}")
+    stdout = log.read_text(); log.unlink()
     results = [json.loads(l.split("RESULT ", 1)[1]) for l in stdout.splitlines() if l.startswith("RESULT ")]
     return p.returncode, sorted(results, key=lambda r: r["rank"]), stdout
 
