@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from .similarity import MEASURES, RSA_RANK_MAX_N
 from .layer_pairs import BOOTSTRAPPED, GRAM_MAX_N, GRAM_MEASURES, boot_counts, layer_factors, pair_scores
-from .checks import as_float_array
+from .checks import as_float_array, check_finite, check_rank, check_real, is_tensor
 
 # %% auto #0
 __all__ = ['DEFAULT_MEASURES', 'is_run_spec', 'parse_layers', 'CompareResult', 'compare', 'check_out_folder',
@@ -88,7 +88,12 @@ def _run_layers(spec, name, pooling):
 # %% ../nbs/23_compare.ipynb #093c54d8
 def _side(x, name, pooling):
     "One side before embedding: ('array', (L, N, d), None), ('run', (L, N, d), (ids, texts)) or ('model', x, None)."
-    if isinstance(x, (np.ndarray, list)) or hasattr(x, "detach"):
+    if is_tensor(x):                                    # kept on its device: the per-layer factors are computed there
+        check_real(x, name); check_rank(tuple(x.shape), name, ndim=3, dims="(layers, N, d)")
+        if not x.is_floating_point(): x = x.double()
+        check_finite(x, name)
+        return "array", x.detach(), None
+    if isinstance(x, (np.ndarray, list)):
         return "array", as_float_array(x, name, ndim=3, dims="(layers, N, d)"), None
     if is_run_spec(x): return ("run", *_run_layers(x, name, pooling))
     return "model", x, None
@@ -166,7 +171,8 @@ def _pick(L, layers, name):
 # %% ../nbs/23_compare.ipynb #75a60bc3
 def _constant_layers(X, chosen):
     "The chosen layers of X (L, N, d) whose N rows are all identical (e.g. `last` pooling of a decoder's first layer)."
-    return [i for i in chosen if bool((X[i].max(axis=0) == X[i].min(axis=0)).all())]
+    same = (lambda x: (x.amax(0) == x.amin(0)).all()) if is_tensor(X) else (lambda x: (x.max(axis=0) == x.min(axis=0)).all())
+    return [i for i in chosen if bool(same(X[i]))]
 
 # %% ../nbs/23_compare.ipynb #fd51879a
 def _intervals(boot, value, confidence, rng):
@@ -248,7 +254,7 @@ class CompareResult(pd.DataFrame):
         return fig
 
 # %% ../nbs/23_compare.ipynb #78970380
-def compare(a: object,  # (layers, N, da) array, (model, tokenizer), a model alias / folder / Hub id, or a run folder at a step "runs/x@step=24"
+def compare(a: object,  # (layers, N, da) array or torch tensor (factored on its device), (model, tokenizer), a model alias / folder / Hub id, or a run folder at a step "runs/x@step=24"
             b: object,  # the same kinds, for the second model
             probes: Sequence | pd.DataFrame | None = None,  # probe texts (str, {"id","text"} dicts, (id, text) or a frame); None: arrays, or a run's own probes
             layers: str | int | Sequence[int] = "all",  # layers of both sides to compare

@@ -5,13 +5,16 @@
 # %% ../nbs/02b_layer_pairs.ipynb #1b7eaccd
 from __future__ import annotations
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 import numpy as np
+from .checks import is_tensor
 from .similarity import MEASURES, RSA_STREAM_N, hsic_unbiased, rank_vector, rdm_vector, tied_ranks
 from ._batching import single_blas_thread, top_k
+if TYPE_CHECKING: import torch   # for the type hints only: imported when a tensor is given
 
 # %% auto #0
 __all__ = ['GRAM_MEASURES', 'KNN_MEASURES', 'KNN_K', 'ALPHAS', 'COV_MEASURES', 'BOOTSTRAPPED', 'GRAM_MAX_N', 'boot_counts',
-           'LayerFactors', 'layer_factors', 'pair_scores']
+           'LayerFactors', 'layer_factors', 'tensor_factors', 'pair_scores']
 
 # %% ../nbs/02b_layer_pairs.ipynb #9222a20e
 GRAM_MEASURES = {"linear_cka": False, "debiased_cka": True}       # measure -> debiased: bootstrapped from N x N Gram matrices
@@ -45,9 +48,10 @@ class LayerFactors:
     d: int             # the original width
 
 # %% ../nbs/02b_layer_pairs.ipynb #2525ddf4
-def layer_factors(X: np.ndarray,  # (L, N, d) float64 layers of one side
+def layer_factors(X: np.ndarray | torch.Tensor,  # (L, N, d) layers of one side: float64 numpy, or a tensor on any device
                  ) -> LayerFactors:
-    "The factors every measure of `pair_scores` is derived from: one QR of X^T per layer when d > N, the centred Gram, the rank."
+    "The factors every measure of `pair_scores` is derived from: one QR of X^T per layer when d > N, the centred Gram, the rank; a tensor's on its device."
+    if is_tensor(X): return tensor_factors(X)
     L, N, d = X.shape
     with single_blas_thread():
         if d > N:
@@ -58,6 +62,24 @@ def layer_factors(X: np.ndarray,  # (L, N, d) float64 layers of one side
         s = np.linalg.svd(c, compute_uv=False)
     rank = (s > s[:, :1] * max(N, d) * np.finfo(np.float64).eps).sum(axis=1)   # `_basis`'s rank cut
     return LayerFactors(X, np.ascontiguousarray(Z), Q, c @ np.swapaxes(c, 1, 2), rank, d)
+
+# %% ../nbs/02b_layer_pairs.ipynb #fad2faad
+def tensor_factors(X: torch.Tensor,  # (L, N, d) layers of one side, any float dtype, on any device
+                  ) -> LayerFactors:
+    "`layer_factors` of a torch tensor: the d-sized work (the QR of X^T, the Gram) in float64 on the tensor's device, the factors then on the CPU."
+    import torch
+    L, N, d = X.shape
+    X = X.detach().to(torch.float64)
+    if d > N:
+        Q, R = torch.linalg.qr(X.mT)                                       # reduced: Q (L, d, N), R (L, N, N)
+        Z = R.mT
+    else: Q, Z = None, X
+    c = Z - Z.mean(dim=1, keepdim=True)
+    s = torch.linalg.svdvals(c)
+    rank = (s > s[:, :1] * max(N, d) * np.finfo(np.float64).eps).sum(dim=1)
+    host = lambda t: None if t is None else t.cpu().numpy()
+    return LayerFactors(host(X), np.ascontiguousarray(host(Z)), host(Q), host(c @ c.mT), host(rank), d)
+
 
 # %% ../nbs/02b_layer_pairs.ipynb #d2edd5ba
 def _svd(M, compute_uv=True):

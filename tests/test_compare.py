@@ -326,3 +326,26 @@ def test_cli_out_file_refused_before_computing(fake_runs, tmp_path, monkeypatch,
     with pytest.raises(SystemExit) as e: main(["compare", f"{a}@step=0", f"{b}@step=0", "--out", str(f)])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and err == [f"embvar compare: error: --out: expected a folder for compare.html and compare.csv, got {str(f)!r}, an existing file"]
+
+
+def test_torch_tensors_are_factored_on_their_device_and_equal_numpy():
+    "Tensors: the per-layer QR runs on the tensors' device (seen by a TorchFunctionMode), and every value and interval equals numpy's."
+    import torch
+    from torch.overrides import TorchFunctionMode
+    rng = np.random.default_rng(3)
+    A = rng.normal(size=(3, 24, 96)); B = A[:, :, ::-1] * 2 + rng.normal(size=(3, 24, 96))
+    seen = []
+    class Devices(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.linalg.qr: seen.append(args[0].device)
+            return func(*args, **(kwargs or {}))
+    ref = compare(A, B, n_resamples=20)
+    with Devices(): got = compare(torch.tensor(A), torch.tensor(B), n_resamples=20)
+    assert seen == [torch.device("cpu")] * 2                 # one QR per side, on the inputs' device, none on a numpy copy
+    pd.testing.assert_frame_equal(got[["layer_a", "layer_b", "measure", "ci_method", "flag"]], ref[["layer_a", "layer_b", "measure", "ci_method", "flag"]])
+    for c in ("value", "ci_low", "ci_high"):
+        np.testing.assert_allclose(got[c].to_numpy(), ref[c].to_numpy(), rtol=0, atol=1e-10, equal_nan=True)
+    with pytest.raises(ValueError, match=r"^a: expected finite values"):
+        bad = torch.tensor(A); bad[0, 0, 0] = float("nan"); compare(bad, B)
+    with pytest.raises(ValueError, match=r"^b: expected shape \(layers, N, d\)"):
+        compare(torch.tensor(A), torch.tensor(B[0]))
