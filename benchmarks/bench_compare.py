@@ -1,9 +1,9 @@
 """`compare`'s speed against the previous per-pair implementation on the same inputs, and the memory of streaming CKA / RSA.
 
 Speed (default): the quick profile's shape, 7 x 7 layer pairs, 48 probes, d = 384, synthetic (and two real quick-profile
-runs when /work/cache/quick/DONE exists). Each side runs in its own subprocess: this tree's `compare` at --n-resamples,
-the old tree's (PYTHONPATH=--old-tree, e.g. the main branch before the factored engine) at --old-resamples with a
-timeout, this tree again at --old-resamples; the largest absolute difference of any value and interval between the two
+runs of --runs, default build/quick, when it holds two complete runs). Each side runs in its own subprocess: this tree's
+`compare` at --n-resamples, the old per-pair implementation's (the package at --old-ref, the commit before the factored
+engine, extracted from this clone's history with `git archive`; or --old-tree) at --old-resamples with a timeout, this tree again at --old-resamples; the largest absolute difference of any value and interval between the two
 at the same resamples (the old intervals clipped to the measures' ranges, as the new ones are), and pytorch-cka's
 `cka_from_features` on the same 49 layer pairs.
 
@@ -11,7 +11,7 @@ Memory (--memory): each case in its own subprocess; its time, tracemalloc's peak
 were made) and the subprocess's peak resident memory (getrusage maxrss: inputs, interpreter and libraries included).
 
     python benchmarks/bench_compare.py                               # speed, old vs new vs pytorch-cka
-    python benchmarks/bench_compare.py --old-resamples 20 --n-resamples 200 --old-tree /work/main
+    python benchmarks/bench_compare.py --old-resamples 20 --n-resamples 200 --old-ref OLD_COMMIT
     python benchmarks/bench_compare.py --memory                      # every memory case at the sizes of nbs/guide_measurements.ipynb (Memory of compare at large N)
     python benchmarks/bench_compare.py --case cka_stream --n 3000 --d 64
 """
@@ -112,7 +112,7 @@ def _pytorch_cka(A, B, reps=5):
     return (time.perf_counter() - t) / reps, v.numpy()
 
 
-def _inputs_sets(tmp):
+def _inputs_sets(tmp, runs_dir):
     "[(label, path a, path b)]: the synthetic quick-profile shape, and two real quick-profile runs if their cache is complete."
     rng = np.random.default_rng(0)
     A = rng.standard_normal((7, 48, 384)).astype(np.float32)
@@ -120,8 +120,8 @@ def _inputs_sets(tmp):
     out = []
     np.save(tmp / "syn_a.npy", A.astype(np.float64)); np.save(tmp / "syn_b.npy", B.astype(np.float64))
     out.append(("synthetic 7 layers x 48 probes x d 384", tmp / "syn_a.npy", tmp / "syn_b.npy"))
-    root = Path("/work/cache/quick")
-    if (root / "DONE").exists():
+    root = Path(runs_dir)
+    if (root / "runs").is_dir():
         from embvar_study.runs import load_run
         runs = sorted(p for p in (root / "runs").iterdir() if (p / "COMPLETE").is_file())[:2]
         if len(runs) == 2:
@@ -130,7 +130,7 @@ def _inputs_sets(tmp):
             for r, n in ((ra, "run_a"), (rb, "run_b")):
                 np.save(tmp / f"{n}.npy", np.asarray(r.embeddings_all_layers("mean", steps=[step])[0], dtype=np.float64))
             out.append((f"quick-profile runs {runs[0].name} and {runs[1].name} at step {step}", tmp / "run_a.npy", tmp / "run_b.npy"))
-    else: print("(no /work/cache/quick/DONE: the real quick-profile runs are left out)")
+    if len(out) == 1: print(f"(no two complete runs in {root}/runs: the real quick-profile runs are left out)")
     return out
 
 
@@ -139,7 +139,13 @@ def speed(a):
     here = Path(__file__).resolve().parents[1]
     tmp = Path(tempfile.mkdtemp(prefix="bench_compare_"))
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    for label, pa, pb in _inputs_sets(tmp):
+    if a.old_tree is None:                                   # the old implementation, from this clone's history
+        a.old_tree = str(tmp / "old")
+        os.makedirs(a.old_tree)
+        archive = subprocess.run(["git", "-C", str(here), "archive", a.old_ref, "embvar_study"], capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", a.old_tree], input=archive, check=True)
+        print(f"old implementation: embvar_study at {a.old_ref} (git archive into {a.old_tree})")
+    for label, pa, pb in _inputs_sets(tmp, a.runs):
         A = np.load(pa)
         print(f"\n{label}: {A.shape[0]} x {np.load(pb).shape[0]} layer pairs, the default measures")
         new_full = _timed_compare(here, pa, pb, a.n_resamples, tmp / "new_full.pkl", None)
@@ -177,7 +183,9 @@ def main(argv=None):
     p.add_argument("--layers", type=int, default=2, help="layers of each array in the compare case (default 2; the last pair is compared)")
     p.add_argument("--n-resamples", type=int, default=200, help="speed: the resamples of the new path's full run (default 200)")
     p.add_argument("--old-resamples", type=int, default=20, help="speed: resamples at which old and new are both run and compared (default 20)")
-    p.add_argument("--old-tree", default="/work/main", help="speed: source tree of the old implementation (default /work/main)")
+    p.add_argument("--old-ref", default="da695bf^", help="speed: the commit whose package is the old implementation (default da695bf^, before the factored engine)")
+    p.add_argument("--old-tree", default=None, help="speed: a source tree of the old implementation instead of --old-ref")
+    p.add_argument("--runs", default="build/quick", help="speed: a study folder whose first two complete runs are compared too (default build/quick)")
     p.add_argument("--old-full", action="store_true", help="speed: also run the old tree at --n-resamples (stopped at --timeout)")
     p.add_argument("--timeout", type=float, default=900, help="speed: seconds allowed to each old run (default 900)")
     a = p.parse_args(argv)
