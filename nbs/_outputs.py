@@ -12,8 +12,8 @@ templates in nbs/experiments/ are parameterised and committed without outputs). 
 
 Volatile fields are not compared: stderr (progress bars, warnings), sha256 digests, timestamps, pids, memory
 addresses, temporary paths, durations, and image bytes (a figure is compared
-by its presence and kind: PNG bytes change with matplotlib's version). Floats are compared to 4 significant digits
-(the last bits of a float sum differ between CPU kernels). A cell tagged `volatile` is run but its outputs are not
+by its presence and kind: PNG bytes change with matplotlib's version). Floats are compared to 4 significant digits, and
+those below 1e-9 in size as 0 (the last bits of a float sum differ between CPU kernels). A cell tagged `volatile` is run but its outputs are not
 compared (a benchmark that prints a time).
 """
 from __future__ import annotations
@@ -90,6 +90,12 @@ _VOLATILE = [(re.compile(r"\b[0-9a-f]{64}\b"), "<sha256>"),
 _FLOAT = re.compile(r"(?<![\w.])[-+]?\d+\.\d+(?:[eE][-+]?\d+)?(?![\w.])|(?<![\w.])[-+]?\d+[eE][-+]?\d+(?![\w.])")
 
 
+def _digits(m) -> str:
+    "A float to 4 significant digits; below 1e-9 in size, 0 (a zero's rounding noise, e.g. 4.8e-31 on one CPU and 2.3e-31 on another)."
+    x = float(m.group())
+    return "0" if abs(x) < 1e-9 else f"{x:.4g}"
+
+
 def _text(v) -> str: return v if isinstance(v, str) else "".join(v)
 
 
@@ -105,7 +111,7 @@ def normalise(outputs: list | None) -> list:
         for k, v in items.items():
             if k.startswith("text/"):
                 for pat, rep in _VOLATILE: v = pat.sub(rep, v)
-                v = _FLOAT.sub(lambda m: f"{float(m.group()):.4g}", v)
+                v = _FLOAT.sub(_digits, v)
                 items[k] = v.rstrip()
         res.append((kind, o.get("name", ""), sorted(items.items())))
     # consecutive stream chunks of one stream are one output, however the kernel split them
