@@ -6,7 +6,8 @@
 from __future__ import annotations
 from dataclasses import dataclass
 import numpy as np
-from .similarity import MEASURES, RSA_STREAM_N, hsic_unbiased, rank_vector, rdm_vector, tied_ranks
+from .similarity import MEASURES, hsic_unbiased
+from .rsa import RSA_STREAM_N, rank_vector, rdm_vector, tied_ranks
 from ._batching import single_blas_thread, top_k
 
 # %% auto #0
