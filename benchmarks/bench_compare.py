@@ -40,15 +40,15 @@ def _inputs(n, d, layers=None):
 
 def _run_case(case, n, d, block, layers):
     "One case in this process: {case, value, seconds, tracemalloc_peak_mib, maxrss_mib}."
-    from embvar_study import similarity as metrics, similarity, compare
+    from embvar_study import rsa, similarity as metrics, compare
     X, Y = _inputs(n, d, layers if case == "compare" else None)
     f = {"cka_stream": lambda: metrics.linear_cka(X, Y, block=block),
          "cka_full": lambda: metrics.linear_cka(X, Y),
          "dcka_stream": lambda: metrics.linear_cka(X, Y, debiased=True, block=block),
          "dcka_full": lambda: metrics.linear_cka(X, Y, debiased=True),
-         "rsa_stream": lambda: metrics.rsa(X, Y, rdm="correlation", compare="pearson", block=block),
-         "rsa_full": lambda: np.corrcoef(similarity.rdm_vector(X.astype(np.float64), "correlation"),
-                                         similarity.rdm_vector(Y.astype(np.float64), "correlation"))[0, 1],
+         "rsa_stream": lambda: rsa.rsa(X, Y, rdm="correlation", compare="pearson", block=block),
+         "rsa_full": lambda: np.corrcoef(rsa.rdm_vector(X.astype(np.float64), "correlation"),
+                                         rsa.rdm_vector(Y.astype(np.float64), "correlation"))[0, 1],
          "compare": lambda: compare.compare(X, Y, layers=[layers - 1], measures=["linear_cka", "debiased_cka", "procrustes_angular", "cca"],
                                             n_resamples=0)}[case]
     tracemalloc.start(); t = time.perf_counter()

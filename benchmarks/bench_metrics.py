@@ -30,7 +30,8 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy.spatial.distance import cdist, cosine as scipy_cosine
 
-from embvar_study.metrics import covariance_spectrum, drift_curve, step_drift
+from embvar_study.metrics import drift_curve, step_drift
+from embvar_study.spectra import covariance_spectrum
 from embvar_study.similarity import knn_overlap, linear_cka
 
 

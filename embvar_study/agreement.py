@@ -12,7 +12,8 @@ import pandas as pd
 from numpy.typing import ArrayLike
 
 from .checks import as_float_array, check_at_least
-from .metrics import cosine_drift, cross_run_dispersion, total_variance
+from .metrics import cosine_drift, cross_run_dispersion
+from .spectra import total_variance
 from .align import PAIR_MEASURES, pairwise_run_table
 from .stats import check_confidence, check_n_resamples, seed_interval, interval_method
 from .study import RunSet, NotComputed

@@ -13,7 +13,8 @@ import scipy.linalg
 from .checks import Array, ArrayLike, check_at_least, check_rank, check_same_shape, shape_str
 from ._batching import NUMPY_OPS, Scratch, backend_of, chunked_apply, fits_chunk, valid_floats, ops_of, rescaled_pow2
 from .metrics import cos_dist_block, msd_block, row_norms
-from .similarity import centred_unit, cka_ratio, common_count, debias_hsic, hsic, knn_sets, rank_vector
+from .similarity import centred_unit, cka_ratio, common_count, debias_hsic, hsic, knn_sets
+from .rsa import rank_vector
 
 # %% auto #0
 __all__ = ['PAIR_MEASURES', 'ProcrustesResult', 'procrustes_align', 'procrustes_align_batch', 'aligned_distance', 'GPAResult',

@@ -11,8 +11,8 @@ import pandas as pd
 from .runs import Run
 from .study import RunSet, NotComputed, config_value
 from .words import format_lr, value_label, Distinct
-from .metrics import (cosine_drift, drift_curve, step_drift, spectrum_summary, covariance_spectrum, class_variance,
-                                  cross_run_dispersion)
+from .metrics import cosine_drift, drift_curve, step_drift, class_variance, cross_run_dispersion
+from .spectra import spectrum_summary, covariance_spectrum
 from .align import generalized_procrustes, pairwise_run_table
 from .stats import seed_interval
 from .effects import effect_size_table, difference_interval

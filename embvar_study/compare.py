@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
-from .similarity import MEASURES, RSA_RANK_MAX_N
+from .similarity import MEASURES
+from .rsa import RSA_RANK_MAX_N
 from .layer_pairs import BOOTSTRAPPED, GRAM_MAX_N, GRAM_MEASURES, boot_counts, layer_factors, pair_scores
 from .checks import as_float_array, check_finite, check_rank, check_real, is_tensor
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 import numpy as np
 from .checks import is_tensor
-from .similarity import MEASURES, RSA_STREAM_N, hsic_unbiased, rank_vector, rdm_vector, tied_ranks
+from .similarity import MEASURES, hsic_unbiased
+from .rsa import RSA_STREAM_N, rank_vector, rdm_vector, tied_ranks
 from ._batching import single_blas_thread, top_k
 if TYPE_CHECKING: import torch   # for the type hints only: imported when a tensor is given
 

@@ -22,7 +22,8 @@ from embvar_study.agreement import (TRANSFORMS, agreement_matrix, agreement_tabl
 from embvar_study.agreement import _boot_weights
 from embvar_study.align import PAIR_MEASURES, aligned_distance, pairwise_run_table
 from embvar_study.metrics import cosine_drift, expected_squared_distance
-from embvar_study.similarity import knn_overlap, linear_cka, rsa
+from embvar_study.rsa import rsa
+from embvar_study.similarity import knn_overlap, linear_cka
 from embvar_study.study import NotComputed, load_study, synthetic_study
 
 

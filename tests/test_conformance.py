@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 from scipy.linalg import orthogonal_procrustes
-from embvar_study import metrics as M, similarity as S
+from embvar_study import rsa as R, similarity as S, spectra as P
 
 rng = np.random.default_rng(0)
 X = rng.normal(size=(80, 6))
@@ -33,7 +33,7 @@ def test_rsa_vs_rsatoolbox(rdm, compare, ref):
     ra = rsatoolbox.rdm.calc_rdm(rsatoolbox.data.Dataset(a), method=rdm)
     rb = rsatoolbox.rdm.calc_rdm(rsatoolbox.data.Dataset(b), method=rdm)
     want = float(rsatoolbox.rdm.compare(ra, rb, method=ref)[0, 0])
-    assert abs(S.rsa(a, b, rdm=rdm, compare=compare) - want) < TOL
+    assert abs(R.rsa(a, b, rdm=rdm, compare=compare) - want) < TOL
 
 def test_procrustes_angular_published_formula():
     "netrep (not installable here): arccos(<X Q, Y> / (|X| |Y|)) with Q the orthogonal Procrustes rotation, centred sets."
@@ -64,7 +64,7 @@ def test_corrected_participation_ratio_vs_dimensionality(correct, key):
     dimensionality = pytest.importorskip("dimensionality")
     Z = X @ rng.normal(size=(6, 6)) + 3
     want = dimensionality.participation_ratio(Z, return_all=True)[key]
-    assert abs(M.participation_ratio_corrected(Z, correct=correct) - want) < TOL * max(1, abs(want))
+    assert abs(P.participation_ratio_corrected(Z, correct=correct) - want) < TOL * max(1, abs(want))
 
 def test_linear_cka_vs_repsim():
     "repsim.cka defaults to an RBF kernel (0.699 here, not linear CKA); with kernel_type='linear' and the plug-in "
@@ -93,7 +93,7 @@ def test_streaming_rsa_pearson_vs_rsatoolbox(rdm):
     ra = rsatoolbox.rdm.calc_rdm(rsatoolbox.data.Dataset(a), method=rdm)
     rb = rsatoolbox.rdm.calc_rdm(rsatoolbox.data.Dataset(b), method=rdm)
     want = float(rsatoolbox.rdm.compare(ra, rb, method="corr")[0, 0])
-    assert abs(S.rsa(a, b, rdm=rdm, compare="pearson", block=4) - want) < TOL
+    assert abs(R.rsa(a, b, rdm=rdm, compare="pearson", block=4) - want) < TOL
 
 
 # --- Procrustes and the covariance family in N x N form when d > N ---------------------------------------------------

@@ -59,7 +59,7 @@ def test_streaming_rsa_equals_full_numpy_and_torch():
     "rsa(compare='pearson') in row blocks equals the full RDM computation; above N = 2048 it streams by default."
     torch = pytest.importorskip("torch")
     from scipy.spatial.distance import pdist
-    from embvar_study.similarity import rsa, RSA_STREAM_N
+    from embvar_study.rsa import rsa, RSA_STREAM_N
     A = rng.normal(size=(RSA_STREAM_N + 52, 6)); B = A[:, :4] + rng.normal(size=(len(A), 4))
     for rdm, dist in [("euclidean", "sqeuclidean"), ("correlation", "correlation"), ("cosine", "cosine")]:
         full = np.corrcoef(pdist(A, dist), pdist(B, dist))[0, 1]          # scipy's full RDMs (euclidean: / d cancels)

@@ -1,4 +1,4 @@
-"""Property and reference tests for embvar_study.metrics (heavier than the notebook's inline tests)."""
+"""Property and reference tests for embvar_study.metrics, spectra and rsa (heavier than the notebook's inline tests)."""
 import itertools
 import warnings
 
@@ -11,12 +11,14 @@ from scipy.stats import spearmanr
 
 import embvar_study._batching as B
 from embvar_study.metrics import (
-    anisotropy, class_variance, conditional_variance, cosine_distance_variance, cosine_drift,
-    cosine_similarity_rows, covariance_frobenius, covariance_spectrum, cross_run_dispersion, drift_curve,
-    early_late_summary, effective_rank, expected_squared_distance, explained_variance_ratio, norm_stats,
-    norm_variance, pairwise_distance_summary, pairwise_distances, participation_ratio, path_length,
-    per_dimension_variance, spectrum_summary, step_drift, top_eigen_ratio, total_variance)
-from embvar_study.similarity import knn_indices, knn_overlap, linear_cka, rsa
+    class_variance, cosine_distance_variance, cosine_drift, cosine_similarity_rows, cross_run_dispersion, drift_curve,
+    early_late_summary, expected_squared_distance, norm_stats, norm_variance, pairwise_distance_summary,
+    pairwise_distances, path_length, per_dimension_variance, step_drift)
+from embvar_study.rsa import rsa
+from embvar_study.similarity import knn_indices, knn_overlap, linear_cka
+from embvar_study.spectra import (
+    anisotropy, conditional_variance, covariance_frobenius, covariance_spectrum, effective_rank, explained_variance_ratio,
+    participation_ratio, spectrum_summary, top_eigen_ratio, total_variance)
 
 FAST = settings(max_examples=30, deadline=None)
 

@@ -7,7 +7,8 @@ from hypothesis import given, settings, strategies as st
 
 from embvar_study.align import aligned_distance, generalized_procrustes, pairwise_run_table, procrustes_align
 from embvar_study.metrics import cosine_drift
-from embvar_study.similarity import knn_overlap, linear_cka, rsa
+from embvar_study.rsa import rsa
+from embvar_study.similarity import knn_overlap, linear_cka
 from embvar_study.stats import bootstrap_ci, cluster_bootstrap_ci
 
 FAST = settings(max_examples=25, deadline=None)

@@ -1,4 +1,4 @@
-"""The torch path of metrics and align: tensors are computed on their device, in float64, and give tensors there;
+"""The torch path of metrics, spectra, similarity, rsa and align: tensors are computed on their device, in float64, and give tensors there;
 results equal the numpy path; validation errors read the same; numpy users never import torch."""
 import subprocess
 import sys
@@ -9,7 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import embvar_study.metrics as M
+import embvar_study.rsa as R
 import embvar_study.similarity as S
+import embvar_study.spectra as P
 import embvar_study.align as A
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -34,10 +36,10 @@ CASES = {
     "path_length": lambda t, r: M.path_length(t),
     "path_length cumulative": lambda t, r: M.path_length(t, cumulative=True),
     "early_late_summary": lambda t, r: M.early_late_summary(M.drift_curve(t), frac=0.4),
-    "covariance_spectrum": lambda t, r: M.covariance_spectrum(t),
-    "covariance_spectrum N<d": lambda t, r: M.covariance_spectrum(t[..., :4, :]),
-    "spectrum_summary": lambda t, r: M.spectrum_summary(t),
-    "explained_variance_ratio": lambda t, r: M.explained_variance_ratio(t),
+    "covariance_spectrum": lambda t, r: P.covariance_spectrum(t),
+    "covariance_spectrum N<d": lambda t, r: P.covariance_spectrum(t[..., :4, :]),
+    "spectrum_summary": lambda t, r: P.spectrum_summary(t),
+    "explained_variance_ratio": lambda t, r: P.explained_variance_ratio(t),
     "per_dimension_variance": lambda t, r: M.per_dimension_variance(t),
     "norm_stats": lambda t, r: M.norm_stats(t),
     "pairwise_distances": lambda t, r: M.pairwise_distances(t, metric="cosine"),
@@ -50,10 +52,10 @@ CASES = {
     "knn_indices": lambda t, r: S.knn_indices(t, k=3),
     "knn_overlap": lambda t, r: S.knn_overlap(t[:, :1], t, k=3, per_point=True),
     "knn_overlap mask route": lambda t, r: S.knn_overlap(t[:, :1], t, k=10),
-    "rsa": lambda t, r: S.rsa(t[:, :1], t),
-    "rsa euclidean": lambda t, r: S.rsa(t, t[:, :, :, :3], metric="euclidean"),
+    "rsa": lambda t, r: R.rsa(t[:, :1], t),
+    "rsa euclidean": lambda t, r: R.rsa(t, t[:, :, :, :3], metric="euclidean"),
     "class_variance": lambda t, r: {k: v for k, v in M.class_variance(t, LABELS).items() if k not in ("classes", "counts")},
-    "conditional_variance": lambda t, r: M.conditional_variance(t, LABELS),
+    "conditional_variance": lambda t, r: P.conditional_variance(t, LABELS),
     "procrustes_align_batch": lambda t, r: A.procrustes_align_batch(r[:2], r[2:], scale=True, allow_reflection=False),
     "procrustes_align": lambda t, r: A.procrustes_align(r[0], r[1], scale=True),
     "aligned_distance": lambda t, r: A.aligned_distance(r[:2], r[2:]),
@@ -90,7 +92,7 @@ def test_torch_equals_numpy_and_stays_on_device(name, device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_float32_and_bf16_tensors_accumulate_in_float64(device):
     t32 = torch.tensor(TRAJ, dtype=torch.float32, device=device)
-    for f in (M.drift_curve, M.covariance_spectrum, lambda t: S.linear_cka(t[:, :1], t), lambda t: S.rsa(t[:, :1], t)):
+    for f in (M.drift_curve, P.covariance_spectrum, lambda t: S.linear_cka(t[:, :1], t), lambda t: R.rsa(t[:, :1], t)):
         got = f(t32)
         assert got.dtype == torch.float64 and got.device.type == device
         np.testing.assert_allclose(got.cpu().numpy(), f(TRAJ.astype(np.float32)), rtol=1e-10, atol=1e-12)
@@ -142,11 +144,11 @@ BAD = [
     ("linear_cka rows", lambda a: S.linear_cka(a[:, :3], a[:, :3], debiased=True)),
     ("linear_cka constant", lambda a: S.linear_cka(a, a * 0 + 1)),
     ("linear_cka broadcast", lambda a: S.linear_cka(a, a[:2])),
-    ("covariance_spectrum", lambda a: M.covariance_spectrum(a[:, :1])),
-    ("spectrum_summary", lambda a: M.spectrum_summary(a * 0 + 1)),
+    ("covariance_spectrum", lambda a: P.covariance_spectrum(a[:, :1])),
+    ("spectrum_summary", lambda a: P.spectrum_summary(a * 0 + 1)),
     ("expected_squared_distance", lambda a: M.expected_squared_distance(a, a[..., :2])),
     ("knn_overlap", lambda a: S.knn_overlap(a, a, k=12)),
-    ("rsa", lambda a: S.rsa(a[:, :2], a[:, :2])),
+    ("rsa", lambda a: R.rsa(a[:, :2], a[:, :2])),
     ("procrustes_align", lambda a: A.procrustes_align(a, a)),
     ("procrustes_align spread", lambda a: A.procrustes_align(a[0], a[0] * 0 + 1)),
     ("procrustes_align_batch", lambda a: A.procrustes_align_batch(a, a[..., :2])),
@@ -169,9 +171,9 @@ def test_validation_errors_read_the_same(name, call):
 def test_numpy_users_never_import_torch():
     code = ("import sys, numpy as np\n"
             "import embvar_study.checks, embvar_study._batching, embvar_study.metrics as M, embvar_study.align as A, embvar_study.stats as S\n"
-            "import embvar_study.similarity as Sim, embvar_study.layer_pairs, embvar_study.compare\n"
+            "import embvar_study.similarity as Sim, embvar_study.rsa as R, embvar_study.spectra as P, embvar_study.layer_pairs, embvar_study.compare\n"
             "x = np.random.default_rng(0).normal(size=(3, 10, 4))\n"
-            "M.drift_curve(x); Sim.linear_cka(x[0], x[1]); Sim.rsa(x[0], x[1]); Sim.knn_overlap(x[0], x[1], k=3)\n"
+            "M.drift_curve(x); P.spectrum_summary(x); Sim.linear_cka(x[0], x[1]); R.rsa(x[0], x[1]); Sim.knn_overlap(x[0], x[1], k=3)\n"
             "A.pairwise_run_table(x); A.generalized_procrustes(x); S.bootstrap_ci(x[0, :, 0], n_resamples=99)\n"
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
