@@ -14,6 +14,7 @@ from numpy.typing import ArrayLike
 from .checks import as_float_array, check_at_least
 from .metrics import cosine_drift, cross_run_dispersion
 from .spectra import total_variance
+from .rsa import TIE_RTOL
 from .align import PAIR_MEASURES, pairwise_run_table
 from .stats import check_confidence, check_n_resamples, seed_interval, interval_method
 from .study import RunSet, NotComputed
@@ -35,7 +36,7 @@ def _weighted_ranks(v: np.ndarray, W: np.ndarray) -> np.ndarray:
     "(B, P) mid-ranks of values v (P,) in the expanded samples with integer weights W (B, P)."
     order = np.argsort(v, kind="stable")
     vs = v[order]
-    new = np.r_[True, vs[1:] != vs[:-1]]                                  # first position of each tie group
+    new = np.r_[True, np.diff(vs) > TIE_RTOL * np.abs(vs).max()]          # first of each tie group (equal up to rounding, as rsa.tied_ranks)
     G = np.add.reduceat(W[:, order], np.flatnonzero(new), axis=1)        # (B, groups) total weight per group
     mid = np.cumsum(G, axis=1) - G + (G + 1) / 2.0                        # mean rank of each group
     ranks = np.empty(W.shape)

@@ -12,12 +12,12 @@ from ._batching import (stable_argsort, backend_of, broadcast_lead, chunked_appl
 from .metrics import check_not_constant, check_pair_rows, distance_matrix, per_pair, set_for_metric
 
 # %% auto #0
-__all__ = ['RSA_STREAM_N', 'RSA_RANK_MAX_N', 'tied_ranks', 'rank_vector', 'rsa', 'rdm_vector']
+__all__ = ['TIE_RTOL', 'RSA_STREAM_N', 'RSA_RANK_MAX_N', 'tied_ranks', 'rank_vector', 'rsa', 'rdm_vector']
 
 # %% ../nbs/02d_rsa.ipynb #6589ad6f
-_TIE_RTOL = 1e-10   # relative gap below which sorted neighbours count as tied
+TIE_RTOL = 1e-10   # relative gap below which sorted neighbours count as tied
 
-def tied_ranks(v: np.ndarray, rtol: float=_TIE_RTOL) -> np.ndarray:
+def tied_ranks(v: np.ndarray, rtol: float=TIE_RTOL) -> np.ndarray:
     "Average ranks (1-based, float64) along the last axis; sorted neighbours within rtol*max|v| are tied."
     xp, M = ops_of(v), v.shape[-1]
     order = stable_argsort(v)

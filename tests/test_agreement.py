@@ -221,3 +221,14 @@ def test_pooling_sensitivity_errors(seed_runs):
         pooling_sensitivity(pd.DataFrame({"a": [1]}))
     with pytest.raises(NotComputed, match="needs at least 2 runs"):
         pooling_sensitivity(seed_runs.where(replicate=1))
+
+
+def test_values_equal_up_to_rounding_are_tied_as_scipy_ranks_the_exact_values():
+    "A rotation-invariant measure gives two run pairs the same value up to the CPU's rounding: its ranks are those of the exact ties."
+    from scipy.stats import rankdata
+    from embvar_study.agreement import _weighted_ranks
+    rng = np.random.default_rng(5)
+    v = rng.choice([0.1, 0.25, 0.7, 3.0], size=40)                      # many exact ties
+    noisy = v * (1 + rng.choice([-1, 0, 1], size=40) * 2e-16)            # the ties broken at the last bit, as kernels do
+    assert len(np.unique(noisy)) > len(np.unique(v))
+    np.testing.assert_array_equal(_weighted_ranks(noisy, np.ones((1, 40)))[0], rankdata(v))
