@@ -16,6 +16,20 @@ import torch
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
+HANG_LIMIT = 1200   # seconds: a test still running then is ended with an error, so one hang cannot use up CI's 90 minutes
+
+
+@pytest.fixture(autouse=True)
+def _no_endless_test(request):
+    "A hang guard, not a speed assertion: SIGALRM after HANG_LIMIT s raises in the test (faulthandler_timeout has dumped the stacks first)."
+    import signal, threading
+    if not hasattr(signal, "SIGALRM") or threading.current_thread() is not threading.main_thread():
+        yield; return
+    def hung(signum, frame): raise TimeoutError(f"{request.node.nodeid}: still running after {HANG_LIMIT} s (a hang)")
+    old = signal.signal(signal.SIGALRM, hung); signal.alarm(HANG_LIMIT)
+    try: yield
+    finally: signal.alarm(0); signal.signal(signal.SIGALRM, old)
+
 # A run of the tiny random DistilBERT on the bundled corpus: 4 optimizer steps, tracked at 0, 2, 4 (~1-3 s on CPU).
 TINY = dict(model="tiny-distilbert", dataset="bundled", n_train=32, n_eval=16, batch_size=8, max_length=32,
             probe_max_length=32, n_probes=24, track_every=2)
