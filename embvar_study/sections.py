@@ -393,12 +393,12 @@ NOT_APPLICABLE = '<p class="not-applicable"></p>'   # a section's output when th
 
 # %% ../nbs/20b_sections.ipynb #acfbad93
 def section_stability(study: Study, **o) -> list:
-    "Does drift warn earlier than the loss? The stability experiment's answer (`stability.stability_section`), in the main body."
+    "Does drift warn earlier than the loss? The stability experiment's answer (`experiment_sections.stability_section`), in the main body."
     o = report_options(**o)
     if "stability" not in study.experiments: return [RawHTML(NOT_APPLICABLE)]      # not this study's question: the section is left out, not listed
     study.runs("stability", min_runs=2, diverged=True)                     # NotComputed (one line) when its runs are missing
-    from embvar_study import stability as ST
-    return ST.stability_section(study, layer=o["layer"], pooling=o["pooling"], n_resamples=o["n_resamples"])
+    from embvar_study.experiment_sections import stability_section
+    return stability_section(study, layer=o["layer"], pooling=o["pooling"], n_resamples=o["n_resamples"])
 
 # %% ../nbs/20b_sections.ipynb #c38cd632
 def section_agreement(study: Study, **o) -> list:

@@ -12,14 +12,14 @@ from scipy.special import ndtri
 
 from .early_warning import STABILITY_FRACTIONS, TRAINER_SIGNALS, auc_ci, stability_signals  # noqa: F401 (STABILITY_FRACTIONS: used in the tests below)
 from .auc import logistic_fit, stratified_auc, stratified_auc_ci, stratified_delong, stratum_sizes
-from .study import NotComputed, format_lr
+from .study import NotComputed
 
 # %% auto #0
 __all__ = ['WITHIN_SIGNALS', 'DRIFT_NAMES', 'TRAINER_NAMES', 'PRIMARY_FRACTION', 'NONE_MARGIN', 'STRATIFIED_MIN_PER_CLASS',
            'INCREMENT_BAND_METHOD', 'EARLY_STOP_SELECTIONS', 'EARLY_STOP_CI_METHOD', 'mixed_runs', 'outcome_counts',
            'within_scores', 'within_auc_table', 'pooled_auc_table', 'incremental_value', 'decide', 'dodge_best',
            'early_stopping_table', 'false_stops', 'alarm_cost', 'stability_answer', 'tracked_fractions',
-           'stability_tables', 'stability_finding', 'stability_section']
+           'stability_tables', 'stability_finding']
 
 # %% ../nbs/18a_stability.ipynb #472945d4
 WITHIN_SIGNALS = {"drift, last layer": ("drift_last", 1), "drift, best layer": ("drift_best", 1), "drift velocity": ("velocity", 1),
@@ -338,86 +338,3 @@ def stability_finding(study: object, *, pooling: str = "mean") -> dict:  # text,
     "The computed answer as a key finding (text, value: the increment, ci, verdict)."
     a = stability_tables(study, pooling=pooling)["answer"]
     return {k: a[k] for k in ("text", "value", "ci", "verdict")}
-
-# %% ../nbs/18a_stability.ipynb #2223f55f
-def _pct(df: pd.DataFrame) -> pd.DataFrame: return df.assign(fraction=[f"{f:.0%}" for f in df["fraction"]])
-
-# %% ../nbs/18a_stability.ipynb #932af62f
-def _below_chance(wa: pd.DataFrame) -> str:
-    b = wa[wa["reading"] == "below chance: not compared"]
-    if not len(b): return "No trainer's signal has a stratified AUC below 0.5 at any fraction."
-    return "Below chance (stratified AUC < 0.5 with its direction fixed beforehand), so not compared: " + "; ".join(f"{r.signal} at {r.fraction:.0%} ({r.auc:.2f})" for r in b.itertuples()) + "."
-
-# %% ../nbs/18a_stability.ipynb #50306db4
-def _early_sentence(es: pd.DataFrame, fraction: float = PRIMARY_FRACTION) -> str:
-    e = es[np.isclose(es["fraction"], fraction)].set_index("selection")
-    if not len(e): return ""
-    d, rnd, acc, full = (e.loc[k] for k in ("drift, last layer", "at random", "held-out accuracy", "all t finished"))
-    return (f"Starting {int(d['t'])} seeds of a configuration and finishing the {int(d['p'])} best at {fraction:.0%} of training ({d['compute']:.0%} of the compute of finishing all), "
-            f"selection by drift gives an expected best final held-out accuracy of {d['expected_best']:.3f} (a learned run kept in {d['learned_kept']:.0%} of the draws), "
-            f"by held-out accuracy {acc['expected_best']:.3f} ({acc['learned_kept']:.0%}), by training loss {e.loc['training loss', 'expected_best']:.3f} "
-            f"({e.loc['training loss', 'learned_kept']:.0%}), at random {rnd['expected_best']:.3f} ({rnd['learned_kept']:.0%}); finishing all {int(full['t'])} gives {full['expected_best']:.3f}. "
-            f"{_no_interval(es)}")
-
-# %% ../nbs/18a_stability.ipynb #90e63a9b
-def _no_interval(es: pd.DataFrame) -> str:  # the table's reason for showing no interval, as one sentence
-    why = str(es.attrs.get("ci_method", EARLY_STOP_CI_METHOD))
-    return f"No interval: {why[len('no interval: '):] if why.startswith('no interval: ') else why}."
-
-# %% ../nbs/18a_stability.ipynb #6b088fc8
-def _early_caption(es: pd.DataFrame, reference: str = "all t finished") -> str:
-    "The early-stopping figure's caption from the table: which selection is highest at each fraction and by how much over random, the compute spent, the best point against finishing all t."
-    r = es[es["selection"] != reference]
-    rules = list(dict.fromkeys(r["selection"]))
-    wide = r.pivot(index="fraction", columns="selection", values="expected_best")[rules]        # (fractions, rules), fractions sorted
-    comp = r.drop_duplicates("fraction").set_index("fraction")["compute"].sort_index()
-    win = wide.idxmax(axis=1); t, p = int(r["t"].iloc[0]), int(r["p"].iloc[0])
-    full = es.loc[es["selection"] == reference, "expected_best"].mean()
-    def gain(f, s): return "random itself: no selection beats it" if s == "at random" else f"{wide.loc[f, s] - wide.loc[f, 'at random']:+.3f} over random"
-    parts = ["by " + s + " at " + ", ".join(f"{f:.0%} ({gain(f, s)})" for f in win.index[win == s]) for s in dict.fromkeys(win)]
-    fb = wide.max(axis=1).idxmax(); sb = win[fb]; vb = wide.loc[fb, sb]
-    side = "below" if full > vb else "above" if full < vb else "equal to"
-    return (f"Dodge et al.'s early stopping (averaged over the rates with both outcomes): start {t} seeds of a configuration, keep the {p} best by each selection at a fraction of training "
-            f"and finish them; expected best final held-out accuracy against that fraction; the dotted line: finishing all {t} ({full:.3f}). "
-            f"Highest: selection {'; '.join(parts)}. Compute spent, a share of finishing all {t}: " + ", ".join(f"{c:.0%} at {f:.0%}" for f, c in comp.items()) + ". "
-            f"The highest point, {sb} at {fb:.0%} ({vb:.3f} for {comp[fb]:.0%} of the compute), is {abs(full - vb):.3f} {side} finishing all {t}. {_no_interval(es)}")
-
-# %% ../nbs/18a_stability.ipynb #6df61156
-def _alarm_sentence(ac: pd.DataFrame) -> str:
-    d = ac[ac["signal"] == "drift, last layer"]
-    if not len(d): return ""
-    nb = int((d["verdict"] == "no better than the rate").sum())
-    parts = ", ".join(f"{r.fraction:.0%}: {r.successful_stopped} ({r.rate_successful_stopped:.1f})" for r in d.itertuples())
-    return (f"Stopping {d['failed_stopped'].iloc[0]} failed runs, drift's alarm wrongly stops these successful runs (the learning rate alone, seeds in random order within a rate, on average): {parts}; "
-            f"it is no better than the rate at {nb} of {len(d)} fractions.")
-
-# %% ../nbs/18a_stability.ipynb #e9b76f7e
-def stability_section(study: object,           # a loaded study with the stability experiment
-                      *,
-                      pooling: str = "mean", **_ignored,   # the report's options (layer, n_resamples: unused here)
-                     ) -> list:                # report items: Markdown strings, display.Table and display.Figure
-    "The report section 'Does drift add anything beyond the learning rate?': runs per rate, the computed answer, the stratified AUC table, the pooled AUC beside the rate's, the incremental value, early stopping (figure and table) and the alarm's cost."
-    from embvar_study.display import Table, Figure
-    from embvar_study.plots import plot_early_stopping
-    T = stability_tables(study, pooling=pooling)
-    c, wa, inc, es, ac = T["counts"], T["within"], T["increment"], T["early"], T["alarm"]
-    mixed = c[c["both outcomes"]]
-    counts = (f"**{int(c['failed'].sum())} of {int(c['runs'].sum())} runs failed** and {int(c['learned'].sum())} learned, by the rule fixed before the runs: "
-              f"{T['failure'].get('text', T['failure'])}. Both outcomes occur at {len(mixed)} of {len(c)} learning rates "
-              f"({', '.join(format_lr(x) for x in mixed['lr'])}): {int(mixed['failed'].sum())} failed and {int(mixed['learned'].sum())} learned runs, the within-rate comparison's runs.")
-    method = (f"Within-rate comparisons use only pairs of a failed and a successful run of the same learning rate (stratified AUC) with a stratified DeLong interval on the logit scale; "
-              f"directions are fixed by each signal's definition (drift, its velocity and the losses higher in a failing run, held-out accuracy lower), the gradient norm's direction "
-              f"and drift's best layer chosen on the other seeds. The increment compares nested logistic models (learning-rate indicators and the four trainer's signals, then drift "
-              f"added), fitted leaving one seed out; it is read at {PRIMARY_FRACTION:.0%} of training, fixed before the runs, with 'adds none' meaning a band inside ±{NONE_MARGIN:g}: "
-              f"{INCREMENT_BAND_METHOD}. The stratified AUC interval (stratified DeLong, logit scale) covers 95.5-97.4% at 14 seeds x 3 rates (simulated, AUC 0.5-0.9); the pooled AUC's Newcombe interval 93.6-96.2% from 6 runs per class.")
-    return [counts, Table(c, "Failed and learned runs per learning rate (final held-out accuracy: mean of each group)"),
-            "**Does drift add anything beyond the learning rate?** " + T["answer"]["text"], method, *[f"*{n}*" for n in T["notes"]],
-            Table(_pct(wa), "Stratified AUC for failure (failed vs learned runs of the same learning rate only), 95% interval, at " + "/".join(f"{f:.0%}" for f in sorted(wa["fraction"].unique())) + " of training"),
-            _below_chance(wa),
-            Table(_pct(T["pooled"]), "Pooled AUC over all runs and rates (Newcombe interval), beside the learning rate's own AUC, known before training"),
-            Table(_pct(inc), "Drift's incremental value: stratified AUC of the cross-validated model with drift minus without (rate indicators and the trainer's signals); low/high: the test band (see the method), not a confidence interval"),
-            _early_sentence(es),
-            Figure(plot_early_stopping(es), "early_stopping", _early_caption(es)),
-            Table(_pct(es), "Dodge et al.'s early stopping per configuration (averaged over the rates with both outcomes): expected best final held-out accuracy over random sets of t seeds, the share of draws that keep a learned run, compute as a share of finishing all t (no interval, see the sentence above)"),
-            _alarm_sentence(ac),
-            Table(_pct(ac), "The alarm's cost: successful runs stopped by each signal's alarm when it has stopped 90% of the failed runs, beside the learning rate alone (mean over random orders of the seeds within a rate) and the one-sided p that the rate stops no more")]

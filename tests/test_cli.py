@@ -175,7 +175,7 @@ def test_a_failed_run_stops_before_the_report_with_one_line_per_run(tmp_path):
 
 def test_a_failed_run_shared_by_two_experiments_is_named_under_both(tmp_path):
     import pandas as pd
-    from embvar_study.cli import _failed_runs
+    from embvar_study.cli_report import _failed_runs
     row = lambda rid, st, err: {"run_id": rid, "status": st, "error": err}
     manifests = {"lr_sweep": pd.DataFrame([row("a", "failed", "E"), row("b", "completed", None)]),
                  "schedule": pd.DataFrame([row("a", "failed", "E"), row("c", "failed", "E")])}

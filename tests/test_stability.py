@@ -68,6 +68,7 @@ from embvar_study.early_warning import STABILITY_FRACTIONS
 
 # --- the within-configuration analysis (embvar_study.stability, issue 31) on synthetic studies at the design's size
 from embvar_study import stability as ST
+from embvar_study import experiment_sections as XS
 from embvar_study.auc import stratified_auc
 
 
@@ -172,7 +173,7 @@ def test_stability_section_from_tables(monkeypatch):
     for kind in ("within", "rate"):
         T = _tables(_study(kind, seed=3))
         monkeypatch.setattr(ST, "stability_tables", lambda study, pooling="mean", T=T: T)
-        items = ST.stability_section(object())
+        items = XS.stability_section(object())
         assert sum(isinstance(i, Table) for i in items) == 6
         text = "\n".join(i for i in items if isinstance(i, str))
         assert T["answer"]["text"] in text and "No interval: " in text and "of 64 runs failed" in text
@@ -191,7 +192,7 @@ def test_early_stopping_figure_in_the_section(monkeypatch):
             es = es.copy(); es.loc[np.isclose(es["fraction"], 0.5) & (es["selection"] == "at random"), "expected_best"] = 0.99
             es.loc[es["selection"] == "all t finished", "expected_best"] = 0.6; T = {**T, "early": es}
         monkeypatch.setattr(ST, "stability_tables", lambda study, pooling="mean", T=T: T)
-        items = ST.stability_section(object())
+        items = XS.stability_section(object())
         figs = [i for i, x in enumerate(items) if isinstance(x, Figure)]
         assert len(figs) == 1 and items[figs[0]].name == "early_stopping"
         nxt = items[figs[0] + 1]
