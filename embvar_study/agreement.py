@@ -15,7 +15,8 @@ from .checks import as_float_array, check_at_least
 from .metrics import cosine_drift, cross_run_dispersion, total_variance
 from .align import PAIR_MEASURES, pairwise_run_table
 from .stats import check_confidence, check_n_resamples, seed_interval, interval_method
-from .study import RunSet, NotComputed
+from .study import RunSet
+from .study_folder import NotComputed
 
 # %% auto #0
 __all__ = ['AGREEMENT_MIN_RUNS', 'TRANSFORMS', 'dissimilarities', 'weighted_spearman', 'measure_agreement', 'agreement_matrix',
