@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from .checks import as_float_array
-from .runs import POOLING_NAME, file_sha256, is_hidden, run_folder_state, step_file
+from .runs import POOLING_NAME, fresh_sha256, is_hidden, run_folder_state, step_file
 from .storage import (RESERVED_KEYS, FolderLock, atomic_save_npy, atomic_write_json, atomic_write_text, canonical_json,
                                   check_config, config_hash, environment_info, json_default, method_of, utc_now)
 
@@ -198,7 +198,7 @@ def save_array(self: RunWriter,
 # %% ../nbs/08a_run_writer.ipynb #0914c35a
 def _digests(run_dir: Path) -> dict:
     "{relative posix path: sha256} of every non-hidden file under `run_dir` except COMPLETE."
-    return {p.relative_to(run_dir).as_posix(): file_sha256(p) for p in sorted(run_dir.rglob("*"))
+    return {p.relative_to(run_dir).as_posix(): fresh_sha256(p) for p in sorted(run_dir.rglob("*"))
             if p.is_file() and not any(is_hidden(Path(q)) for q in p.relative_to(run_dir).parts) and p.name != "COMPLETE"}
 
 # %% ../nbs/08a_run_writer.ipynb #1a98f713

@@ -17,7 +17,7 @@ from .storage import method_of
 
 # %% auto #0
 __all__ = ['POOLING_NAME', 'IncompleteRunError', 'CorruptRunError', 'is_hidden', 'run_folder_state', 'step_file', 'safe_path',
-           'read_marker', 'file_sha256', 'damaged_files', 'verify_run', 'Run', 'load_run', 'is_complete', 'find_runs',
+           'read_marker', 'fresh_sha256', 'damaged_files', 'verify_run', 'Run', 'load_run', 'is_complete', 'find_runs',
            'load_runs']
 
 # %% ../nbs/08_runs.ipynb #d49bf750
@@ -130,8 +130,8 @@ def read_marker(run_dir: str | Path,  # a run folder
     return m
 
 # %% ../nbs/08_runs.ipynb #1549c338
-def file_sha256(path: Path) -> str:  # hex digest
-    "The sha256 of a file, read in 1 MiB chunks so that a large step file is never held in memory at once."
+def fresh_sha256(path: Path) -> str:  # hex digest
+    "The sha256 of a file read now, in full and in 1 MiB chunks (no cache, unlike `data.file_sha256`)."
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""): h.update(chunk)
@@ -174,7 +174,7 @@ def _verify_file(run_dir: Path,        # the run folder
     if not full and _VERIFIED.get(key) == digest: return None
     try: data = f.read_bytes() if read else None
     except OSError as e: raise _corrupt(f, f"cannot be read ({e.strerror or e})") from None
-    got = hashlib.sha256(data).hexdigest() if read else file_sha256(f)
+    got = hashlib.sha256(data).hexdigest() if read else fresh_sha256(f)
     if got != digest: raise _mismatch(run_dir, rel, got, digest)
     _VERIFIED[key] = digest
     return data
