@@ -17,7 +17,8 @@ from .spectra import total_variance
 from .rsa import TIE_RTOL
 from .align import PAIR_MEASURES, pairwise_run_table
 from .stats import check_confidence, check_n_resamples, seed_interval, interval_method
-from .study import RunSet, NotComputed
+from .study import RunSet
+from .study_folder import NotComputed
 
 # %% auto #0
 __all__ = ['AGREEMENT_MIN_RUNS', 'TRANSFORMS', 'dissimilarities', 'weighted_spearman', 'measure_agreement', 'agreement_matrix',

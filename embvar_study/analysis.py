@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 
 from .runs import Run
-from .study import RunSet, NotComputed, config_value
+from .study import RunSet, config_value
+from .study_folder import NotComputed
 from .words import format_lr, value_label, Distinct
 from .metrics import cosine_drift, drift_curve, step_drift, class_variance, cross_run_dispersion
 from .spectra import spectrum_summary, covariance_spectrum

@@ -102,7 +102,8 @@ def _verify_targets(p: Path) -> list[Path]:
     if (p / "COMPLETE").exists(): return [p]
     listed = []
     if (p / "sweeps").is_dir():
-        from embvar_study.study import load_manifest, DONE_STATUSES
+        from embvar_study.study_folder import load_manifest
+        from embvar_study.study import DONE_STATUSES
         for f in sorted((p / "sweeps").glob("*.csv")):
             m = load_manifest(p, f.stem); listed += [p / r for r in m[m["status"].isin(DONE_STATUSES)]["path"]]
     return list(dict.fromkeys([*listed, *find_runs(p)]))
@@ -180,7 +181,7 @@ def _version() -> str:
 def _errors() -> tuple:
     from embvar_study.runs import CorruptRunError
     from embvar_study.storage import FolderLockedError
-    from embvar_study.study import NotComputed
+    from embvar_study.study_folder import NotComputed
     from embvar_study.data import HubUnavailableError
     from embvar_study.report import NotebookFailed
     from embvar_study.ray_executor import RayUnavailableError, ClusterError

@@ -176,7 +176,7 @@ def report_main(argv: list[str]) -> Path:
     a = report_parser().parse_args(fix_negatives(argv))
     _check_report_args(a)
     if a.runs:
-        from embvar_study.study import check_out_folder
+        from embvar_study.study_folder import check_out_folder
         out = check_out_folder(folder_arg(a.study_dir or "build/runs", "study_dir"), runs=True)   # someone else's folder: refused
         return runs_report(a.runs, a.group_by, out, templates=a.templates)
     from embvar_study.sweep import check_profile_name, check_experiments
@@ -185,7 +185,8 @@ def report_main(argv: list[str]) -> Path:
     sets, study_dir = parse_sets(a.sets), folder_arg(a.study_dir or Path("build") / profile, "study_dir")
     jobs = _jobs(a.jobs) if a.executor == "local" else (1 if a.jobs == "auto" else _jobs(a.jobs))
     from embvar_study.sweep import get_profile, run_study
-    from embvar_study.study import study_lock, check_study, read_study_spec, check_out_folder
+    from embvar_study.study_folder import study_lock, read_study_spec, check_out_folder
+    from embvar_study.study import check_study
     check_out_folder(study_dir)                                     # not empty and not a study: refused before any work
     from embvar_study.storage import atomic_write_json
     from embvar_study import report as R
@@ -237,7 +238,8 @@ def _stale_notebooks(study_dir: Path, names: list[str], profile: str, sets: dict
     "Experiment notebooks to re-execute with this code: every one whose runs are all on disk (no training); one papermill did not finish (missing, half-executed) and cannot be is an error, a finished one that cannot be is kept and named."
     from embvar_study import report as R
     from embvar_study.sweep import get_profile, plan_study
-    from embvar_study.study import load_manifest, DONE_STATUSES
+    from embvar_study.study_folder import load_manifest
+    from embvar_study.study import DONE_STATUSES
     state = {e: R.notebook_state(study_dir / "notebooks" / f"{e}.ipynb") for e in names}
     if not state: return [], sets
     plan = plan_study(get_profile(profile, sets), list(state))
@@ -267,7 +269,8 @@ def _notebook_time(line: str) -> dict:
 def runs_report(run_dirs: list[str], group_by: str, study_dir: Path, *, templates: str | None = None) -> Path:
     "`embvar report --runs`: a report of any run folders, grouped by a config key, into `study_dir`."
     from embvar_study import report as R
-    from embvar_study.study import study_from_runs, study_lock
+    from embvar_study.study import study_from_runs
+    from embvar_study.study_folder import study_lock
     study_from_runs(run_dirs, group_by)                              # refuse bad folders before anything runs
     with study_lock(study_dir):
         R.execute_notebooks(["runs_report"], study_dir, {"runs": json.dumps([str(Path(d).resolve()) for d in run_dirs]),

@@ -16,7 +16,8 @@ from .checks import as_float_array, check_at_least
 from .metrics import cosine_drift
 from .align import generalized_procrustes
 from .stats import check_confidence, check_n_resamples, as_rng
-from .study import RunSet, NotComputed
+from .study import RunSet
+from .study_folder import NotComputed
 
 # %% auto #0
 __all__ = ['COMPONENTS_MIN_LEVELS', 'VarianceComponents', 'variance_components', 'variance_components_3way',

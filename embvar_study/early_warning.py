@@ -17,7 +17,8 @@ from .checks import as_float_array
 from .metrics import cosine_drift, drift_curve
 from .stats import check_confidence, check_n_resamples
 from .auc import stratified_auc_interval
-from .study import RunSet, NotComputed
+from .study import RunSet
+from .study_folder import NotComputed
 
 # %% auto #0
 __all__ = ['AUC_MIN_PER_CLASS', 'STABILITY_FRACTIONS', 'TRAINER_SIGNALS', 'replicate_distances', 'seed_distances',

@@ -9,7 +9,8 @@ import json
 import numpy as np
 import pandas as pd
 
-from .study import Study, NotComputed
+from .study import Study
+from .study_folder import NotComputed
 from .words import format_lr, format_value, interval_text
 from .display import Table, Figure
 from .findings import memo, report_options, summary_of, curves_of, last_rows, lora_answer, alarm_note

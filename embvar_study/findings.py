@@ -9,7 +9,8 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from .study import Study, NotComputed
+from .study import Study
+from .study_folder import NotComputed
 from .words import format_lr, format_value, interval_text, percent, points, per_run, range_words
 
 # %% auto #0

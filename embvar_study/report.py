@@ -81,7 +81,7 @@ def experiment_runs(profile: str,              # the study's profile
                    ) -> "pd.DataFrame":        # the experiment's manifest
     "What an experiment notebook calls: with `train`, `run_experiment` (its missing runs trained under the study's lock); without, every run of the experiment's manifest verified against its hashes, nothing written, no lock taken."
     from embvar_study.sweep import run_experiment, check_experiments
-    from embvar_study.study import load_manifest, NotComputed
+    from embvar_study.study_folder import load_manifest, NotComputed
     from embvar_study.runs import verify_run, CorruptRunError, IncompleteRunError
     if not isinstance(train, bool): raise ValueError(f"train: expected True or False, got {train!r}")
     if train: return run_experiment(profile, experiment, study_dir, overrides=overrides, **run_options)

@@ -7,30 +7,18 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import math
 import re
-import shutil
-import socket
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from .checks import as_float_array
-from .storage import (RESERVED_KEYS, FolderLock, atomic_save_npy, atomic_write_json, atomic_write_text, canonical_json,
-                                  check_config, config_hash, environment_info, json_default, method_of, utc_now)
+from .storage import method_of
 
 # %% auto #0
-__all__ = ['RunAlreadyComplete', 'IncompleteRunError', 'CorruptRunError', 'run_folder_state', 'RunWriter', 'safe_path',
-           'read_marker', 'damaged_files', 'verify_run', 'Run', 'load_run', 'is_complete', 'find_runs', 'load_runs']
-
-# %% ../nbs/08_runs.ipynb #b220818e
-class RunAlreadyComplete(Exception):
-    "The run folder already holds a complete run of this configuration: nothing to do."
-    def __init__(self, run_dir: str | Path,  # the run folder
-                 config_hash: str):          # the hash of the complete run there
-        self.run_dir, self.config_hash = Path(run_dir), config_hash
-        super().__init__(f"{self.run_dir}: already holds a complete run with config_hash {config_hash}")
+__all__ = ['POOLING_NAME', 'IncompleteRunError', 'CorruptRunError', 'is_hidden', 'run_folder_state', 'step_file', 'safe_path',
+           'read_marker', 'fresh_sha256', 'damaged_files', 'verify_run', 'Run', 'load_run', 'is_complete', 'find_runs',
+           'load_runs']
 
 # %% ../nbs/08_runs.ipynb #d49bf750
 class IncompleteRunError(ValueError):
@@ -44,10 +32,12 @@ class CorruptRunError(ValueError):
 def _corrupt(f: Path, what: str) -> CorruptRunError: return CorruptRunError(f"{f}: {what}")
 
 # %% ../nbs/08_runs.ipynb #10e6092b
-def _is_hidden(p: Path) -> bool: return p.name.startswith(".")
+def is_hidden(p: Path) -> bool:
+    "Whether `p` is bookkeeping (its name starts with '.': the lock, temporary files), never part of a run."
+    return p.name.startswith(".")
 
 # %% ../nbs/08_runs.ipynb #b489eab4
-def _entries(d: Path) -> list[Path]: return [p for p in d.iterdir() if not _is_hidden(p)]
+def _entries(d: Path) -> list[Path]: return [p for p in d.iterdir() if not is_hidden(p)]
 
 # %% ../nbs/08_runs.ipynb #d1fb91e7
 def _stored_hash(cfg_file: Path) -> str | None:
@@ -73,221 +63,14 @@ def run_folder_state(run_dir: str | Path,   # a run folder (need not exist)
                          f"{config_hash}; refusing to overwrite (use another folder)")
     return "complete" if (p / "COMPLETE").exists() else "incomplete"
 
-# %% ../nbs/08_runs.ipynb #c0a1b013
-def _probes_frame(probes) -> pd.DataFrame:
-    if isinstance(probes, pd.DataFrame): df = probes.reset_index(drop=True)
-    elif isinstance(probes, (list, tuple)) and all(isinstance(r, dict) for r in probes): df = pd.DataFrame(list(probes))
-    else: raise ValueError(f"probes: expected a pandas DataFrame or a list of dicts, got {type(probes).__name__}")
-    if len(df) == 0: raise ValueError("probes: expected at least 1 probe, got 0")
-    if "text" not in df: raise ValueError(f"probes: expected a 'text' column, got columns {list(df.columns)}")
-    bad = [c for c in df.columns if not isinstance(c, str)]
-    if bad: raise ValueError(f"probes: expected str column names, got {bad[0]!r}")
-    return df
-
-# %% ../nbs/08_runs.ipynb #77ebdb87
-def _jsonl(df: pd.DataFrame) -> str:
-    clean = lambda v: None if isinstance(v, (float, np.floating)) and math.isnan(v) else v
-    return "".join(json.dumps({k: clean(v) for k, v in rec.items()}, default=json_default, ensure_ascii=False) + "\n"
-                   for rec in df.to_dict(orient="records"))
-
 # %% ../nbs/08_runs.ipynb #b2f1b623
-_POOLING_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+POOLING_NAME = re.compile(r"^[A-Za-z0-9_-]+$")   # a pooling's name: it is part of file names
 
-def _step_file(step: int, pooling: str) -> str: return f"embeddings/step_{int(step):06d}.{pooling}.npy"
-
-# %% ../nbs/08_runs.ipynb #6e784d34
-def _check_step(step, saved: list[int], run_dir: Path) -> int:
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-        raise ValueError(f"step: expected a non-negative int, got {step!r}")
-    if int(step) in saved: raise ValueError(f"step: {int(step)} was already saved in {run_dir}")
-    return int(step)
-
-# %% ../nbs/08_runs.ipynb #f05afa51
-def _check_dtype(dtype, earlier: str | None) -> np.dtype:
-    dt = np.dtype(dtype) if dtype in ("float16", "float32") else None
-    if dt is None: raise ValueError(f"dtype: expected 'float32' or 'float16', got {dtype!r}")
-    if earlier is not None and dt.name != earlier: raise ValueError(f"dtype: expected {earlier} as for earlier steps, got {dt.name}")
-    return dt
-
-# %% ../nbs/08_runs.ipynb #7fe07714
-def _check_poolings(arrays, poolings: list[str] | None) -> None:
-    if not isinstance(arrays, dict) or not arrays:
-        raise ValueError(f"arrays: expected a non-empty dict pooling -> (L+1, N, d) array, got {arrays!r:.80}")
-    bad = [k for k in arrays if not isinstance(k, str) or not _POOLING_NAME.match(k)]
-    if bad: raise ValueError(f"arrays: pooling names must match [A-Za-z0-9_-]+, got {bad[0]!r}")
-    if poolings is not None and sorted(arrays) != poolings:
-        raise ValueError(f"arrays: expected the poolings of earlier steps {poolings}, got {sorted(arrays)}")
-
-# %% ../nbs/08_runs.ipynb #c0a1b015
-def _check_step_arrays(arrays, n_probes: int, poolings, shape, dtype: np.dtype) -> dict:
-    "pooling -> array cast to `dtype`, each (L+1, N, d) with N = n_probes and the shape/poolings of earlier steps."
-    _check_poolings(arrays, poolings)
-    out = {}
-    for k, v in arrays.items():
-        a = as_float_array(v, f"arrays[{k!r}]", ndim=3, dims="(L+1, N, d)")
-        if a.shape[1] != n_probes:
-            raise ValueError(f"arrays[{k!r}]: expected N = {n_probes} probes on axis 1 of (L+1, N, d), got shape {a.shape}")
-        want = shape or (next(iter(out.values())).shape if out else a.shape)
-        if a.shape != tuple(want): raise ValueError(f"arrays[{k!r}]: expected shape {tuple(want)} as for the other arrays, got {a.shape}")
-        if dtype == np.float16 and np.abs(a).max() > np.finfo(np.float16).max:
-            raise ValueError(f"arrays[{k!r}]: values up to {np.abs(a).max():.3g} overflow float16; use dtype='float32'")
-        out[k] = a.astype(dtype)
-    return out
-
-# %% ../nbs/08_runs.ipynb #9e6fdffc
-def _writer_config(config) -> dict:
-    clash = [k for k in RESERVED_KEYS if k in check_config(config)]
-    if clash: raise ValueError(f"config: keys {clash} are reserved (RunWriter adds them to config.json)")
-    return dict(config)
-
-# %% ../nbs/08_runs.ipynb #641581fc
-def _prepare_run_folder(run_dir: Path, config_hash: str) -> None:
-    if run_folder_state(run_dir, config_hash) == "complete": raise RunAlreadyComplete(run_dir, config_hash)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for p in run_dir.iterdir():          # incomplete: we hold the lock, so no live writer owns these files
-        if p.is_dir() and not p.is_symlink(): shutil.rmtree(p)
-        else: p.unlink()
-
-# %% ../nbs/08_runs.ipynb #1c197cb7
-class RunWriter:
-    "Writes one run folder: config and probes at start, embeddings and history during training, COMPLETE last."
-    def __init__(self,
-                 run_dir: str | Path,       # folder of this run (created)
-                 config: dict,              # every parameter of the run (JSON-serialisable)
-                 probes: pd.DataFrame | list[dict],  # the N probes: a `text` column, other columns kept as metadata
-                 *,
-                 identity: dict | None = None,  # what makes the run this run (default: `config`); hashed to config_hash
-                 lock: FolderLock | None = None,  # the folder's lock, already held by the caller (else taken here)
-                 wait: float = 0,           # seconds to wait for another writer's lock (0: refuse at once)
-                ):
-        self.config = _writer_config(config)
-        self.path, self.config_hash = Path(run_dir), config_hash(config if identity is None else identity)
-        self.probes, self._own_lock = _probes_frame(probes), lock is None
-        self._lock = lock if lock is not None else FolderLock(self.path, timeout=wait).acquire()
-        try: _prepare_run_folder(self.path, self.config_hash)
-        except BaseException: self._release(); raise
-        self._rows, self._steps, self._poolings, self._shape, self._dtype, self._closed = [], [], None, None, None, False
-        self._started = utc_now()
-        atomic_write_json(self.path / "config.json",
-                          {**self.config, "config_hash": self.config_hash, "environment": environment_info()})
-        atomic_write_text(self.path / "probes.jsonl", _jsonl(self.probes))
-
-    def _release(self):
-        if self._own_lock: self._lock.release()
-    def _check_open(self):
-        if self._closed: raise RuntimeError(f"{self.path}: the run is finished; nothing more can be written")
-    def __enter__(self): return self
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None and not self._closed: self.finish()
-        elif not self._closed: self.abandon()
-        return False          # an exception leaves the run incomplete and propagates
-    def __repr__(self):
-        return f"RunWriter({str(self.path)!r}, config_hash={self.config_hash!r}, steps={len(self._steps)}, finished={self._closed})"
-
-# %% ../nbs/08_runs.ipynb #c82d39d0
-@method_of(RunWriter)
-def save_embeddings(self: RunWriter,
-                    step: int,               # the tracked training step: >= 0, not saved before
-                    arrays: dict,            # pooling name -> (L+1, N, d) array; the same poolings and shape at every step
-                    dtype: str = "float32",  # storage: 'float32' or 'float16' (the same at every step)
-                   ) -> list[Path]:          # the files written, one per pooling
-    "Write the embeddings of one tracked `step`, one atomic .npy file per pooling (nothing is kept in memory)."
-    self._check_open()
-    step, dt = _check_step(step, self._steps, self.path), _check_dtype(dtype, self._dtype)
-    checked = _check_step_arrays(arrays, len(self.probes), self._poolings, self._shape, dt)
-    files = [atomic_save_npy(self.path / _step_file(step, k), a) for k, a in checked.items()]
-    self._steps.append(step)
-    self._poolings, self._dtype, self._shape = sorted(checked), dt.name, next(iter(checked.values())).shape
-    return files
-
-# %% ../nbs/08_runs.ipynb #9bafc650
-def _scalar(key: str, v: object) -> object:
-    if hasattr(v, "item") and getattr(v, "ndim", None) == 0: v = v.item()   # numpy / torch 0-d
-    if v is None or isinstance(v, (bool, int, float, str)): return v
-    raise ValueError(f"log: {key} expected a scalar (number, str, bool or None), got {type(v).__name__}")
-
-# %% ../nbs/08_runs.ipynb #a8d7165c
-@method_of(RunWriter)
-def log(self: RunWriter, *,
-        flush: bool = True,   # rewrite history.csv now (False: at the next flush, log or finish)
-        **row,                # column=value pairs of scalars (numbers, str, bool, None; 0-d arrays)
-       ) -> None:
-    "Append one row (step=..., train_loss=...) to history.csv (columns: union of all keys); `flush=False` defers the rewrite."
-    self._check_open()
-    if not row: raise ValueError("log: expected at least one column=value pair, got none")
-    self._rows.append({k: _scalar(k, v) for k, v in row.items()})
-    if flush: self.flush()
-
-# %% ../nbs/08_runs.ipynb #e31a5411
-@method_of(RunWriter)
-def flush(self: RunWriter) -> None:
-    "Rewrite history.csv atomically from every row logged so far."
-    if self._rows: atomic_write_text(self.path / "history.csv", pd.DataFrame(self._rows).to_csv(index=False))
-
-# %% ../nbs/08_runs.ipynb #86d3c32c
-def _check_extra_path(relpath: str) -> Path:
-    rel = Path(relpath)
-    if rel.is_absolute() or ".." in rel.parts or rel.suffix != ".npy" or rel.parts[0] == "embeddings" or _is_hidden(rel):
-        raise ValueError(f"relpath: expected a relative .npy path inside the run folder, outside embeddings/, got {relpath!r}")
-    return rel
-
-# %% ../nbs/08_runs.ipynb #d18514d7
-@method_of(RunWriter)
-def save_array(self: RunWriter,
-               relpath: str,        # where in the run folder, e.g. 'perturb/step_000010.typo.npy'
-               array: np.ndarray,   # finite values, any shape
-              ) -> Path:            # the file written
-    "Save an extra array atomically; it is checksummed in COMPLETE like every file."
-    self._check_open()
-    rel = _check_extra_path(relpath)
-    a = np.asarray(array)
-    if not np.isfinite(a).all(): raise ValueError(f"array: expected finite values for {relpath!r}")
-    return atomic_save_npy(self.path / rel, a)
-
-# %% ../nbs/08_runs.ipynb #1549c338
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""): h.update(chunk)
-    return h.hexdigest()
-
-# %% ../nbs/08_runs.ipynb #0914c35a
-def _digests(run_dir: Path) -> dict:
-    "{relative posix path: sha256} of every non-hidden file under `run_dir` except COMPLETE."
-    return {p.relative_to(run_dir).as_posix(): _sha256(p) for p in sorted(run_dir.rglob("*"))
-            if p.is_file() and not any(_is_hidden(Path(q)) for q in p.relative_to(run_dir).parts) and p.name != "COMPLETE"}
-
-# %% ../nbs/08_runs.ipynb #1a98f713
-_COMPLETE_KEYS = ("status", "config_hash", "files", "steps", "poolings", "shape", "dtype", "started_at", "finished_at", "host")
-
-def _check_finish(status, extra: dict) -> None:
-    if not isinstance(status, str) or not status: raise ValueError(f"status: expected a non-empty str, got {status!r}")
-    clash = [k for k in extra if k in _COMPLETE_KEYS]
-    if clash: raise ValueError(f"finish: keys {clash} are reserved in COMPLETE")
-
-# %% ../nbs/08_runs.ipynb #0232453e
-@method_of(RunWriter)
-def finish(self: RunWriter,
-           status: str = "completed",  # how the run ended: 'completed', 'diverged', 'stopped_by_alarm', ...
-           **extra,                    # further JSON-serialisable facts for COMPLETE (timings, derived sizes, ...)
-          ) -> Path:                   # the run folder
-    "Checksum every file and write COMPLETE (`status` and `extra`), last; release the lock."
-    self._check_open(); _check_finish(status, extra)
-    self.flush()
-    if not (self.path / "history.csv").exists(): atomic_write_text(self.path / "history.csv", "")
-    marker = {"status": status, "config_hash": self.config_hash, "files": _digests(self.path), "steps": sorted(self._steps),
-              "poolings": self._poolings or [], "shape": list(self._shape) if self._shape else None, "dtype": self._dtype,
-              "started_at": self._started, "finished_at": utc_now(), "host": socket.gethostname(), **extra}
-    canonical_json(marker, "finish")      # fail before writing if `extra` is not serialisable
-    atomic_write_json(self.path / "COMPLETE", marker)
-    self._closed = True; self._release()
-    return self.path
-
-# %% ../nbs/08_runs.ipynb #d8398006
-@method_of(RunWriter)
-def abandon(self: RunWriter) -> None:
-    "Stop writing without COMPLETE (the run stays incomplete) and release the lock."
-    self._closed = True; self._release()
+def step_file(step: int,     # a tracked training step
+              pooling: str,  # a pooling name (POOLING_NAME)
+             ) -> str:       # the path of its array, relative to the run folder
+    "Where the embeddings of one tracked `step` and `pooling` live in a run folder."
+    return f"embeddings/step_{int(step):06d}.{pooling}.npy"
 
 # %% ../nbs/08_runs.ipynb #c0a1b017
 def safe_path(run_dir: str | Path,  # the folder the path must stay in
@@ -314,7 +97,7 @@ _MARKER_FIELDS = {   # field: (check, what it must be)
     "config_hash": (lambda v: isinstance(v, str) and re.fullmatch(r"[0-9a-f]{12}", v), "12 hex digits"),
     "files": (lambda v: isinstance(v, dict) and all(isinstance(x, str) and _HEX64.match(x) for x in v.values()), "a dict path -> sha256"),
     "steps": (lambda v: isinstance(v, list) and all(_int(s) and s >= 0 for s in v), "a list of ints >= 0"),
-    "poolings": (lambda v: isinstance(v, list) and all(isinstance(p, str) and _POOLING_NAME.match(p) for p in v),
+    "poolings": (lambda v: isinstance(v, list) and all(isinstance(p, str) and POOLING_NAME.match(p) for p in v),
                  "a list of pooling names ([A-Za-z0-9_-]+)"),
     "shape": (lambda v: v is None or (isinstance(v, list) and len(v) == 3 and all(_int(s) and s > 0 for s in v)),
               "null or [L+1, N, d] positive ints"),
@@ -343,8 +126,16 @@ def read_marker(run_dir: str | Path,  # a run folder
         if rel not in m["files"]: raise _corrupt(f, f"{rel} is not listed in 'files'")
     for s in m["steps"]:
         for p in m["poolings"]:
-            if _step_file(s, p) not in m["files"]: raise _corrupt(f, f"step {s} has no {p} file listed ({_step_file(s, p)})")
+            if step_file(s, p) not in m["files"]: raise _corrupt(f, f"step {s} has no {p} file listed ({step_file(s, p)})")
     return m
+
+# %% ../nbs/08_runs.ipynb #1549c338
+def fresh_sha256(path: Path) -> str:  # hex digest
+    "The sha256 of a file read now, in full and in 1 MiB chunks (no cache, unlike `data.file_sha256`)."
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""): h.update(chunk)
+    return h.hexdigest()
 
 # %% ../nbs/08_runs.ipynb #6e532c5c
 def _stats(run_dir: Path, files: dict) -> dict:
@@ -383,7 +174,7 @@ def _verify_file(run_dir: Path,        # the run folder
     if not full and _VERIFIED.get(key) == digest: return None
     try: data = f.read_bytes() if read else None
     except OSError as e: raise _corrupt(f, f"cannot be read ({e.strerror or e})") from None
-    got = hashlib.sha256(data).hexdigest() if read else _sha256(f)
+    got = hashlib.sha256(data).hexdigest() if read else fresh_sha256(f)
     if got != digest: raise _mismatch(run_dir, rel, got, digest)
     _VERIFIED[key] = digest
     return data
@@ -490,8 +281,8 @@ def _read_array(self: Run, rel: str) -> np.ndarray:
 # %% ../nbs/08_runs.ipynb #83112630
 @method_of(Run)
 def _load(self: Run, step: int, pooling: str) -> np.ndarray:  # (L+1, N, d)
-    a = self._read_array(_step_file(step, pooling))
-    if a.shape != self.shape: raise _corrupt(self.path / _step_file(step, pooling), f"expected shape {self.shape}, got {a.shape}")
+    a = self._read_array(step_file(step, pooling))
+    if a.shape != self.shape: raise _corrupt(self.path / step_file(step, pooling), f"expected shape {self.shape}, got {a.shape}")
     return a
 
 # %% ../nbs/08_runs.ipynb #126fb38b
@@ -579,7 +370,7 @@ def find_runs(root: str | Path,  # a run folder, or a folder to search
     root = Path(root)
     if not root.is_dir(): raise FileNotFoundError(f"root: {root} is not a folder")
     return sorted({p.parent for p in root.rglob("COMPLETE")
-                   if p.is_file() and not any(_is_hidden(Path(q)) for q in p.relative_to(root).parts)})
+                   if p.is_file() and not any(is_hidden(Path(q)) for q in p.relative_to(root).parts)})
 
 # %% ../nbs/08_runs.ipynb #68e29cbb
 def load_runs(root: str | Path,       # a run folder, or a folder to search

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .study import Study, NotComputed, arm_names
+from .study import Study, arm_names
+from .study_folder import NotComputed
 from .storage import package_version, git_info
 from .words import (format_lr, format_value, format_sci, value_label, plain_column, plural, per_run, percent, span_words,
                     study_description, probes_used, lora_words)

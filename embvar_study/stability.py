@@ -12,7 +12,7 @@ from scipy.special import ndtri
 
 from .early_warning import STABILITY_FRACTIONS, TRAINER_SIGNALS, auc_ci, stability_signals  # noqa: F401 (STABILITY_FRACTIONS: used in the tests below)
 from .auc import logistic_fit, stratified_auc, stratified_auc_ci, stratified_delong, stratum_sizes
-from .study import NotComputed
+from .study_folder import NotComputed
 
 # %% auto #0
 __all__ = ['WITHIN_SIGNALS', 'DRIFT_NAMES', 'TRAINER_NAMES', 'PRIMARY_FRACTION', 'NONE_MARGIN', 'STRATIFIED_MIN_PER_CLASS',

@@ -4,114 +4,19 @@
 
 # %% ../nbs/14_study.ipynb #fc5a97f8
 from __future__ import annotations
-import contextlib, json, os, re, tempfile
+import json, os
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import pandas as pd
 
-from .runs import Run, RunWriter, load_run, CorruptRunError
-from .storage import config_hash, atomic_write_json, atomic_write_text, FolderLock, method_of
+from .runs import Run, load_run, CorruptRunError
+from .storage import method_of
+from .study_folder import NotComputed, MANIFEST_COLUMNS, read_study_spec, load_manifest
 
 # %% auto #0
-__all__ = ['STUDY_FILE', 'RUNS_REPORT_MARK', 'MANIFEST_COLUMNS', 'DESIGN_COLUMNS', 'GROUP_FIELDS', 'EXPERIMENT_FACTORS',
-           'DONE_STATUSES', 'NotComputed', 'study_lock', 'write_study_spec', 'read_study_spec', 'check_out_folder',
-           'manifest_path', 'write_manifest', 'load_manifest', 'config_value', 'synthetic_study', 'RunSet',
-           'split_fields', 'arm_label', 'group_word', 'Study', 'check_study', 'load_study', 'arm_names',
-           'study_from_runs']
-
-# %% ../nbs/14_study.ipynb #19b2c9c2
-class NotComputed(Exception):
-    "A part of the study that cannot be computed from what was run; the message says why, for a reader."
-
-# %% ../nbs/14_study.ipynb #1d0289aa
-_HELD: set = set()   # study folders whose lock this process holds (the lock is re-entrant within a process)
-
-@contextlib.contextmanager
-def study_lock(study_dir: str | Path,   # the study folder (need not exist)
-               timeout: float = 0,      # seconds to wait for another holder (0: refuse at once)
-              ) -> Iterator[FolderLock | None]:  # the lock taken here, or None when this process holds it already
-    "Hold the study folder's writer lock (re-entrant within this process; any other process is refused, naming the holder)."
-    study_dir = Path(study_dir); key = str(study_dir.resolve())
-    if key in _HELD: yield None; return
-    with FolderLock(study_dir, "study folder", timeout=timeout) as lock:
-        _HELD.add(key)
-        try: yield lock
-        finally: _HELD.discard(key)
-
-# %% ../nbs/14_study.ipynb #3aa618f7
-STUDY_FILE = "study.json"
-
-def write_study_spec(study_dir: str | Path,  # the study folder (created)
-                     spec: dict,             # the resolved profile and provenance (JSON-serialisable)
-                    ) -> Path:               # the file written
-    "Write `study.json` (the resolved profile and provenance) atomically."
-    return atomic_write_json(Path(study_dir) / STUDY_FILE, spec)
-
-# %% ../nbs/14_study.ipynb #f5deee90
-def read_study_spec(study_dir: str | Path) -> dict:
-    "`study.json` of a study folder; `NotComputed` naming the folder when there is none."
-    f = Path(study_dir) / STUDY_FILE
-    if not f.is_file(): raise NotComputed(f"{study_dir} holds no {STUDY_FILE}: no study was run there")
-    try: spec = json.loads(f.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e: raise CorruptRunError(f"{f}: unreadable ({e})") from None
-    if not isinstance(spec, dict): raise CorruptRunError(f"{f}: expected a JSON object, got {type(spec).__name__}")
-    return spec
-
-# %% ../nbs/14_study.ipynb #e9b03d28
-RUNS_REPORT_MARK = Path("notebooks") / "runs_report.ipynb"   # what a report from run folders leaves in its folder
-
-def check_out_folder(study_dir: str | Path,  # the folder `embvar report` would write (need not exist)
-                     *,
-                     runs: bool = False,     # a report from run folders (`--runs`), not a profile's study
-                     name: str = "study_dir",  # the argument, for messages
-                    ) -> Path:               # the folder, absolute
-    "`study_dir` if it is empty, missing or a study (of this kind); a one-line `ValueError` naming `name` otherwise."
-    p = Path(study_dir).absolute()
-    if p.exists() and not p.is_dir(): raise ValueError(f"{name}: {p} is a file; expected a folder")
-    entries = sorted(e.name for e in p.iterdir() if not e.name.startswith(".")) if p.is_dir() else []
-    mark = RUNS_REPORT_MARK if runs else Path(STUDY_FILE)
-    if entries and not (p / mark).is_file():
-        what = "a report from run folders" if runs else "an embvar study"
-        raise ValueError(f"{name}: {p} is not empty ({', '.join(entries[:3])}{', ...' if len(entries) > 3 else ''}) and is not {what} "
-                         f"(no {mark.as_posix()}); refusing to write there: choose an empty or new folder")
-    base = p if p.exists() else next(a for a in p.parents if a.exists())
-    for d in dict.fromkeys([base, p.parent if p.parent.exists() else base]):   # the folder, and beside it its lock file
-        try: fd, probe = tempfile.mkstemp(dir=d, prefix=".embvar-write-check-"); os.close(fd); os.unlink(probe)
-        except OSError as e: raise ValueError(f"{name}: cannot write to {p} ({d}: {e.strerror or e})") from None
-    return p
-
-# %% ../nbs/14_study.ipynb #becc1f68
-MANIFEST_COLUMNS = ["run_id", "path", "status", "error", "seconds", "node"]
-
-def manifest_path(study_dir: str | Path, experiment: str) -> Path:
-    "Where the manifest of `experiment` lives."
-    if not re.fullmatch(r"[A-Za-z0-9_-]+", str(experiment)):
-        raise ValueError(f"experiment: expected a name of letters, digits, '_' and '-', got {experiment!r}")
-    return Path(study_dir) / "sweeps" / f"{experiment}.csv"
-
-# %% ../nbs/14_study.ipynb #ad46bd35
-def write_manifest(study_dir: str | Path,  # the study folder
-                   experiment: str,        # the experiment's name (letters, digits, '_', '-')
-                   rows: list[dict],       # one per grid point: grid values and MANIFEST_COLUMNS
-                  ) -> Path:               # the manifest written
-    "Write the manifest of `experiment` (one row per grid point) atomically."
-    return atomic_write_text(manifest_path(study_dir, experiment), pd.DataFrame(rows).to_csv(index=False))
-
-# %% ../nbs/14_study.ipynb #47e5fd76
-def load_manifest(study_dir: str | Path, experiment: str) -> pd.DataFrame:
-    "The manifest of `experiment`; `NotComputed` naming the experiments that were run when it was not."
-    p = manifest_path(study_dir, experiment)
-    if not p.exists():
-        have = sorted(q.stem for q in (Path(study_dir) / "sweeps").glob("*.csv"))
-        raise NotComputed(f"the {experiment} experiment was not run in this study (experiments run: {', '.join(have) or 'none'})")
-    m = pd.read_csv(p, keep_default_na=False, dtype={"run_id": str})
-    missing = [c for c in MANIFEST_COLUMNS if c not in m]
-    if missing: raise CorruptRunError(f"{p}: expected the columns {MANIFEST_COLUMNS}, missing {missing}")
-    bad = m[m["path"] != "runs/" + m["run_id"].astype(str)]
-    if len(bad): raise CorruptRunError(f"{p}: row {bad.index[0]}: path {bad['path'].iloc[0]!r} is not runs/<run_id> ({bad['run_id'].iloc[0]!r})")
-    return m
+__all__ = ['DESIGN_COLUMNS', 'GROUP_FIELDS', 'EXPERIMENT_FACTORS', 'DONE_STATUSES', 'config_value', 'RunSet', 'split_fields',
+           'arm_label', 'group_word', 'Study', 'check_study', 'load_study', 'arm_names', 'study_from_runs']
 
 # %% ../nbs/14_study.ipynb #4f4cd123
 DESIGN_COLUMNS = ["run_id", "experiment", "factor", "lr", "schedule", "seed", "init_seed", "data_seed", "dropout_seed", "replicate", "status"]
@@ -139,97 +44,6 @@ def _design_row(run: Run, experiment: str = "", factor: str = "") -> dict:
 
 # %% ../nbs/14_study.ipynb #222fb603
 from .words import format_lr, VALUE_WORDS, value_label   # noqa: F401 (re-exported) their home: words (format_lr names the designs here; value_label is in the examples)
-
-# %% ../nbs/14_study.ipynb #96f737ea
-def _synthetic_lrs(lr: float, schedule: str, total: int) -> np.ndarray:  # (total,) the lr of each step
-    t, w = np.arange(total), max(1, total // 10)
-    warm = np.minimum(1.0, (t + 1) / w)
-    shape = {"linear": np.clip((total - t) / (total - w + 1e-9), 0, 1), "constant": np.ones(total),
-             "cosine": 0.5 * (1 + np.cos(np.pi * np.clip(t - w, 0, None) / max(1, total - w)))}[schedule]
-    return lr * np.where(t < w, warm, shape)
-
-# %% ../nbs/14_study.ipynb #a76147d9
-def _synthetic_path(cfg: dict, base: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray, Callable[[int], np.ndarray]]:
-    "lr of each step, cumulative lr (0 at step 0), and step -> (L+1, N, d) embeddings of one synthetic run from `base`."
-    lrs = _synthetic_lrs(cfg["lr"], cfg["schedule"], total)
-    cum = np.concatenate([[0.0], np.cumsum(lrs)])
-    g = lambda s: np.random.default_rng(s).normal(size=(1,) + base.shape[1:])
-    direction = g(cfg["init_seed"]) + 0.7 * g(1000 + cfg["data_seed"])
-    depth = np.linspace(0.2, 1.0, base.shape[0])[:, None, None]
-    return lrs, cum, lambda s: base + 40.0 * cum[s] * depth * direction
-
-# %% ../nbs/14_study.ipynb #96644844
-def _save_perturbed(w: RunWriter, step: int, emb: np.ndarray) -> None:
-    for kind in ("typo", "token_dropout"):
-        noise = np.random.default_rng(step).normal(scale=0.05, size=(4,) + emb.shape)
-        w.save_array(f"perturb/step_{step:06d}.{kind}.npy", (emb[None] + noise).astype(np.float32))
-
-# %% ../nbs/14_study.ipynb #abd5bbfa
-def _synthetic_run(run_dir: Path, cfg: dict, base: np.ndarray, probes: pd.DataFrame, total: int, every: int, perturb: bool) -> str:
-    lrs, cum, emb = _synthetic_path(cfg, base, total)
-    with RunWriter(run_dir, cfg, probes) as w:
-        for s in range(total + 1):
-            tracked = s % every == 0 or s == total
-            if tracked:
-                w.save_embeddings(s, {"mean": emb(s), "cls": 2 * emb(s)})
-                if perturb and s in (0, total): _save_perturbed(w, s, emb(s))
-            loss = 0.69 - 0.25 * (1 - np.exp(-3e3 * cum[s]))
-            w.log(step=s, flush=False, lr=float(lrs[s - 1]) if s else 0.0, train_loss=float(loss) if s else None,
-                  **({"eval_loss": float(loss), "eval_acc": float(1.2 - loss)} if tracked else {}))
-        w.finish(derived={"n_probes": len(probes), "torch_threads": 1})
-    return w.config_hash
-
-# %% ../nbs/14_study.ipynb #462026ac
-def _synthetic_config(lr: float, seed: int, every: int, *, init: int | None = None, data: int | None = None, replicate: int = 0,
-                      schedule: str = "linear", perturb: bool = False) -> dict:
-    return {"model": "synthetic", "dataset": "synthetic", "probes": "synthetic", "lr": lr, "schedule": schedule, "seed": seed,
-            "init_seed": seed if init is None else init, "data_seed": seed if data is None else data, "dropout_seed": seed,
-            "replicate": replicate, "batch_size": 16, "epochs": 1, "track_every": every,
-            "perturb_kinds": ["typo", "token_dropout"] if perturb else []}   # recorded always, as embvar train records it
-
-# %% ../nbs/14_study.ipynb #92f2798d
-def _synthetic_design(lrs: tuple[float, ...], seeds: tuple[int, ...], every: int) -> dict:  # experiment -> [(factor, config)]
-    cfg = lambda lr, seed, **kw: _synthetic_config(lr, seed, every, **kw)
-    s0, ref = seeds[0], lrs[0]
-    return {
-        "lr_sweep": [("lr", cfg(lr, s)) for lr in lrs for s in seeds],
-        "seed_sweep": [("init_seed", cfg(ref, s0, init=s)) for s in seeds] + [("data_seed", cfg(ref, s0, data=s)) for s in seeds]
-                      + [("replicate", cfg(ref, s0, replicate=r)) for r in (0, 1)],
-        "crossed": [("crossed", cfg(ref, s0, init=h, data=d)) for h in seeds for d in seeds],
-        "schedule": [("schedule", cfg(lr, s, schedule=sc)) for lr in lrs for sc in ("linear", "constant") for s in seeds],
-        "lr_extended": [("lr", cfg(lr, s)) for lr in (lrs[0] / 5, *lrs, lrs[-1] * 10) for s in seeds[:2]],
-        "perturbation": [("perturbation", cfg(lr, s0, perturb=True)) for lr in lrs],
-    }
-
-# %% ../nbs/14_study.ipynb #3ae65df4
-def synthetic_study(study_dir: str | Path,     # folder to write (created; must not hold a study)
-                    *,
-                    lrs: tuple[float, ...] = (5e-5, 5e-4),  # peak learning rates; the first is the reference rate
-                    seeds: tuple[int, ...] = (0, 1, 2),      # seeds; the first is the reference seed
-                    steps: int = 12,    # optimizer steps T of every run
-                    every: int = 3,     # tracking interval (the last step is always tracked)
-                    n_probes: int = 24, # N
-                    dim: int = 8,       # d
-                    n_layers: int = 2,  # L (the arrays hold L+1 hidden states)
-                   ) -> Path:           # study_dir
-    "A study of synthetic runs (lr_sweep, seed_sweep, crossed, schedule, lr_extended, perturbation) for examples and tests."
-    study_dir = Path(study_dir); rng = np.random.default_rng(0)
-    base = rng.normal(size=(n_layers + 1, n_probes, dim)) + 3.0
-    probes = pd.DataFrame({"text": [f"probe {i}" for i in range(n_probes)], "sentiment": [0, 1] * (n_probes // 2) + [0] * (n_probes % 2)})
-    design, done = _synthetic_design(lrs, seeds, every), {}
-    for e, points in design.items():
-        rows = []
-        for factor, c in points:
-            key = json.dumps(c, sort_keys=True)
-            if key not in done:
-                done[key] = _synthetic_run(study_dir / "runs" / config_hash(c), c, base, probes, steps, every, bool(c["perturb_kinds"]))
-            rows.append({"factor": factor, **{k: c[k] for k in ("lr", "schedule", "seed", "init_seed", "data_seed", "replicate")},
-                         "run_id": done[key], "path": f"runs/{done[key]}", "status": "completed", "error": "", "seconds": 0.0, "node": ""})
-        write_manifest(study_dir, e, rows)
-    write_study_spec(study_dir, {"profile": "synthetic", "overrides": {}, "experiments": list(design),
-                                 "resolved": {"base": _synthetic_config(lrs[0], seeds[0], every), "lrs": list(lrs), "seeds": list(seeds),
-                                              "ref_lr": lrs[0], "schedules": ["linear", "constant"]}})
-    return study_dir
 
 # %% ../nbs/14_study.ipynb #3f210280
 class RunSet:
@@ -541,22 +355,6 @@ def diverged(self: Study,
             rows.append({"experiment": e, "run_id": d["run_id"], "run": label, "step": diverged_step(run),
                          "because": run.marker.get("diverged_because", "")})
     return pd.DataFrame(rows, columns=["experiment", "run_id", "run", "step", "because"])
-
-# %% ../nbs/14_study.ipynb #3aba7ce3
-def _add_diverged_run(study_dir: Path, experiment: str, cfg: dict, at_step: int = 1, n_probes: int = 24, dim: int = 8) -> str:
-    "Write a run that diverged at `at_step` (embeddings of step 0 only) and list it in `experiment`'s manifest; its run_id."
-    rng = np.random.default_rng(1); probes = pd.DataFrame({"text": [f"probe {i}" for i in range(n_probes)]})
-    rid = config_hash(cfg)
-    with RunWriter(Path(study_dir) / "runs" / rid, cfg, probes) as w:
-        w.save_embeddings(0, {"mean": rng.normal(size=(3, n_probes, dim)), "cls": rng.normal(size=(3, n_probes, dim))})
-        w.log(step=0, lr=0.0, status="start", eval_loss=0.7, eval_acc=0.5)
-        w.log(step=at_step, lr=cfg["lr"], train_loss=2e4, status="diverged")
-        w.finish(status="diverged", steps_done=at_step - 1, diverged_because=f"training loss 2e+04 at step {at_step}")
-    m = load_manifest(study_dir, experiment).to_dict("records")
-    row = {**m[0], **{k: cfg[k] for k in ("lr", "seed", "init_seed", "data_seed") if k in m[0]},
-           "run_id": rid, "path": f"runs/{rid}", "status": "diverged"}
-    write_manifest(study_dir, experiment, m + [row])
-    return rid
 
 # %% ../nbs/14_study.ipynb #6adc201e
 def _seeds(n: int) -> str: return f"{n} seed{'s' if n != 1 else ''}"

@@ -13,7 +13,8 @@ import pandas as pd
 from .config import TrainConfig
 from .runs import verify_run, CorruptRunError, IncompleteRunError
 from .storage import atomic_write_text, package_version, git_info
-from .study import study_lock, write_study_spec, read_study_spec, write_manifest, format_lr, STUDY_FILE
+from .study_folder import study_lock, write_study_spec, read_study_spec, write_manifest, STUDY_FILE
+from .study import format_lr
 
 # %% auto #0
 __all__ = ['EXPERIMENT_NAMES', 'STABILITY_FAILURE', 'PROFILES', 'PROFILE_KEYS', 'EXECUTORS', 'suggest', 'check_profile_name',

@@ -23,7 +23,7 @@ from transformers.trainer_callback import CallbackHandler
 
 from .extract import embed_texts, saved_layers
 from .metrics import cosine_drift
-from .runs import RunWriter
+from .run_writer import RunWriter
 from .storage import FolderLock, atomic_write_json
 from .config import ALARM_SIGNALS, AlarmRule, alarm_rule, divergence_reason, tracker_settings   # noqa: F401 (alarm rules live in config, re-exported here)
 from .models import is_decoder, lora_summary, parameter_counts
@@ -129,7 +129,7 @@ class EmbeddingTracker:
                  layers="all",              # "all" hidden states, or a list of indices
                  poolings=None,             # any of "mean", "cls", "max", "last"; None: "last" for a decoder, else "mean"
                  config: dict | None = None,  # your run's parameters (JSON-serialisable), recorded in config.json
-                 identity: dict | None = None,  # what identifies the run, if not all of `config` (see runs.RunWriter)
+                 identity: dict | None = None,  # what identifies the run, if not all of `config` (see run_writer.RunWriter)
                  max_length: int = 128,     # tokens per probe
                  batch_size: int = 16,      # probes per forward pass
                  dtype: str = "float32",    # storage dtype of the embeddings

@@ -24,7 +24,9 @@ from embvar_study.align import PAIR_MEASURES, aligned_distance, pairwise_run_tab
 from embvar_study.metrics import cosine_drift, expected_squared_distance
 from embvar_study.rsa import rsa
 from embvar_study.similarity import knn_overlap, linear_cka
-from embvar_study.study import NotComputed, load_study, synthetic_study
+from embvar_study.study_folder import NotComputed
+from embvar_study.study import load_study
+from embvar_study.synthetic import synthetic_study
 
 
 # --------------------------------------------------------------------------- invariances: one test per entry

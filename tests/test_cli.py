@@ -193,7 +193,7 @@ def test_a_study_with_nothing_left_to_run_does_not_import_torch():
 
 
 def test_only_report_names_every_damaged_run_and_renders_nothing(tmp_path):
-    from embvar_study.study import synthetic_study
+    from embvar_study.synthetic import synthetic_study
     study = synthetic_study(tmp_path / "s")
     runs = sorted(p for p in (study / "runs").iterdir() if p.is_dir())[:2]
     for r in runs:                                          # one byte of one embedding file flipped in each
@@ -229,7 +229,7 @@ def test_report_flags_are_checked_before_any_work(tmp_path):
 
 
 def test_group_by_a_key_no_run_has_is_one_line(tmp_path):
-    from embvar_study.study import synthetic_study
+    from embvar_study.synthetic import synthetic_study
     study = synthetic_study(tmp_path / "s")
     line = one_line_error(embvar("report", "--runs", str(study / "runs"), "--group-by", "nosuchkey", "--out", str(tmp_path / "r")), "report")
     assert "--group-by: no run has a value for 'nosuchkey'" in line

@@ -36,7 +36,8 @@ def test_cli_errors_exit_2(tmp_path):
 
 # --- run folders at a tracked step, probes matched by id --------------------------------------------------------
 import pandas as pd
-from embvar_study.runs import RunWriter, load_run
+from embvar_study.run_writer import RunWriter
+from embvar_study.runs import load_run
 from embvar_study.similarity import linear_cka
 
 

@@ -18,8 +18,11 @@ except ImportError:  # package not installed: run from the repository checkout
 from embvar_study.components import (VarianceComponents, components_table, crossed_values, embedding_variance_components,
                                      variance_components, variance_components_3way)
 from embvar_study.components import _design_three_way, _design_two_way, _ms_three_way, _ms_two_way
-from embvar_study.runs import RunWriter, load_run
-from embvar_study.study import NotComputed, RunSet, load_study, synthetic_study
+from embvar_study.run_writer import RunWriter
+from embvar_study.runs import load_run
+from embvar_study.study_folder import NotComputed
+from embvar_study.study import RunSet, load_study
+from embvar_study.synthetic import synthetic_study
 
 TRUTH2 = np.array([1.0, 0.5, 0.25, 1.0])                        # A, B, A:B, error
 TRUTH3 = np.array([1.0, 0.5, 2.0, 0.25, 0.3, 0.2, 0.5])         # A, B, P, A:B, A:P, B:P, residual

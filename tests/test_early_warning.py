@@ -20,8 +20,11 @@ from embvar_study.early_warning import (DriftThreshold, OutcomeAUC, auc_ci, drif
                                         early_warning_table, failure_step, final_outcome, first_crossing,
                                         outcome_auc_table, replicate_distances, seed_distances)
 from embvar_study.metrics import drift_curve
-from embvar_study.runs import RunWriter, load_run
-from embvar_study.study import NotComputed, RunSet, load_study, synthetic_study
+from embvar_study.run_writer import RunWriter
+from embvar_study.runs import load_run
+from embvar_study.study_folder import NotComputed
+from embvar_study.study import RunSet, load_study
+from embvar_study.synthetic import synthetic_study
 
 
 # --------------------------------------------------------------------------- drift_threshold

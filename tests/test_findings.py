@@ -9,7 +9,8 @@ import pytest
 
 from embvar_study import analysis as A
 from embvar_study.findings import key_findings, findings, limitations, compare_intervals
-from embvar_study.study import load_study, synthetic_study
+from embvar_study.study import load_study
+from embvar_study.synthetic import synthetic_study
 
 N = 200   # bootstrap resamples: enough for the verdicts, fast
 

@@ -8,8 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from embvar_study.runs import CorruptRunError, RunWriter, load_run
-from embvar_study.study import load_manifest, load_study, synthetic_study
+from embvar_study.runs import CorruptRunError, load_run
+from embvar_study.run_writer import RunWriter
+from embvar_study.study_folder import load_manifest
+from embvar_study.study import load_study
+from embvar_study.synthetic import synthetic_study
 
 PROBES = [{"text": "a"}, {"text": "b"}, {"text": "c"}]
 

@@ -28,7 +28,7 @@ from embvar_study import analysis, ray_executor
 from embvar_study.metrics import drift_curve
 from embvar_study.ray_executor import ClusterError, RayUnavailableError, cluster_nodes
 from embvar_study.runs import is_complete, load_run
-from embvar_study.study import load_manifest
+from embvar_study.study_folder import load_manifest
 from embvar_study.sweep import EXPERIMENT_NAMES, experiment_grid, get_profile, run_sweep
 
 pytestmark = [pytest.mark.filterwarnings("ignore:.*truncated to max_length"),

@@ -118,7 +118,7 @@ def _rot(f):
 
 def test_verify_names_every_damaged_file_and_only_report_verify_stops(tmp_path, capsys):
     from embvar_study.runs import verify_run
-    from embvar_study.study import synthetic_study
+    from embvar_study.synthetic import synthetic_study
     sd = synthetic_study(tmp_path / "syn")
     files = sorted((sd / "runs").glob("*/embeddings/step_000012.mean.npy"))[:2]
     for f in files: verify_run(f.parent.parent)            # cached as verified, then rotted
@@ -340,7 +340,8 @@ except CorruptRunError as e: print("refused:", e)
 def test_a_flipped_exponent_bit_is_refused_by_every_process_that_reads_it_naming_the_file(tmp_path):
     import subprocess, sys
     from embvar_study.runs import verify_run
-    from embvar_study.study import synthetic_study, load_study
+    from embvar_study.synthetic import synthetic_study
+    from embvar_study.study import load_study
     sd = synthetic_study(tmp_path / "syn")
     run = load_study(sd).runs("lr_sweep").runs[0].path; f = run / "embeddings" / "step_000012.mean.npy"
     verify_run(run)                                                   # hashed in this process, then rotted
@@ -385,7 +386,7 @@ def test_only_report_never_trains_a_damaged_or_missing_run(diverged_study, tmp_p
 def test_a_notebook_of_only_report_refuses_to_train(tmp_path):
     "embvar report executes its notebooks with train=False: with runs missing, the notebook's call refuses and writes nothing."
     from embvar_study.report import experiment_runs
-    from embvar_study.study import NotComputed
+    from embvar_study.study_folder import NotComputed
     with pytest.raises((NotComputed, FileNotFoundError)):
         experiment_runs("smoke", "lr_sweep", tmp_path / "s", train=False)
     assert not (tmp_path / "s").exists()

@@ -13,7 +13,8 @@ from embvar_study import analysis
 from embvar_study.cli import main
 from embvar_study.report import execute_notebooks, render_html, template_dir, template_for
 from embvar_study.words import format_value
-from embvar_study.study import load_study, synthetic_study
+from embvar_study.study import load_study
+from embvar_study.synthetic import synthetic_study
 from embvar_study.sweep import EXPERIMENT_NAMES
 
 SMOKE = ["--set", "n_train=32", "--set", "n_eval=16", "--set", "max_length=32", "--set", "probe_max_length=32", "--set", "n_probes=24"]

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from embvar_study import display as D, sections as S
-from embvar_study.study import load_study, synthetic_study
+from embvar_study.study import load_study
+from embvar_study.synthetic import synthetic_study
 
 # each section that holds interval tables, and how many it shows on the synthetic study (so the check cannot pass on none)
 SECTIONS = {S.section_drift: 1, S.section_reference: 1, S.section_schedule: 2, S.section_effects: 1, S.section_components: 2,

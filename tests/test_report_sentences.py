@@ -8,10 +8,11 @@ import pandas as pd
 import pytest
 
 from embvar_study import display as D, findings as F, sections as S, words as W
-from embvar_study import study as ST
-from embvar_study.runs import RunWriter
-from embvar_study.study import (load_study, write_manifest, write_study_spec, config_hash, _synthetic_config, _synthetic_path,
-                                _synthetic_design)
+from embvar_study.run_writer import RunWriter
+from embvar_study.study import load_study
+from embvar_study.study_folder import NotComputed, write_manifest, write_study_spec
+from embvar_study.storage import config_hash
+from embvar_study.synthetic import _synthetic_config, _synthetic_path, _synthetic_design
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -212,13 +213,13 @@ def test_seed_variance_names_the_experiments_it_needs(tmp_path):
     "A study without a learning-rate or seed sweep is told which experiments the section reads, not that its seeds are missing."
     study = load_study(_study(tmp_path, {5e-5: 5e-5, 5e-4: 5e-4}))
     study.has = lambda experiment: False                      # as a study that ran neither (the stability profile)
-    with pytest.raises(ST.NotComputed, match="neither the seed_sweep nor the lr_sweep experiment was run"):
+    with pytest.raises(NotComputed, match="neither the seed_sweep nor the lr_sweep experiment was run"):
         S.section_seed_variance(study)
 
 
 def test_perturbations_and_components_are_named_in_words(tmp_path):
     "Perturbation kinds and variance components reach the reader as words, in tables, captions and figure legends."
-    from embvar_study.study import synthetic_study
+    from embvar_study.synthetic import synthetic_study
     from embvar_study.words import value_label
     from embvar_study.config import PERTURB_KINDS
     study = load_study(synthetic_study(tmp_path / "s"))

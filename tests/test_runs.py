@@ -15,8 +15,10 @@ from hypothesis import given, settings, strategies as st
 
 import embvar_study
 import embvar_study.runs as runs
+import embvar_study.run_writer as run_writer
 import embvar_study.storage as storage
-from embvar_study.runs import CorruptRunError, IncompleteRunError, Run, RunAlreadyComplete, RunWriter, find_runs, is_complete, load_run, load_runs
+from embvar_study.runs import CorruptRunError, IncompleteRunError, Run, find_runs, is_complete, load_run, load_runs
+from embvar_study.run_writer import RunAlreadyComplete, RunWriter
 from embvar_study.storage import NON_IDENTITY_KEYS, FolderLockedError, atomic_save_npy, atomic_write_bytes, atomic_write_json, atomic_write_text, config_hash, environment_info
 
 CFG = {"model": "distilbert", "lr": 1e-4, "seed": 3, "steps": [0, 5, 10], "out_dir": "/somewhere"}
@@ -349,7 +351,7 @@ def test_crash_by_sigkill_then_restart(tmp_path):
         import json, sys, time
         sys.path.insert(0, {pkg_parent!r})
         import numpy as np
-        from embvar_study.runs import RunWriter
+        from embvar_study.run_writer import RunWriter
         inputs = json.load(open({str(inputs)!r}))
         w = RunWriter({str(run_dir)!r}, inputs["config"], inputs["probes"])
         for s in range(3):
@@ -449,10 +451,10 @@ def test_save_array_perturbations_and_buffered_log(tmp_path):
 def test_methods_written_in_their_own_cells_belong_to_their_class():
     # RunWriter, Run and FolderLock are written over several notebook cells (storage.method_of, `#| exporti`): each
     # method is its class's, under its own name, and none of them is part of the module's public API
-    for cls in (runs.RunWriter, runs.Run, storage.FolderLock):
+    for cls in (run_writer.RunWriter, runs.Run, storage.FolderLock):
         for name, f in vars(cls).items():
             if callable(f) and not name.startswith("__"): assert f.__qualname__ == f"{cls.__name__}.{name}", (cls, name)
     attached = {"acquire", "save_embeddings", "log", "flush", "save_array", "finish", "abandon", "embeddings",
                 "embeddings_all_layers", "array", "perturbations"}
-    assert attached <= {n for c in (runs.RunWriter, runs.Run, storage.FolderLock) for n in vars(c)}
-    assert not attached & (set(runs.__all__) | set(storage.__all__))
+    assert attached <= {n for c in (run_writer.RunWriter, runs.Run, storage.FolderLock) for n in vars(c)}
+    assert not attached & (set(runs.__all__) | set(run_writer.__all__) | set(storage.__all__))

@@ -9,9 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from embvar_study.runs import RunWriter, load_run
-from embvar_study.study import (DESIGN_COLUMNS, NotComputed, RunSet, load_study, study_from_runs, study_lock,
-                                synthetic_study)
+from embvar_study.run_writer import RunWriter
+from embvar_study.runs import load_run
+from embvar_study.study import DESIGN_COLUMNS, RunSet, load_study, study_from_runs
+from embvar_study.study_folder import NotComputed, study_lock
+from embvar_study.synthetic import synthetic_study
 
 # a small synthetic study with non-default parameters: 3 rates, 2 seeds, 8 steps tracked every 3 (and at the end)
 LRS, SEEDS, STEPS, EVERY, N, D, L = (2e-5, 4e-4, 1e-3), (3, 5), 8, 3, 6, 4, 1
@@ -220,7 +222,7 @@ def test_study_from_runs_groups_by_a_dotted_config_key(trainer_runs):
 # ---------------------------------------------------------------- the study lock
 
 def _try_lock(study_dir: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    code = f"from embvar_study.study import study_lock\nwith study_lock({str(study_dir)!r}): print('got it')"
+    code = f"from embvar_study.study_folder import study_lock\nwith study_lock({str(study_dir)!r}): print('got it')"
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
 
 

@@ -17,7 +17,8 @@ import torch
 from conftest import TINY, embedding_digests, folder_state, kill_when_ready
 from embvar_study.metrics import drift_curve
 from embvar_study.runs import IncompleteRunError, is_complete, load_run
-from embvar_study.study import NotComputed, load_manifest, load_study
+from embvar_study.study_folder import NotComputed, load_manifest
+from embvar_study.study import load_study
 from embvar_study.sweep import (EXPERIMENT_NAMES, PROFILE_KEYS, PROFILES, expand_grid, experiment_grid, get_profile, plan_study,
                                 run_study, run_sweep)
 from embvar_study.config import TrainConfig
