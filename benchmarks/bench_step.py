@@ -28,7 +28,7 @@ from embvar_study.sweep import get_profile
 from embvar_study.config import TrainConfig
 from embvar_study.train import prepare_data, Batches, make_optimizer, forward_backward
 from embvar_study.models import load_model_and_tokenizer
-from embvar_study.extract import linear_kernel, choose_linear_kernel, onednn_available
+from embvar_study.kernels import linear_kernel, choose_linear_kernel, onednn_available
 
 def rate(f, flops, n=8):
     f(); t = time.perf_counter()

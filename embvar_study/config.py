@@ -11,7 +11,8 @@ from typing import Iterator
 
 import numpy as np
 
-from .data import source_fingerprint, probes_fingerprint, HubUnavailableError
+from .data import source_fingerprint, probes_fingerprint
+from .hub import HubUnavailableError
 from .models import model_fingerprint, default_poolings
 from .storage import canonical_json, config_hash
 

@@ -4,7 +4,7 @@
 
 # %% ../nbs/05_data.ipynb #60f7f629
 from __future__ import annotations
-import functools, hashlib, importlib.resources, os, re, socket, threading, time, urllib.parse, urllib.request, warnings
+import importlib.resources, os, re, warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -12,13 +12,15 @@ import numpy as np
 import pandas as pd
 from pandas._libs.parsers import STR_NA_VALUES   # the default `na_values` of every pandas reader
 
+from .digests import file_sha256
+from .hub import load_hub_dataset
 from .words import one_line
 
 # %% auto #0
 __all__ = ['MISSING_MARKERS', 'SHORT_MAX_WORDS', 'MEDIUM_MAX_WORDS', 'NO_SENTIMENT', 'PROBE_FAMILIES', 'PROBE_COLUMNS',
-           'RACY_SECONDS', 'clean_text', 'check_seed', 'HubUnavailableError', 'hub_offline', 'check_hub_reachable',
-           'is_file_source', 'load_texts', 'stratified_subset', 'train_eval_split', 'length_bucket', 'default_probes',
-           'load_probes', 'file_sha256', 'folder_sha256', 'source_fingerprint', 'parse_heldout', 'probes_fingerprint']
+           'clean_text', 'check_seed', 'is_file_source', 'load_texts', 'stratified_subset', 'train_eval_split',
+           'length_bucket', 'default_probes', 'load_probes', 'source_fingerprint', 'parse_heldout',
+           'probes_fingerprint']
 
 # %% ../nbs/05_data.ipynb #e63a40fe
 _BR_TAG = re.compile(r"<\s*br\s*/?\s*>", re.IGNORECASE)
@@ -167,82 +169,6 @@ def _encode_labels(labels: pd.Series, # (N,) class labels: numbers, bools or str
         raise ValueError(f"{what}: expected at least 2 classes, got {got}{hint}")
     return codes.astype(np.int64).reshape(-1), names
 
-# %% ../nbs/05_data.ipynb #c85f8dda
-class HubUnavailableError(ConnectionError):
-    "A dataset or model could not be loaded from the Hugging Face Hub (offline, unreachable, or no such repository)."
-
-# %% ../nbs/05_data.ipynb #6dad382f
-_TRUE = {"1", "true", "yes", "on"}
-
-def _env_flag(name: str) -> bool:
-    "Is environment variable `name` set to a true value (1/true/yes/on), read now?"
-    return os.environ.get(name, "").strip().lower() in _TRUE
-
-# %% ../nbs/05_data.ipynb #36898822
-def hub_offline() -> bool: # True when HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set to a true value
-    "Is Hugging Face offline mode requested (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE, read now)?"
-    return _env_flag("HF_HUB_OFFLINE") or _env_flag("TRANSFORMERS_OFFLINE")
-
-# %% ../nbs/05_data.ipynb #dcccbfbc
-def _hub_address() -> tuple[str, int]:
-    "(host, port) that a Hub request connects to first: HF_ENDPOINT's host, or the proxy configured for it."
-    url = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
-    proxy = urllib.request.getproxies().get(url.scheme)
-    if proxy and not urllib.request.proxy_bypass(url.hostname or ""):
-        url = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
-    return url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
-
-# %% ../nbs/05_data.ipynb #387f8aaa
-@functools.lru_cache(maxsize=None)
-def _connect_error(host: str, port: int, timeout: float) -> str | None:
-    "None if a TCP connection to host:port opens within `timeout` s, else why not (cached per process)."
-    why = [f"no answer within {timeout:g} s"]
-    def attempt():
-        try: socket.create_connection((host, port), timeout=timeout).close(); why[0] = None
-        except OSError as e: why[0] = f"{type(e).__name__}: {one_line(e)}"
-    thread = threading.Thread(target=attempt, daemon=True)   # a thread: a hanging DNS lookup cannot outlast `timeout`
-    thread.start(); thread.join(timeout)
-    return why[0]
-
-# %% ../nbs/05_data.ipynb #60d97e08
-_DATA_ALTERNATIVES = ("source='bundled' (the package's 400-review mini-corpus) or a local file "
-                      f"({', '.join(_TABLE_SUFFIXES)})")
-
-def check_hub_reachable(what: str = "the Hub",   # what needs the Hub, e.g. "dataset 'imdb'" (starts the message)
-                        *,
-                        alternatives: str = _DATA_ALTERNATIVES,  # offline options named in the message
-                        timeout: float = 3.0,    # seconds to wait for the TCP connection
-                       ) -> None:
-    "Raise HubUnavailableError within `timeout` s when the Hub cannot be reached (once per process); no-op offline."
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout: expected a positive number of seconds, got {timeout!r}")
-    if hub_offline(): return
-    host, port = _hub_address()
-    why = _connect_error(host, port, float(timeout))
-    if why:
-        raise HubUnavailableError(f"{what}: the Hugging Face Hub ({host}:{port}) could not be reached ({why}); offline "
-                                  f"alternatives: {alternatives}, or HF_HUB_OFFLINE=1 to use the local Hugging Face cache")
-
-# %% ../nbs/05_data.ipynb #21833155
-def _load_hub_dataset(source: str, # Hub dataset id, e.g. "imdb"
-                      split: str,  # split name, e.g. "train"
-                     ) -> tuple[pd.DataFrame, dict]:  # the rows, and {column: ClassLabel names}
-    "`datasets.load_dataset(source, split=split)` as a DataFrame, plus the ClassLabel names of each column."
-    try: import datasets
-    except ImportError:
-        raise ImportError(f"source: loading {source!r} from the Hub needs the `datasets` package (pip install datasets); "
-                          f"offline alternatives: {_DATA_ALTERNATIVES}") from None
-    if not _env_flag("HF_DATASETS_OFFLINE"): check_hub_reachable(f"dataset {source!r}")
-    try: ds = datasets.load_dataset(source, split=split)
-    except (ValueError, TypeError, KeyError) as e:
-        raise ValueError(f"source: could not load dataset {source!r} split {split!r}: {one_line(e)}") from e
-    except Exception as e:
-        raise HubUnavailableError(
-            f"dataset {source!r} (split {split!r}) could not be loaded from the Hugging Face Hub: the Hub could not be "
-            f"reached (offline?) or has no such dataset ({type(e).__name__}: {one_line(e)}); offline alternatives: "
-            f"{_DATA_ALTERNATIVES}") from e
-    return ds.to_pandas(), {c: list(f.names) for c, f in ds.features.items() if hasattr(f, "names")}
-
 # %% ../nbs/05_data.ipynb #26cd7e8a
 def _resource(name: str) -> Path:
     "Path of a file in the package's `resources/` folder."
@@ -255,6 +181,9 @@ def is_file_source(source: object) -> bool:
     return isinstance(source, str) and (source.lower().endswith(_TABLE_SUFFIXES) or os.path.exists(os.path.expanduser(source)))
 
 # %% ../nbs/05_data.ipynb #9e1986a1
+_DATA_ALTERNATIVES = ("source='bundled' (the package's 400-review mini-corpus) or a local file "
+                      f"({', '.join(_TABLE_SUFFIXES)})")   # named when the Hub cannot be reached
+
 def _read_source(source, split) -> tuple[pd.DataFrame, dict, str]:
     "(raw rows, ClassLabel names per column, origin for messages) of any `load_texts` source."
     if isinstance(source, pd.DataFrame): return source, {}, "DataFrame source"
@@ -264,7 +193,7 @@ def _read_source(source, split) -> tuple[pd.DataFrame, dict, str]:
         raise ValueError(f"source: expected 'bundled', a file path, a DataFrame or a Hub dataset id, got {_shown(source)}")
     if not isinstance(split, str) or not split:
         raise ValueError(f"split: expected a split name such as 'train' or 'test', got {split!r}")
-    return *_load_hub_dataset(source, split), f"dataset {source!r} split {split!r}"
+    return *load_hub_dataset(source, split, alternatives=_DATA_ALTERNATIVES), f"dataset {source!r} split {split!r}"
 
 # %% ../nbs/05_data.ipynb #c2cae2a9
 def load_texts(source: str | os.PathLike | pd.DataFrame, # "bundled", a .csv/.tsv/.jsonl/.json/.parquet path, a DataFrame, or a Hub dataset id
@@ -478,43 +407,6 @@ def load_probes(source: str | os.PathLike | pd.DataFrame = "builtin", # "builtin
     if n is None: return df
     sample = stratified_subset(df, _check_positive_int(n, "n", len(df), "probes"), seed=seed, label_col=by)
     return df.loc[np.sort(sample.index.to_numpy())].reset_index(drop=True)
-
-# %% ../nbs/05_data.ipynb #a70b4c1b
-def _sha256_of(p: Path) -> str:
-    "SHA-256 of a file's bytes, read in 1 MiB blocks."
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""): h.update(block)
-    return h.hexdigest()
-
-# %% ../nbs/05_data.ipynb #0206fcf8
-_DIGESTS: dict[str, tuple[int, int, int, str]] = {}   # resolved path -> (size, mtime_ns, inode, sha256)
-RACY_SECONDS = 2.0   # a digest is cached only when the file was last modified more than this long ago
-
-def file_sha256(path: str | os.PathLike, # a file
-               ) -> str:                 # hex SHA-256 of its bytes (64 characters)
-    "SHA-256 of a file's bytes, cached in-process by resolved path and validated by (size, mtime_ns, inode)."
-    p = Path(path).expanduser().resolve()
-    if not p.is_file(): raise FileNotFoundError(f"path: no such file {str(p)!r}")
-    st = p.stat()
-    key = (st.st_size, st.st_mtime_ns, st.st_ino)
-    cached = _DIGESTS.get(str(p))
-    if cached is not None and cached[:3] == key: return cached[3]
-    digest = _sha256_of(p)
-    if time.time_ns() - st.st_mtime_ns > RACY_SECONDS * 1e9: _DIGESTS[str(p)] = (*key, digest)
-    return digest
-
-# %% ../nbs/05_data.ipynb #580157a3
-def folder_sha256(folder: str | os.PathLike, # a folder, e.g. a saved model
-                 ) -> str:                   # hex SHA-256 over the sorted (relative path, file digest) pairs
-    "Digest of a folder's content: every non-hidden file's relative path and SHA-256, in sorted order."
-    root = Path(folder).expanduser().resolve()
-    if not root.is_dir(): raise FileNotFoundError(f"folder: no such folder {str(root)!r}")
-    files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
-                   if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts))
-    h = hashlib.sha256()
-    for rel in files: h.update(f"{rel}\0{file_sha256(root / rel)}\n".encode())
-    return h.hexdigest()
 
 # %% ../nbs/05_data.ipynb #aaf5d8f1
 def _file_fingerprint(path: str | os.PathLike, what: str, others: str) -> dict:

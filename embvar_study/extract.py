@@ -7,22 +7,20 @@ from __future__ import annotations
 import functools, inspect, re, string, warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
 
 from .config import POOLINGS   # the pooling names' one home (config is light: no torch)
+from .kernels import choose_linear_kernel, linear_kernel
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
-    from embvar_study.config import TrainConfig
 
 # %% auto #0
-__all__ = ['PERTURBATIONS', 'LINEAR_KERNELS', 'KERNEL_RULE', 'CAPTURES', 'count_truncated', 'length_groups', 'onednn_available',
-           'linear_kernel', 'choose_linear_kernel', 'position_limit', 'saved_layers', 'layer_stack', 'embed_texts',
-           'perturb_texts', 'embed_perturbed', 'resolve_device', 'pinned_threads', 'run_numerics', 'numerics_differ']
+__all__ = ['PERTURBATIONS', 'CAPTURES', 'count_truncated', 'no_kv_cache', 'length_groups', 'position_limit', 'saved_layers',
+           'layer_stack', 'embed_texts', 'perturb_texts', 'embed_perturbed']
 
 # %% ../nbs/07_extract.ipynb #7f4078f1
 PERTURBATIONS = ("token_dropout", "typo", "mc_dropout")  # supported `embed_perturbed` kinds
@@ -144,6 +142,17 @@ def _autocast(dev: torch.device, autocast: bool | None):
     use = (dev.type == "cuda") if autocast is None else bool(autocast)
     return torch.autocast(device_type=dev.type, dtype=torch.bfloat16) if use else nullcontext()
 
+# %% ../nbs/07_extract.ipynb #eecbfc22
+@contextmanager
+def no_kv_cache(model: torch.nn.Module) -> Iterator[torch.nn.Module]:  # a transformers model (PEFT, DDP-unwrapped, FSDP modules too)
+    "Inside the block, the model's `config.use_cache` is False (no key/value cache is built); the setting is restored on exit."
+    cfg = getattr(model, "config", None)
+    old = getattr(cfg, "use_cache", None)
+    if old: cfg.use_cache = False
+    try: yield model
+    finally:
+        if old: cfg.use_cache = old
+
 # %% ../nbs/07_extract.ipynb #d273b32e
 def length_groups(lengths: Sequence[int],  # (B,) token counts of a batch's examples
                   overhead: int = 32,        # fixed cost of one forward pass, in token slots
@@ -163,84 +172,6 @@ def length_groups(lengths: Sequence[int],  # (B,) token counts of a batch's exam
     bounds, j = [], n
     while j > 0: bounds.append((int(cut[j]), j)); j = int(cut[j])
     return [order[a:b] for a, b in reversed(bounds)]
-
-# %% ../nbs/07_extract.ipynb #6e9b07e0
-LINEAR_KERNELS = ("default", "onednn")   # F.linear (MKL sgemm on CPU) or oneDNN's fp32 linear
-
-def _onednn_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    "x @ w.T + b through oneDNN: x (..., K), w (N, K), b (N,) -> (..., N)."
-    y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), w, b, "none", [], "")
-    return y.reshape(*x.shape[:-1], w.shape[0])
-
-# %% ../nbs/07_extract.ipynb #68653363
-class _OneDNNLinearFn(torch.autograd.Function):
-    "oneDNN forward; the backward's two products also through oneDNN (grad_x = g W, grad_W = g^T x)."
-    @staticmethod
-    def forward(ctx, x, w, b):
-        ctx.save_for_backward(x, w); ctx.has_bias = b is not None
-        return _onednn_linear(x, w, b)
-    @staticmethod
-    def backward(ctx, g):
-        x, w = ctx.saved_tensors
-        g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
-        gx = _onednn_linear(g2, w.t().contiguous(), None).reshape(x.shape) if ctx.needs_input_grad[0] else None
-        gw = torch.mm(g2.t(), x2) if ctx.needs_input_grad[1] else None
-        gb = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return gx, gw, gb
-
-# %% ../nbs/07_extract.ipynb #a4caaf1c
-@functools.lru_cache(maxsize=1)
-def onednn_available() -> bool:  # True when oneDNN's linear exists here and matches F.linear (forward and gradients)
-    "Does the installed torch have oneDNN's fp32 linear, giving F.linear's results to fp32 rounding?"
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")): return False
-    try:   # outside any caller's inference_mode / no_grad: the check needs gradients
-        with torch.inference_mode(False), torch.enable_grad(): return _onednn_matches()
-    except (RuntimeError, AttributeError, NotImplementedError): return False
-
-# %% ../nbs/07_extract.ipynb #d85d68d9
-def _onednn_matches() -> bool:
-    "oneDNN's forward and gradients equal F.linear's on a small example (fp32 rounding)."
-    g = torch.Generator().manual_seed(0)
-    x, w, b = (torch.randn(*s, generator=g, requires_grad=True) for s in ((2, 5, 16), (8, 16), (8,)))
-    y = _OneDNNLinearFn.apply(x, w, b); y.square().sum().backward(); got = [y.detach(), x.grad, w.grad, b.grad]
-    x.grad = w.grad = b.grad = None
-    y = torch.nn.functional.linear(x, w, b); y.square().sum().backward(); ref = [y.detach(), x.grad, w.grad, b.grad]
-    return all(torch.allclose(a, r, rtol=1e-5, atol=1e-5) for a, r in zip(got, ref))
-
-# %% ../nbs/07_extract.ipynb #523591a5
-_F_LINEAR = torch.nn.functional.linear
-
-def _fast_linear(x, w, b=None):
-    "F.linear through oneDNN for float32 CPU tensors (differentiable), F.linear itself for anything else."
-    if x.device.type == "cpu" and x.dtype == w.dtype == torch.float32 and x.dim() >= 2 and not torch.is_autocast_enabled("cpu"):
-        return _OneDNNLinearFn.apply(x, w, b) if torch.is_grad_enabled() else _onednn_linear(x, w, b)
-    return _F_LINEAR(x, w, b)
-
-# %% ../nbs/07_extract.ipynb #cac1bf70
-@contextmanager
-def linear_kernel(kernel: str = "default",  # one of LINEAR_KERNELS
-                 ) -> Iterator[None]:
-    "Inside the block, every `nn.Linear` (all of `F.linear`) runs on `kernel`; restored on exit, even on error."
-    if kernel not in LINEAR_KERNELS: raise ValueError(f"kernel: expected one of {LINEAR_KERNELS}, got {kernel!r}")
-    if kernel == "default" or not onednn_available(): yield; return
-    saved = torch.nn.functional.linear
-    torch.nn.functional.linear = _fast_linear
-    try: yield
-    finally: torch.nn.functional.linear = saved
-
-# %% ../nbs/07_extract.ipynb #bd1ce37e
-KERNEL_RULE = {"train": "default", "inference": "onednn"}   # the linear kernel of each path wherever oneDNN's is available
-
-def choose_linear_kernel(train: bool = False,  # the training path (forward + backward) or inference (forward)
-                        ) -> dict:  # {"kernel": one of LINEAR_KERNELS, "how": why}
-    "The fp32 linear kernel of a path on this machine: fixed by `KERNEL_RULE` (never timed), or `EMBVAR_LINEAR_KERNEL`."
-    import os
-    forced = os.environ.get("EMBVAR_LINEAR_KERNEL")
-    if forced:
-        if forced not in LINEAR_KERNELS: raise ValueError(f"EMBVAR_LINEAR_KERNEL: expected one of {LINEAR_KERNELS}, got {forced!r}")
-        return {"kernel": forced, "how": "EMBVAR_LINEAR_KERNEL"}
-    if not onednn_available(): return {"kernel": "default", "how": "oneDNN linear not available"}
-    return {"kernel": KERNEL_RULE["train" if train else "inference"], "how": "rule (extract.KERNEL_RULE): the same on every run of this machine"}
 
 # %% ../nbs/07_extract.ipynb #9d8e3272
 def position_limit(model: PreTrainedModel, # HF model (its `config` is read)
@@ -376,8 +307,8 @@ def _embed(model, tokenizer, texts: list[str], *, poolings: tuple[str, ...], lay
     if capture == "hooks" and layer_stack(model) is None: capture = "hidden_states"   # no block stack found: all hidden states
     order = np.argsort(-np.minimum(lengths, max_length), kind="stable")   # longest first: OOM shows up at once
     out, single = {}, False   # no_grad, not inference_mode: tensors a sharded model (FSDP) makes here are used by its next training step
-    with _on_device(model, device) as dev, _module_modes(model, dropout), torch.no_grad(), _autocast(dev, autocast), \
-         linear_kernel(choose_linear_kernel()["kernel"] if dev.type == "cpu" else "default"):
+    with _on_device(model, device) as dev, _module_modes(model, dropout), no_kv_cache(model), torch.no_grad(), \
+         _autocast(dev, autocast), linear_kernel(choose_linear_kernel()["kernel"] if dev.type == "cpu" else "default"):
         for start in range(0, len(texts), batch_size):
             sel = order[start:start + batch_size]
             pooled, single = _forward_pooled(model, tokenizer, [texts[i] for i in sel], max_length, dev, layers, poolings, capture)
@@ -529,47 +460,3 @@ def embed_perturbed(model: PreTrainedModel,             # HF encoder or `...ForS
                          else _text_copies(embed, texts, kind, k, rate, seed))
     out = {p: np.ascontiguousarray(a[:, 0] if single_layer else a) for p, a in out.items()}
     return out[poolings[0]] if single_pool and not opts["return_dict"] else out
-
-# %% ../nbs/07_extract.ipynb #d048a949
-def resolve_device(device: str = "auto") -> torch.device:
-    "`auto` -> cuda when available, else cpu; a CUDA device on a machine without CUDA is refused."
-    if device == "auto": return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try: d = torch.device(device)
-    except RuntimeError: raise ValueError(f"device: expected 'auto', 'cpu' or 'cuda[:i]', got {device!r}") from None
-    if d.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device: {device!r} requested but CUDA is not available on this machine (use 'auto' or 'cpu')")
-    return d
-
-# %% ../nbs/07_extract.ipynb #5d6ef9b0
-@contextmanager
-def pinned_threads(n: int | None,  # torch intra-op threads inside the block (None: left as they are)
-                  ) -> Iterator[None]:
-    "torch's intra-op thread count set to `n` inside the block, restored on exit (even on error)."
-    if n is None: yield; return
-    old = torch.get_num_threads(); torch.set_num_threads(n)
-    try: yield
-    finally: torch.set_num_threads(old)
-
-# %% ../nbs/07_extract.ipynb #f14a32d1
-def run_numerics(config: TrainConfig | dict,  # the run's parameters
-                ) -> dict:  # {"device": type, "torch_threads": n, "linear_kernels": {"train": k, "inference": k}} (CPU), {"device": type} elsewhere
-    "What a run of `config` computes with on this machine, beyond its parameters: on a CPU its thread count and linear kernels."
-    from embvar_study.config import TrainConfig                     # (here, not at the top: extract sits below config)
-    cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(config)
-    device = resolve_device(cfg.device)
-    if device.type != "cpu": return {"device": device.type}
-    return {"device": "cpu", "torch_threads": cfg.threads,
-            "linear_kernels": {m: choose_linear_kernel(m == "train")["kernel"] for m in ("train", "inference")}}
-
-# %% ../nbs/07_extract.ipynb #1d1a5e15
-def numerics_differ(run_dir: str | Path,          # a complete run folder
-                    config: TrainConfig | dict,   # the parameters a run would be computed with now
-                   ) -> str:  # '' when the same; else what the folder recorded vs what this machine would use, in words
-    "Was the run in `run_dir` computed with other numerics (device type, CPU threads, linear kernels) than a run of `config` here?"
-    from embvar_study.runs import read_marker
-    d = read_marker(run_dir).get("derived", {})
-    now = run_numerics(config)
-    then = {"device": str(d.get("device_used", now["device"])).split(":")[0], "torch_threads": d.get("torch_threads", now.get("torch_threads")),
-            "linear_kernels": {m: (v or {}).get("kernel") for m, v in d.get("linear_kernels", {}).items()} or now.get("linear_kernels")}
-    diff = [f"{k} {then[k]} (now {now[k]})" for k in now if then.get(k) != now[k]]
-    return "; ".join(diff)

@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .data import HubUnavailableError, check_seed, check_hub_reachable, hub_offline
+from .data import check_seed
+from .hub import HubUnavailableError, check_hub_reachable, hub_offline
 from .words import one_line
-from .data import default_probes, folder_sha256, load_texts
+from .data import default_probes, load_texts
+from .digests import folder_sha256
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast

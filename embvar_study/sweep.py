@@ -237,7 +237,7 @@ def _label(row: dict) -> str:
 def _say_other_numerics(kept: list[str], configs: dict, study_dir: Path, say: Callable[[str], None]) -> None:
     "One line naming the kept runs computed with other numerics (threads, kernels, device) than a run here would use."
     if not kept: return
-    from embvar_study.extract import numerics_differ     # torch only: not the training stack
+    from embvar_study.kernels import numerics_differ     # torch only: not the training stack
     other = {rid: why for rid in kept if (why := numerics_differ(study_dir / "runs" / rid, configs[rid]))}
     if other:
         say(f"{len(other)} of the {len(kept)} runs on disk were computed with other numerics than this machine uses now "

@@ -10,8 +10,6 @@ import math
 import pickle
 import sys
 import time
-from contextlib import contextmanager
-from typing import Iterator
 import warnings
 from pathlib import Path
 
@@ -30,7 +28,7 @@ from .models import is_decoder, lora_summary, parameter_counts
 
 # %% auto #0
 __all__ = ['probe_table', 'NonFiniteEmbeddings', 'model_facts', 'process_rank', 'unwrap_ddp', 'is_sharded', 'gather_objects',
-           'no_kv_cache', 'EmbeddingTracker', 'send_metrics', 'trainer_config', 'EmbvarCallback']
+           'EmbeddingTracker', 'send_metrics', 'trainer_config', 'EmbvarCallback']
 
 # %% ../nbs/10_tracking.ipynb #bee8e345
 def probe_table(probes: list[str] | pd.DataFrame | str | Path) -> pd.DataFrame:  # N rows, a `text` column first
@@ -106,17 +104,6 @@ def gather_objects(obj: object,  # anything picklable
     d.all_gather(outs, buf)
     _KEPT[:] = [data, size, sizes, buf, outs]
     return [pickle.loads(o[:int(s)].cpu().numpy().tobytes()) for o, s in zip(outs, sizes)]
-
-# %% ../nbs/10_tracking.ipynb #eecbfc22
-@contextmanager
-def no_kv_cache(model: torch.nn.Module) -> Iterator[torch.nn.Module]:  # a transformers model (PEFT, DDP-unwrapped, FSDP modules too)
-    "Inside the block, the model's `config.use_cache` is False (no key/value cache is built); the setting is restored on exit."
-    cfg = getattr(model, "config", None)
-    old = getattr(cfg, "use_cache", None)
-    if old: cfg.use_cache = False
-    try: yield model
-    finally:
-        if old: cfg.use_cache = old
 
 # %% ../nbs/10_tracking.ipynb #cbbd4c05
 class EmbeddingTracker:
@@ -197,7 +184,7 @@ class EmbeddingTracker:
         if self.rank != 0 and not self.sharded: return None      # DDP: each rank holds the whole model, rank 0 embeds alone
         s = self.settings
         cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-        with torch.random.fork_rng(devices=cuda), no_kv_cache(self.model):
+        with torch.random.fork_rng(devices=cuda):
             emb = embed_texts(self.model, self.tokenizer, self.probes["text"].tolist(), pooling=tuple(s["poolings"]),
                               layers=s["layers"], batch_size=s["batch_size"], max_length=s["max_length"],
                               return_dict=True, autocast=self.autocast)

@@ -15,8 +15,8 @@ import torch
 from .config import TrainConfig, SCHEDULES, DIVERGENCE_FACTOR, as_field
 from .data import load_texts, train_eval_split, load_probes, parse_heldout
 from .models import load_model_and_tokenizer, model_summary, apply_lora, model_depth
-from .extract import embed_perturbed, count_truncated, position_limit, length_groups, linear_kernel, choose_linear_kernel
-from .extract import resolve_device, pinned_threads, numerics_differ
+from .extract import embed_perturbed, count_truncated, position_limit, length_groups
+from .kernels import linear_kernel, choose_linear_kernel, resolve_device, pinned_threads, numerics_differ
 from .runs import run_folder_state, verify_run, CorruptRunError
 from .storage import FolderLock
 from .tracking import EmbeddingTracker, NonFiniteEmbeddings, alarm_rule
@@ -132,7 +132,7 @@ def _autocast(device: torch.device, precision: str):
 
 # %% ../nbs/11_train.ipynb #0067970f
 def _kernel(device: torch.device, precision: str, train: bool) -> str:
-    "The linear kernel for fp32 work on the CPU (measured: `extract.choose_linear_kernel`); the default elsewhere."
+    "The linear kernel for fp32 work on the CPU (measured: `kernels.choose_linear_kernel`); the default elsewhere."
     return choose_linear_kernel(train)["kernel"] if device.type == "cpu" and not _use_bf16(device, precision) else "default"
 
 # %% ../nbs/11_train.ipynb #4948a7a2

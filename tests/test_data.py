@@ -8,10 +8,13 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import embvar_study.data as data_mod
+import embvar_study.digests as digests_mod
+import embvar_study.hub as hub_mod
 from embvar_study.data import (
-    HubUnavailableError, MEDIUM_MAX_WORDS, PROBE_FAMILIES, SHORT_MAX_WORDS, check_hub_reachable, clean_text,
-    default_probes, file_sha256, folder_sha256, load_probes, load_texts, probes_fingerprint, source_fingerprint,
-    stratified_subset, train_eval_split, _largest_remainder)
+    MEDIUM_MAX_WORDS, PROBE_FAMILIES, SHORT_MAX_WORDS, clean_text, default_probes, load_probes, load_texts,
+    probes_fingerprint, source_fingerprint, stratified_subset, train_eval_split, _largest_remainder)
+from embvar_study.digests import file_sha256, folder_sha256
+from embvar_study.hub import HubUnavailableError, check_hub_reachable
 
 
 def _key(texts):
@@ -316,9 +319,9 @@ def hub_mode(monkeypatch):
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HTTP_PROXY", "http_proxy",
                 "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy"):
         monkeypatch.delenv(var, raising=False)
-    data_mod._connect_error.cache_clear()
+    hub_mod._connect_error.cache_clear()
     yield monkeypatch
-    data_mod._connect_error.cache_clear()
+    hub_mod._connect_error.cache_clear()
 
 
 def test_unreachable_hub_dataset_fails_fast_with_alternatives(hub_mode):
@@ -399,8 +402,8 @@ def _age(path, seconds=3600):
 
 def test_file_sha256_cache(tmp_path, monkeypatch):
     reads = []
-    real = data_mod._sha256_of
-    monkeypatch.setattr(data_mod, "_sha256_of", lambda p: reads.append(p) or real(p))
+    real = digests_mod._sha256_of
+    monkeypatch.setattr(digests_mod, "_sha256_of", lambda p: reads.append(p) or real(p))
     f = tmp_path / "w.bin"
     f.write_bytes(b"\x00" * 1000)
     assert file_sha256(f) == hashlib.sha256(b"\x00" * 1000).hexdigest() and len(reads) == 1

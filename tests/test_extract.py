@@ -358,3 +358,39 @@ def test_hooks_fall_back_without_a_block_stack(distil, tok):
             embed_texts(m, tok, TEXTS[:3], layers=n + 1)
     finally: m.config.num_hidden_layers = n
     assert np.array_equal(fallback, embed_texts(m, tok, TEXTS[:3], layers=-1))
+
+
+# --- no key/value cache in any extraction (issue 34) ---
+
+@pytest.mark.parametrize("capture", ["hooks", "hidden_states"])
+def test_extraction_builds_no_kv_cache(capture):
+    "Every forward pass of `embed_texts` and `embed_perturbed` sees use_cache=False; the decoder's own True is back after, also on error."
+    from transformers import GPT2Config, GPT2Model
+    from embvar_study.models import load_model_and_tokenizer
+    _, t = load_model_and_tokenizer("tiny-distilbert")
+    torch.manual_seed(0)
+    m = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=len(t), n_positions=64,
+                             bos_token_id=t.cls_token_id, eos_token_id=t.sep_token_id)).eval()
+    assert m.config.use_cache is True
+    seen = []
+    hook = m.register_forward_pre_hook(lambda mod, args, kwargs: seen.append((mod.config.use_cache, kwargs.get("use_cache"))),
+                                       with_kwargs=True)
+    got = embed_texts(m, t, TEXTS, pooling="last", batch_size=4, capture=capture)
+    assert len(seen) == 3 and all(s == (False, None) for s in seen), seen   # 3 batches, no cache asked for or configured
+    assert m.config.use_cache is True
+    seen.clear()
+    embed_perturbed(m, t, TEXTS[:3], kind="typo", k=2, pooling="last", capture=capture)
+    assert seen and not any(s[0] for s in seen) and m.config.use_cache is True
+    hook.remove()
+
+    def boom(mod, args, kwargs): raise RuntimeError("boom in the forward")
+    hook = m.register_forward_pre_hook(boom, with_kwargs=True)
+    with pytest.raises(RuntimeError, match="boom in the forward"):
+        embed_texts(m, t, TEXTS, pooling="last", capture=capture)
+    hook.remove()
+    assert m.config.use_cache is True                                         # restored on error too
+
+    m.config.use_cache = False                                                # the same, set by hand
+    try: by_hand = embed_texts(m, t, TEXTS, pooling="last", batch_size=4, capture=capture)
+    finally: m.config.use_cache = True
+    np.testing.assert_array_equal(got, by_hand)

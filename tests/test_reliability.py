@@ -273,7 +273,7 @@ def test_runs_on_disk_made_with_other_numerics_are_named_not_mixed_silently(two_
     # a rebuild with another kernel forced keeps the runs (same identity) but names them in one line; another thread
     # count is another run (its own folder): the default's identity has no `threads`, so old run ids are unchanged
     from embvar_study.config import TrainConfig
-    from embvar_study.extract import onednn_available
+    from embvar_study.kernels import onednn_available
     from embvar_study.sweep import run_study
     study, lines = two_builds[1], []
     monkeypatch.setenv("EMBVAR_LINEAR_KERNEL", "onednn" if onednn_available() else "default")

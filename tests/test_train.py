@@ -17,7 +17,7 @@ import torch
 import embvar_study.train as train_mod
 from conftest import TINY, cli_args, embedding_digests, folder_state, kill_when_ready
 from embvar_study.cli import main
-from embvar_study.data import HubUnavailableError
+from embvar_study.hub import HubUnavailableError
 from embvar_study.models import head_parameter_names, load_model_and_tokenizer
 from embvar_study.extract import embed_texts
 from embvar_study.metrics import drift_curve
