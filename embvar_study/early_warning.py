@@ -16,15 +16,15 @@ from numpy.typing import ArrayLike
 from .checks import as_float_array
 from .metrics import cosine_drift, drift_curve
 from .stats import check_confidence, check_n_resamples
-from .auc import stratified_auc_interval
+from .auc import AUC_MIN_PER_CLASS, auc_score_interval
 from .study import RunSet
 from .study_folder import NotComputed
 
 # %% auto #0
-__all__ = ['AUC_MIN_PER_CLASS', 'STABILITY_FRACTIONS', 'TRAINER_SIGNALS', 'replicate_distances', 'seed_distances',
-           'DriftThreshold', 'drift_threshold', 'first_crossing', 'failure_step', 'final_outcome', 'OutcomeAUC',
-           'auc_score_interval', 'auc_ci', 'early_warning_table', 'drift_predicts_outcome', 'outcome_auc_table',
-           'fit_alarm', 'apply_alarm', 'heldout_chance', 'stability_failed', 'run_signals', 'stability_signals']
+__all__ = ['STABILITY_FRACTIONS', 'TRAINER_SIGNALS', 'replicate_distances', 'seed_distances', 'DriftThreshold', 'drift_threshold',
+           'first_crossing', 'failure_step', 'final_outcome', 'OutcomeAUC', 'auc_ci', 'early_warning_table',
+           'drift_predicts_outcome', 'outcome_auc_table', 'fit_alarm', 'apply_alarm', 'heldout_chance',
+           'stability_failed', 'run_signals', 'stability_signals']
 
 # %% ../nbs/18_early_warning.ipynb #0e4b9f4a
 _SAME_FOR_REPLICATES = ("lr", "schedule", "init_seed", "data_seed", "dropout_seed")
@@ -242,16 +242,6 @@ def _outcomes(failed, n: int) -> np.ndarray:  # (n,) bool; NotComputed when one 
         raise NotComputed(f"only one outcome class is present ({what}: {n1} failed, {n - n1} healthy), so the AUC of drift for "
                           f"the outcome is undefined; it needs at least one failed and one healthy run")
     return y.astype(bool)
-
-# %% ../nbs/18_early_warning.ipynb #a58fc367
-AUC_MIN_PER_CLASS = 6    # Newcombe's score interval covers 93.6-96.2% from 6 runs per class (6 vs 6 ... 28 vs 8; tests/test_coverage.py), 90.8% at 5 vs 5
-
-def auc_score_interval(auc: ArrayLike,          # (...) observed AUCs
-                       n1: int, n0: int,         # runs per class (failed, healthy)
-                       confidence: float = 0.95, # nominal coverage
-                      ) -> tuple[np.ndarray, np.ndarray]:  # (...) low, (...) high
-    "Newcombe's (2006, method 5) score interval: the AUCs t with (A - t)^2 <= z^2 V(t), found by bisection, vectorised over `auc` (`auc.stratified_auc_interval` with one stratum)."
-    return stratified_auc_interval(auc, [n1], [n0], check_confidence(confidence))
 
 # %% ../nbs/18_early_warning.ipynb #8a3f1610
 def auc_ci(scores: ArrayLike,         # (n,) a score per run, e.g. drift at step k

@@ -15,7 +15,8 @@ from embvar_study.agreement import AGREEMENT_MIN_RUNS, measure_agreement
 from embvar_study.align import pairwise_run_table
 from embvar_study.analysis import COLLAPSE_CI_METHOD, curve_gap
 from embvar_study.components import COMPONENTS_MIN_LEVELS, variance_components_3way
-from embvar_study.early_warning import AUC_MIN_PER_CLASS, auc_ci, auc_score_interval
+from embvar_study.auc import AUC_MIN_PER_CLASS, auc_score_interval
+from embvar_study.early_warning import auc_ci
 from embvar_study.effects import difference_interval, standardized_difference_interval
 from embvar_study.stats import cluster_bootstrap_ci, seed_interval
 
