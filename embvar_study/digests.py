@@ -8,11 +8,11 @@ import hashlib, os, time
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['RACY_SECONDS', 'file_sha256', 'folder_sha256']
+__all__ = ['RACY_SECONDS', 'fresh_sha256', 'file_sha256', 'folder_sha256']
 
 # %% ../nbs/05b_digests.ipynb #a70b4c1b
-def _sha256_of(p: Path) -> str:
-    "SHA-256 of a file's bytes, read in 1 MiB blocks."
+def fresh_sha256(p: Path) -> str:  # hex digest
+    "SHA-256 of a file's bytes read now, in 1 MiB blocks (no cache: what a verification needs; `file_sha256` caches)."
     h = hashlib.sha256()
     with open(p, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""): h.update(block)
@@ -31,7 +31,7 @@ def file_sha256(path: str | os.PathLike, # a file
     key = (st.st_size, st.st_mtime_ns, st.st_ino)
     cached = _DIGESTS.get(str(p))
     if cached is not None and cached[:3] == key: return cached[3]
-    digest = _sha256_of(p)
+    digest = fresh_sha256(p)
     if time.time_ns() - st.st_mtime_ns > RACY_SECONDS * 1e9: _DIGESTS[str(p)] = (*key, digest)
     return digest
 

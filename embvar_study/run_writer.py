@@ -14,7 +14,8 @@ import numpy as np
 import pandas as pd
 
 from .checks import as_float_array
-from .runs import POOLING_NAME, fresh_sha256, is_hidden, run_folder_state, step_file
+from .digests import fresh_sha256
+from .runs import POOLING_NAME, is_hidden, run_folder_state, step_file
 from .storage import (RESERVED_KEYS, FolderLock, atomic_save_npy, atomic_write_json, atomic_write_text, canonical_json,
                                   check_config, config_hash, environment_info, json_default, method_of, utc_now)
 

@@ -14,11 +14,11 @@ import numpy as np
 import pandas as pd
 
 from .storage import method_of
+from .digests import fresh_sha256
 
 # %% auto #0
 __all__ = ['POOLING_NAME', 'IncompleteRunError', 'CorruptRunError', 'is_hidden', 'run_folder_state', 'step_file', 'safe_path',
-           'read_marker', 'fresh_sha256', 'damaged_files', 'verify_run', 'Run', 'load_run', 'is_complete', 'find_runs',
-           'load_runs']
+           'read_marker', 'damaged_files', 'verify_run', 'Run', 'load_run', 'is_complete', 'find_runs', 'load_runs']
 
 # %% ../nbs/08_runs.ipynb #d49bf750
 class IncompleteRunError(ValueError):
@@ -128,14 +128,6 @@ def read_marker(run_dir: str | Path,  # a run folder
         for p in m["poolings"]:
             if step_file(s, p) not in m["files"]: raise _corrupt(f, f"step {s} has no {p} file listed ({step_file(s, p)})")
     return m
-
-# %% ../nbs/08_runs.ipynb #1549c338
-def fresh_sha256(path: Path) -> str:  # hex digest
-    "The sha256 of a file read now, in full and in 1 MiB chunks (no cache, unlike `data.file_sha256`)."
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""): h.update(chunk)
-    return h.hexdigest()
 
 # %% ../nbs/08_runs.ipynb #6e532c5c
 def _stats(run_dir: Path, files: dict) -> dict:

@@ -121,6 +121,18 @@ def test_the_allow_lists_hold_only_what_is_still_there():
     assert not stale and not stale_cycles, f"allow-list entries no longer in the code (delete them): {stale} {stale_cycles}"
 
 
+REPORT_LAYER = {"display", "findings", "sections", "experiment_sections", "report"}   # the README's report layer
+INTERFACE = {"cli", "cli_args", "cli_report", "compare"}                             # above it
+
+
+def test_nothing_below_the_report_layer_imports_it():
+    "Data flows one way: no module of the numerics ... findings layers imports a report-layer module (the README's Architecture)."
+    g, _ = graph()
+    assert REPORT_LAYER | INTERFACE <= set(g), f"layer lists name modules that are gone: {sorted((REPORT_LAYER | INTERFACE) - set(g))}"
+    found = {m: sorted(d & REPORT_LAYER) for m, d in g.items() if m not in REPORT_LAYER | INTERFACE and d & REPORT_LAYER}
+    assert not found, "modules below the report layer importing it: " + "; ".join(f"{m} imports {', '.join(d)}" for m, d in found.items())
+
+
 MAX_LINES = 500   # issue 32: no module over ~500 lines (the generated _modidx excepted)
 
 

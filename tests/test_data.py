@@ -402,8 +402,8 @@ def _age(path, seconds=3600):
 
 def test_file_sha256_cache(tmp_path, monkeypatch):
     reads = []
-    real = digests_mod._sha256_of
-    monkeypatch.setattr(digests_mod, "_sha256_of", lambda p: reads.append(p) or real(p))
+    real = digests_mod.fresh_sha256
+    monkeypatch.setattr(digests_mod, "fresh_sha256", lambda p: reads.append(p) or real(p))
     f = tmp_path / "w.bin"
     f.write_bytes(b"\x00" * 1000)
     assert file_sha256(f) == hashlib.sha256(b"\x00" * 1000).hexdigest() and len(reads) == 1

