@@ -113,9 +113,9 @@ def verify_main(argv: list[str]) -> list[tuple[str, str]]:  # [(damaged file, wh
     "`embvar verify`: re-hash everything; one line per damaged file and exit 1, or one line and exit 0."
     from embvar_study.runs import damaged_files
     p = Path(verify_parser().parse_args(argv).path).resolve()
-    if not p.is_dir(): raise FileNotFoundError(f"path: no such folder {p}")
+    if not p.is_dir(): raise FileNotFoundError(f"STUDY_OR_RUN: no such folder {p}")
     runs = _verify_targets(p)
-    if not runs: raise ValueError(f"path: {p} holds no run folder (no COMPLETE here or below it)")
+    if not runs: raise ValueError(f"STUDY_OR_RUN: {p} holds no run folder (no COMPLETE here or below it)")
     bad = [(f, why) for r in runs for f, why in damaged_files(r)]
     for f, why in bad: print(f"damaged: {f}: {why}", file=sys.stderr)
     if bad:

@@ -366,7 +366,7 @@ def _threshold(score: np.ndarray, y: np.ndarray, recall: float) -> float:  # mid
 # %% ../nbs/18_early_warning.ipynb #3edcff8d
 def fit_alarm(runs: RunSet,                  # finished runs with both outcomes, e.g. study.runs("stability")
               *,
-              signal: str = "drift",         # "drift" or "drift_velocity" (tracking.ALARM_SIGNALS)
+              signal: str = "drift",         # "drift" or "drift_velocity" (config.ALARM_SIGNALS)
               at: int,                       # last step the alarm is checked at (the rule's `end`)
               recall: float = 0.9,           # share of the failed runs the alarm must stop by `at`
               layer: int = -1, pooling: str = "mean",  # the watched layer and pooling
@@ -395,7 +395,7 @@ def fit_alarm(runs: RunSet,                  # finished runs with both outcomes,
     return AlarmRule(threshold=threshold, signal=signal, layer=int(layer), pooling=pooling, start=1, end=int(at), calibration=cal)
 
 # %% ../nbs/18_early_warning.ipynb #c3562a14
-def apply_alarm(rule: AlarmRule | dict | float | str,  # anything `tracking.alarm_rule` reads (an AlarmRule, a dict, a JSON file)
+def apply_alarm(rule: AlarmRule | dict | float | str,  # anything `config.alarm_rule` reads (an AlarmRule, a dict, a JSON file)
                 run: object,                 # a finished run: a `Run` or a run folder path
                ) -> dict:                    # {"fired": bool, "step": int | None, "value": float | None}
     "Whether and at which tracked step `rule` fires on a finished run (the first active step whose signal is above the threshold)."

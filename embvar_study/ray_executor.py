@@ -427,7 +427,7 @@ def report_to_tune(tracker: EmbeddingTracker,  # a `tracking.EmbeddingTracker`, 
     return fired
 
 # %% ../nbs/13_ray.ipynb #0c025df3
-def alarm_stopper(alarm: object = None,  # None: stop on the reported `embvar/alarm`; else a rule (`tracking.alarm_rule` reads it) applied here
+def alarm_stopper(alarm: object = None,  # None: stop on the reported `embvar/alarm`; else a rule (`config.alarm_rule` reads it) applied here
                   ) -> Callable[[str, dict], bool]:  # for `ray.tune.RunConfig(stop=...)`: (trial_id, result) -> stop?
     "A Ray Tune stopper: a trial stops at its first result where the tracker's alarm fired, or where `alarm` fires on the reported drift."
     if alarm is None: return lambda trial_id, result: float(result.get("embvar/alarm", 0.0)) >= 1.0

@@ -102,7 +102,7 @@ _MARKER_FIELDS = {   # field: (check, what it must be)
     "shape": (lambda v: v is None or (isinstance(v, list) and len(v) == 3 and all(_int(s) and s > 0 for s in v)),
               "null or [L+1, N, d] positive ints"),
     "dtype": (lambda v: v in (None, "float16", "float32"), "null, 'float16' or 'float32'"),
-    "alarm": (lambda v: v is None or isinstance(v, dict), "null or a dict (see tracking.AlarmRule)"),
+    "alarm": (lambda v: v is None or isinstance(v, dict), "null or a dict (see config.AlarmRule)"),
 }
 
 def _check_fields(m: dict, f: Path) -> None:

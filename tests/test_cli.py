@@ -261,3 +261,11 @@ def test_train_alarm_stops_a_diverging_run(tmp_path):
     assert run.alarm["fired"] and run.alarm["value"] > 0.05 and run.steps[-1] == run.alarm["step"]
     bad = one_line_error(embvar("train", "--dataset", "bundled", "--alarm", '{"signal": "x"}', "--out", str(tmp_path / "b")), "train")
     assert "alarm" in bad
+
+
+def test_verify_names_its_argument_in_one_line(tmp_path):
+    "A missing folder and a folder without runs: one line naming STUDY_OR_RUN (the usage's name), exit 2."
+    line = one_line_error(embvar("verify", str(tmp_path / "nowhere")), "verify")
+    assert "STUDY_OR_RUN: no such folder" in line and "nowhere" in line
+    (tmp_path / "empty").mkdir()
+    assert "STUDY_OR_RUN: " in one_line_error(embvar("verify", str(tmp_path / "empty")), "verify")
