@@ -87,7 +87,7 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return any(hasattr(p, "ds_id") or type(p).__name__ == "DTensor" for p in model.parameters())   # ZeRO-3; FSDP2 DTensors
 
 # %% ../nbs/10_tracking.ipynb #cf6556a2
-_KEPT: list = []   # the last exchange's tensors, alive until the next one (see above)
+_KEPT: list = []   # the last exchange's tensors and work handles, alive until the next one (see above)
 
 def gather_objects(obj: object,  # anything picklable
                    world: int,   # the default group's size
@@ -97,12 +97,12 @@ def gather_objects(obj: object,  # anything picklable
     dev = torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(d.get_backend()) else torch.device("cpu")
     data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(dev)
     size, sizes = torch.tensor([data.numel()], device=dev), [torch.zeros(1, dtype=torch.long, device=dev) for _ in range(world)]
-    d.all_gather(sizes, size)
+    w1 = d.all_gather(sizes, size, async_op=True); w1.wait()      # the handles are kept too: see above
     n = max(int(s) for s in sizes)
     buf = torch.zeros(n, dtype=torch.uint8, device=dev); buf[:data.numel()] = data
     outs = [torch.empty(n, dtype=torch.uint8, device=dev) for _ in range(world)]
-    d.all_gather(outs, buf)
-    _KEPT[:] = [data, size, sizes, buf, outs]
+    w2 = d.all_gather(outs, buf, async_op=True); w2.wait()
+    _KEPT[:] = [data, size, sizes, buf, outs, w1, w2]
     return [pickle.loads(o[:int(s)].cpu().numpy().tobytes()) for o, s in zip(outs, sizes)]
 
 # %% ../nbs/10_tracking.ipynb #cbbd4c05
