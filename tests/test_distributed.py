@@ -27,7 +27,7 @@ def launch(out: Path, *args, nproc: int | None = 2) -> tuple[int, list[dict], st
         p = subprocess.Popen(pre + [str(WORKER), str(out), *args], stdout=f, stderr=subprocess.STDOUT, text=True, env=env)
         try: p.wait(timeout=LIMIT)
         except subprocess.TimeoutExpired:
-            procs = [p_ for p_ in [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]]
+            procs = [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]
             for q in procs:                           # torchrun and every worker, whatever its session
                 with contextlib.suppress(psutil.NoSuchProcess): q.kill()
             psutil.wait_procs(procs, timeout=30)
