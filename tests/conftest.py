@@ -1,4 +1,5 @@
-"Shared fixtures for the training / sweep / report tests: offline environment and a tiny, seconds-long run config."
+"""Shared fixtures (see tests/README.md): offline environment, a tiny seconds-long run config, and one synthetic study
+built once per session."""
 import hashlib
 import os
 from pathlib import Path
@@ -39,6 +40,21 @@ TINY = dict(model="tiny-distilbert", dataset="bundled", n_train=32, n_eval=16, b
 def tiny_config() -> dict:
     "A fresh copy of the tiny run config (a dict of TrainConfig fields)."
     return dict(TINY)
+
+
+@pytest.fixture(scope="session")
+def shared_study_dir(tmp_path_factory) -> Path:
+    """One synthetic study folder (`synthetic_study` with its defaults), built once per session for the tests that only
+    read it. Never write into it: build your own (`synthetic_study(tmp_path / ...)`) to damage or extend a study."""
+    from embvar_study.synthetic import synthetic_study
+    return synthetic_study(tmp_path_factory.mktemp("shared") / "study")
+
+
+@pytest.fixture(scope="session")
+def shared_study(shared_study_dir):
+    "`shared_study_dir` loaded (`load_study`), once per session."
+    from embvar_study.study import load_study
+    return load_study(shared_study_dir)
 
 
 def sha256(path) -> str:

@@ -2,7 +2,6 @@
 direct calls, weighted Spearman against scipy on expanded samples, the run bootstrap weights, and the sweep tables."""
 import itertools
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +24,6 @@ from embvar_study.metrics import cosine_drift, expected_squared_distance
 from embvar_study.rsa import rsa
 from embvar_study.similarity import knn_overlap, linear_cka
 from embvar_study.study_folder import NotComputed
-from embvar_study.study import load_study
-from embvar_study.synthetic import synthetic_study
 
 
 # --------------------------------------------------------------------------- invariances: one test per entry
@@ -156,8 +153,8 @@ def test_run_bootstrap_is_not_narrower_than_pair_bootstrap():
 
 # --------------------------------------------------------------------------- from the seed sweep of a study
 @pytest.fixture(scope="module")
-def study():
-    return load_study(synthetic_study(Path(tempfile.mkdtemp()) / "syn"))
+def study(shared_study):   # the session's synthetic study (conftest.py)
+    return shared_study
 
 
 @pytest.fixture(scope="module")

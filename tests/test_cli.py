@@ -228,9 +228,8 @@ def test_report_flags_are_checked_before_any_work(tmp_path):
     assert not (tmp_path / "s").exists() and not list(tmp_path.glob(".s.lock*"))   # refused before the study lock
 
 
-def test_group_by_a_key_no_run_has_is_one_line(tmp_path):
-    from embvar_study.synthetic import synthetic_study
-    study = synthetic_study(tmp_path / "s")
+def test_group_by_a_key_no_run_has_is_one_line(tmp_path, shared_study_dir):
+    study = shared_study_dir
     line = one_line_error(embvar("report", "--runs", str(study / "runs"), "--group-by", "nosuchkey", "--out", str(tmp_path / "r")), "report")
     assert "--group-by: no run has a value for 'nosuchkey'" in line
 

@@ -1,4 +1,4 @@
-"""`embvar report --help` names every profile and experiment; --runs-from is refused where it cannot apply (one line, exit 2)."""
+"""`embvar report --help` (`embvar_study.cli_report`) names every profile and experiment; --runs-from is refused where it cannot apply (one line, exit 2)."""
 import os, subprocess, sys
 from pathlib import Path
 

@@ -21,8 +21,7 @@ from embvar_study.components import _design_three_way, _design_two_way, _ms_thre
 from embvar_study.run_writer import RunWriter
 from embvar_study.runs import load_run
 from embvar_study.study_folder import NotComputed
-from embvar_study.study import RunSet, load_study
-from embvar_study.synthetic import synthetic_study
+from embvar_study.study import RunSet
 
 TRUTH2 = np.array([1.0, 0.5, 0.25, 1.0])                        # A, B, A:B, error
 TRUTH3 = np.array([1.0, 0.5, 2.0, 0.25, 0.3, 0.2, 0.5])         # A, B, P, A:B, A:P, B:P, residual
@@ -239,8 +238,8 @@ def test_constant_values_give_zero_components_and_nan_shares():
 
 # --------------------------------------------------------------------------- from the crossed sweep of a study
 @pytest.fixture(scope="module")
-def study():
-    return load_study(synthetic_study(Path(tempfile.mkdtemp()) / "syn"))
+def study(shared_study):   # the session's synthetic study (conftest.py)
+    return shared_study
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,7 @@ from embvar_study.metrics import drift_curve
 from embvar_study.run_writer import RunWriter
 from embvar_study.runs import load_run
 from embvar_study.study_folder import NotComputed
-from embvar_study.study import RunSet, load_study
-from embvar_study.synthetic import synthetic_study
+from embvar_study.study import RunSet
 
 
 # --------------------------------------------------------------------------- drift_threshold
@@ -194,8 +193,8 @@ def test_auc_one_class_message_says_so():
 
 # --------------------------------------------------------------------------- from the runs of a study
 @pytest.fixture(scope="module")
-def study():
-    return load_study(synthetic_study(Path(tempfile.mkdtemp()) / "syn"))
+def study(shared_study):   # the session's synthetic study (conftest.py)
+    return shared_study
 
 
 def _cos_dist(a, b):

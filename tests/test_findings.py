@@ -33,8 +33,8 @@ def _swap_embeddings(study_dir, donor_dir, lr, donor_lr):
 
 
 @pytest.fixture(scope="module")
-def forward(tmp_path_factory):
-    return load_study(synthetic_study(tmp_path_factory.mktemp("fwd") / "s"))
+def forward(shared_study):   # the session's synthetic study (conftest.py)
+    return shared_study
 
 
 def test_drift_grows_with_the_rate_and_the_findings_say_so(forward):

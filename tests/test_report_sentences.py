@@ -217,12 +217,11 @@ def test_seed_variance_names_the_experiments_it_needs(tmp_path):
         S.section_seed_variance(study)
 
 
-def test_perturbations_and_components_are_named_in_words(tmp_path):
+def test_perturbations_and_components_are_named_in_words(shared_study):
     "Perturbation kinds and variance components reach the reader as words, in tables, captions and figure legends."
-    from embvar_study.synthetic import synthetic_study
     from embvar_study.words import value_label
     from embvar_study.config import PERTURB_KINDS
-    study = load_study(synthetic_study(tmp_path / "s"))
+    study = shared_study
     fig, table = S.section_perturbation(study)
     raw = [k for k in PERTURB_KINDS if "_" in k]
     shown = [fig.alt, " ".join(map(str, table.df.iloc[:, 0])),
