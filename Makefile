@@ -67,7 +67,7 @@ outputs: install
 	$(BIN)/python nbs/_outputs.py --write $(NB)
 
 pytest: install
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=25 tests
 
 # pyflakes rules over the package and the notebooks (unused imports and variables, undefined names)
 lint: install

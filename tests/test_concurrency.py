@@ -53,6 +53,7 @@ STUDY = ["--profile", "smoke", "--experiments", "lr_sweep", "--set", "seeds=[0]"
 
 
 @pytest.mark.parametrize("trial", range(TRIALS))
+@pytest.mark.slow
 def test_two_embvar_report_into_one_study(tmp_path, trial):
     out = tmp_path / "study"
     args = ["report", *STUDY, "--set", f"probe_seed={trial}", "--out", str(out)]

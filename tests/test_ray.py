@@ -76,6 +76,7 @@ def ray_sweep(cluster, tmp_path_factory):
 # ---------------------------------------------------------------------------------------------------------------
 # Same runs, same numbers
 
+@pytest.mark.slow
 def test_ray_sweep_completes_every_run(ray_sweep):
     out, m = ray_sweep["out"], ray_sweep["manifest"]
     assert list(m["status"]) == ["completed"] * len(POINTS) and (m["error"] == "").all()
@@ -89,6 +90,7 @@ def test_ray_sweep_completes_every_run(ray_sweep):
     assert list(on_disk["run_id"]) == list(m["run_id"]) and list(on_disk["status"]) == list(m["status"])
 
 
+@pytest.mark.slow
 def test_ray_sweep_prints_progress_as_runs_complete(ray_sweep):
     text = ray_sweep["stdout"]
     assert "[ray] using the Ray cluster this process is already connected to" in text
@@ -99,6 +101,7 @@ def test_ray_sweep_prints_progress_as_runs_complete(ray_sweep):
     assert text.count(f"on {socket.gethostname()})") == len(POINTS)
 
 
+@pytest.mark.slow
 def test_ray_runs_equal_local_runs(local_sweep, ray_sweep):
     ml, mr = local_sweep["manifest"], ray_sweep["manifest"]
     assert list(ml["status"]) == ["completed"] * len(POINTS)
@@ -110,6 +113,7 @@ def test_ray_runs_equal_local_runs(local_sweep, ray_sweep):
         pd.testing.assert_frame_equal(rr.history, rl.history)
 
 
+@pytest.mark.slow
 def test_the_report_tables_do_not_depend_on_the_executor(local_sweep, ray_sweep):
     "What the report computes from the runs on disk (drift curves through the manifest) is the same."
     from embvar_study.study import load_study
@@ -119,6 +123,7 @@ def test_the_report_tables_do_not_depend_on_the_executor(local_sweep, ray_sweep)
     pd.testing.assert_frame_equal(tr, tl)
 
 
+@pytest.mark.slow
 def test_finished_runs_are_never_recomputed(ray_sweep):
     out, m = ray_sweep["out"], ray_sweep["manifest"]
     before = {p: folder_state(out / p) for p in m["path"]}
@@ -296,6 +301,7 @@ DRIVER = ("import json, sys; from embvar_study.sweep import run_sweep; "
           "print('STATUS', list(m['status']))")
 
 
+@pytest.mark.slow
 def test_a_second_driver_connects_by_address_and_leaves_the_cluster_up(cluster, local_sweep, tmp_path):
     point = POINTS[-1]
     r = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(BASE), json.dumps([point]), str(tmp_path), cluster],

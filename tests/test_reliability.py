@@ -22,6 +22,7 @@ def diverged_study(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_a_study_with_diverged_runs_renders_and_says_which(diverged_study):
     text = text_of((diverged_study / "report.html").read_text(encoding="utf-8"))
     assert "Traceback" not in text
@@ -31,6 +32,7 @@ def test_a_study_with_diverged_runs_renders_and_says_which(diverged_study):
     assert text.count("2 diverged runs left out of this section's tables and figures") >= 3
 
 
+@pytest.mark.slow
 def test_a_runs_report_with_a_diverged_run_renders(tmp_path):
     a, b, c = (tmp_path / "runs" / n for n in "abc")
     main(["train", *TRAIN, "--lr", "5e-5", "--out", str(a)]); main(["train", *TRAIN, "--lr", "5e-5", "--seed", "1", "--out", str(b)])
@@ -137,6 +139,7 @@ def test_verify_names_every_damaged_file_and_only_report_verify_stops(tmp_path, 
     assert "embvar verify: all 27 run(s) verify" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_only_report_reexecutes_a_half_run_notebook_from_the_runs_on_disk(diverged_study, capsys):
     from conftest import folder_state
     sd, nb = diverged_study, diverged_study / "notebooks" / "lr_sweep.ipynb"
@@ -151,6 +154,7 @@ def test_only_report_reexecutes_a_half_run_notebook_from_the_runs_on_disk(diverg
     assert 'id="appendix-lr_sweep"' in page
 
 
+@pytest.mark.slow
 def test_only_report_reexecutes_a_notebook_made_by_other_code_and_reuses_one_made_by_this(diverged_study, capsys):
     "A finished experiment notebook whose recorded inputs (the code's digest among them) are not today's is executed again by --only-report, from the runs on disk, so no page is rendered by older code; one whose inputs are today's is reused."
     nb = diverged_study / "notebooks" / "lr_sweep.ipynb"
@@ -163,6 +167,7 @@ def test_only_report_reexecutes_a_notebook_made_by_other_code_and_reuses_one_mad
     assert "notebook lr_sweep: inputs unchanged (template, parameters, code, runs): reused" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_only_report_names_a_notebook_it_cannot_reexecute_without_training(diverged_study, tmp_path, capsys):
     import shutil
     sd = tmp_path / "copy"; shutil.copytree(diverged_study, sd)
@@ -174,6 +179,7 @@ def test_only_report_names_a_notebook_it_cannot_reexecute_without_training(diver
              "notebook lr_sweep is missing and cannot be re-executed without training (1 of its 4 runs are not on disk)")
 
 
+@pytest.mark.slow
 def test_render_html_refuses_a_half_executed_notebook(diverged_study, tmp_path):
     import shutil
     from embvar_study.report import render_html, NotebookFailed
@@ -251,6 +257,7 @@ def two_builds(tmp_path_factory):
     return out / "one", out / "two"
 
 
+@pytest.mark.slow
 def test_two_study_builds_with_1_and_2_workers_write_the_same_run_bytes(two_builds):
     # Before: `--jobs 1` trained in this process at its own torch thread count (a user's default: all cores) and
     # `--jobs 2` in workers at cores/2 threads, and the linear kernel was timed (a choice that flipped under load):
@@ -269,6 +276,7 @@ def test_two_study_builds_with_1_and_2_workers_write_the_same_run_bytes(two_buil
         assert ma["derived"]["torch_threads"] == 1 and set(ma) == set(mb)
 
 
+@pytest.mark.slow
 def test_runs_on_disk_made_with_other_numerics_are_named_not_mixed_silently(two_builds, monkeypatch):
     # a rebuild with another kernel forced keeps the runs (same identity) but names them in one line; another thread
     # count is another run (its own folder): the default's identity has no `threads`, so old run ids are unchanged
@@ -364,6 +372,7 @@ def test_a_flipped_exponent_bit_is_refused_by_every_process_that_reads_it_naming
     assert o.startswith(f"refused: {g}: checksum mismatch"), o          # named, not "array must not contain infs or NaNs"
 
 
+@pytest.mark.slow
 def test_only_report_never_trains_a_damaged_or_missing_run(diverged_study, tmp_path, capsys):
     import shutil
     from conftest import folder_state

@@ -39,6 +39,7 @@ def tables(page: str) -> list[tuple[list[str], list[list[str]]]]:
     return out
 
 
+@pytest.mark.slow
 def test_a_real_title_contents_and_header(smoke):
     page = smoke["html"]
     title = re.search(r"<title>(.*?)</title>", page).group(1)
@@ -53,6 +54,7 @@ def test_a_real_title_contents_and_header(smoke):
     assert re.fullmatch(r"About this report: rendered by commit [0-9a-f]{10}; runs made by commit [0-9a-f]{10}", about), about
 
 
+@pytest.mark.slow
 def test_no_remote_resource(smoke):
     page = smoke["html"]
     assert not re.search(r"<script", page)                                          # no script at all
@@ -61,6 +63,7 @@ def test_no_remote_resource(smoke):
     assert page.count('src="data:image/png;base64,') >= 8
 
 
+@pytest.mark.slow
 def test_tables_are_formatted_for_reading(smoke):
     page = smoke["html"]
     assert "5.0000e-05" not in page
@@ -77,6 +80,7 @@ def test_tables_are_formatted_for_reading(smoke):
     assert not re.search(r"\d\.\d{4}e-0\d", text)                                  # no 5.0000e-05 style numbers
 
 
+@pytest.mark.slow
 def test_every_figure_has_alt_text_and_is_2x(smoke):
     page = smoke["html"]
     imgs = re.findall(r"<img [^>]*>", page)
@@ -88,6 +92,7 @@ def test_every_figure_has_alt_text_and_is_2x(smoke):
     assert (smoke["out"] / "figures" / "drift_and_loss.png").is_file()
 
 
+@pytest.mark.slow
 def test_the_executed_notebooks_have_no_errors_and_the_cell_log_is_a_file(smoke):
     from embvar_study.sweep import PROFILES
     for name in [*PROFILES["smoke"]["experiments"], "report"]:   # the experiments the smoke study ran
@@ -110,6 +115,7 @@ def page_text(page: str) -> str:
     return html_lib.unescape(re.sub(r"<[^>]+>", " ", page))
 
 
+@pytest.mark.slow
 def test_a_document_to_read_first(smoke):
     page = smoke["html"]
     text = page_text(page)
@@ -127,6 +133,7 @@ def test_a_document_to_read_first(smoke):
     for f in key_findings(study, n_resamples=2000)[:3]: assert html_lib.escape(f["text"], quote=False).split(":")[0] in main
 
 
+@pytest.mark.slow
 def test_the_report_numbers_are_the_analysis_tables(smoke):
     study = load_study(smoke["out"])
     ref = analysis.reference_table(study.runs("lr_sweep"), n_resamples=2000)
@@ -139,6 +146,7 @@ def test_the_report_numbers_are_the_analysis_tables(smoke):
         assert shown["drift at first checkpoint"] == format_value(r["drift_first"])
 
 
+@pytest.mark.slow
 def test_a_second_report_trains_nothing(smoke, capsys):
     before = {p.name: (p / "COMPLETE").stat().st_mtime_ns for p in (smoke["out"] / "runs").iterdir() if not p.name.startswith(".")}
     main(["report", "--profile", "smoke", "--out", str(smoke["out"]), *SMOKE])
@@ -175,6 +183,7 @@ def test_templates_document_their_parameters():
             assert info["help"], (name, p)
 
 
+@pytest.mark.slow
 def test_a_study_with_lr_extended_but_no_seed_sweep_renders(tmp_path):
     sd = synthetic_study(tmp_path / "syn")
     (sd / "sweeps" / "seed_sweep.csv").unlink()
@@ -190,6 +199,7 @@ def test_a_study_with_lr_extended_but_no_seed_sweep_renders(tmp_path):
     assert "Threshold" in ew and "fallback" in ew and "Not computed" not in ew.split("AUC")[0]
 
 
+@pytest.mark.slow
 def test_the_reviews_profile_on_a_review_file(tmp_path):
     # any CSV of the IMDb layout (text, label); probes are rows of it set aside; the tiny model keeps it fast
     words = ["good", "great", "fine", "lovely", "bad", "poor", "dull", "awful"]
@@ -211,6 +221,7 @@ def test_the_reviews_profile_on_a_review_file(tmp_path):
     assert not [r for r in rows if r.split(",")[0].strip('"')[:25] in text]              # no review text in the report
 
 
+@pytest.mark.slow
 def test_a_runs_report_over_runs_with_different_poolings(tmp_path):
     # an `embvar train` run stores mean/cls/max; a plain-loop tracker run at another lr only mean: the layer section
     # draws what each group has and says what is missing; the header and title read as a runs report
@@ -282,6 +293,7 @@ def _visible_length(fragment: str) -> int:
     return len(re.sub(r"\s+", " ", page_text(fragment)).strip())
 
 
+@pytest.mark.slow
 def test_the_first_screen_shows_the_answer(tmp_path):
     "The conclusions and the headline figure come before the folded header and contents, within the first 20% of the page's text."
     sd = synthetic_study(tmp_path / "syn")
@@ -304,6 +316,7 @@ def test_the_first_screen_shows_the_answer(tmp_path):
         assert at["conclusions"] < 800 and at["figure"] < 0.2 * at["height"], at           # the answer on the first screen of 1280 x 800
 
 
+@pytest.mark.slow
 def test_a_custom_study_keeps_its_description_and_the_reference_rate_it_ran(tmp_path):
     sd = synthetic_study(tmp_path / "syn", lrs=(1e-4, 5e-4), seeds=(0, 1))
     spec = json.loads((sd / "study.json").read_text())
@@ -317,6 +330,7 @@ def test_a_custom_study_keeps_its_description_and_the_reference_rate_it_ran(tmp_
     assert "distinct runs at lr 1e-4" in page
 
 
+@pytest.mark.slow
 def test_a_notebook_whose_inputs_are_unchanged_is_reused_and_any_change_executes_it_again(tmp_path):
     "The second execution on the same runs, code and parameters executes nothing; a changed parameter or run record does."
     sd = synthetic_study(tmp_path / "syn", n_probes=6, dim=4, steps=6)
@@ -340,6 +354,7 @@ def test_a_notebook_whose_inputs_are_unchanged_is_reused_and_any_change_executes
     assert nb["metadata"]["embvar"]["inputs"] and nb["metadata"]["papermill"]["parameters"]["experiment"] == "lr_sweep"
 
 
+@pytest.mark.slow
 def test_with_train_false_a_notebook_only_verifies_and_names_a_damaged_run(tmp_path):
     "What `embvar report` executes never trains: a damaged run fails the notebook with one line naming it; nothing is retrained."
     from embvar_study.report import NotebookFailed

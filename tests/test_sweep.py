@@ -142,6 +142,7 @@ def sweep(tmp_path_factory):
     return {"out": out, "points": points, "manifest": manifest}
 
 
+@pytest.mark.slow
 def test_run_sweep_manifest(sweep):
     out, m, points = sweep["out"], sweep["manifest"], sweep["points"]
     assert list(m["status"]) == ["completed"] * 4
@@ -160,6 +161,7 @@ def test_run_sweep_manifest(sweep):
         load_manifest(out, "nope")
 
 
+@pytest.mark.slow
 def test_rerun_skips_everything_and_touches_nothing(sweep):
     out, m = sweep["out"], sweep["manifest"]
     before = {p: folder_state(out / p) for p in m["path"]}
@@ -235,6 +237,7 @@ def test_a_worker_crash_fails_only_the_run_that_crashes(tmp_path, monkeypatch):
         if lr != 1e-3: load_run(tmp_path / "study" / path)          # complete and verified
 
 
+@pytest.mark.slow
 def test_a_damaged_run_is_moved_aside_named_and_recomputed(sweep, tmp_path):
     import shutil
     study = tmp_path / "study"; shutil.copytree(sweep["out"], study)
@@ -301,6 +304,7 @@ def sweep_jobs2(sweep, tmp_path_factory):
     return {"out": out, "manifest": run_sweep("grid", TINY, sweep["points"], out, jobs=2, say=None)}
 
 
+@pytest.mark.slow
 def test_jobs_2_gives_the_same_runs_as_one_at_a_time(sweep, sweep_jobs2):
     m1, m2 = sweep["manifest"], sweep_jobs2["manifest"]
     assert list(m2["status"]) == ["completed"] * 4
@@ -314,6 +318,7 @@ def test_jobs_2_gives_the_same_runs_as_one_at_a_time(sweep, sweep_jobs2):
             assert (r1.path / name).read_bytes() == (r2.path / name).read_bytes(), name
 
 
+@pytest.mark.slow
 def test_thread_count_is_recorded(sweep_jobs2):
     # CPU kernels round differently at another thread count, so a CPU run computes at its config's `threads`
     # (default 1) whatever the worker's own count, and records it.
@@ -347,6 +352,7 @@ def test_plan_dedups_shared_points_across_experiments():
     assert set(lin["run_id"]) <= set(plan[plan.experiment == "lr_sweep"]["run_id"])   # linear points are the lr sweep's runs
 
 
+@pytest.mark.slow
 def test_run_study_writes_the_resolved_profile_and_refuses_another_profile(tmp_path):
     over = {"lrs": [5e-4], "seeds": [0], "schedules": ["linear", "constant"], "schedule_seeds": [0], **{k: v for k, v in TINY.items() if k != "model"}}
     ms = run_study("smoke", tmp_path / "s", overrides=json.dumps(over), experiments=["lr_sweep", "schedule"], say=None)
