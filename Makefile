@@ -81,7 +81,8 @@ bench: install
 	$(BIN)/python benchmarks/bench_train.py
 	$(BIN)/python benchmarks/bench_ray.py
 
-# A browsable static site of the module notebooks (executed, with their outputs) and the README, under _docs/
+# A browsable static site, as nbdev renders one, under _docs/: the README and a page for every module notebook and guide
+# (executed, with their outputs; each exported definition by its signature and parameter table; maths by MathJax)
 docs: install
 	$(BIN)/python nbs/_build_docs.py _docs
 
