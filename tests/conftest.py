@@ -36,6 +36,16 @@ TINY = dict(model="tiny-distilbert", dataset="bundled", n_train=32, n_eval=16, b
             probe_max_length=32, n_probes=24, track_every=2)
 
 
+# The sizes of TINY, for a whole study of a profile at the tiny run's size (`get_profile(name, TINY_SIZES)`, or
+# `embvar report ... *set_args(TINY_SIZES)`).
+TINY_SIZES = {k: TINY[k] for k in ("n_train", "n_eval", "max_length", "probe_max_length", "n_probes")}
+
+
+def set_args(overrides: dict) -> list:
+    "`embvar report --set` flags for a dict of profile keys: {'n_train': 32} -> ['--set', 'n_train=32']."
+    return [a for k, v in overrides.items() for a in ("--set", f"{k}={v}")]
+
+
 @pytest.fixture
 def tiny_config() -> dict:
     "A fresh copy of the tiny run config (a dict of TrainConfig fields)."

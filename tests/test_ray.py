@@ -23,7 +23,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from conftest import embedding_digests, folder_state
+from conftest import TINY_SIZES, embedding_digests, folder_state
 from embvar_study import analysis, ray_executor
 from embvar_study.metrics import drift_curve
 from embvar_study.ray_executor import ClusterError, RayUnavailableError, cluster_nodes
@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.filterwarnings("ignore:.*truncated to max_length"),
               pytest.mark.filterwarnings("ignore:.*NumPy array is not writable")]
 
 # the smoke profile's lr_sweep grid (2 learning rates x 2 seeds), with smaller data and probes for speed
-SHRINK = {"n_train": 32, "n_eval": 16, "max_length": 32, "probe_max_length": 32, "n_probes": 24}
+SHRINK = TINY_SIZES   # the tiny run's size (conftest.py)
 PROFILE = get_profile("smoke", SHRINK)
 BASE, POINTS = PROFILE["base"], experiment_grid(PROFILE, "lr_sweep")
 # longer runs (about a second or more each) for the kill test

@@ -9,6 +9,7 @@ import nbformat
 import pandas as pd
 import pytest
 
+from conftest import TINY_SIZES, set_args
 from embvar_study import analysis
 from embvar_study.cli import main
 from embvar_study.report import execute_notebooks, render_html, template_dir, template_for
@@ -17,7 +18,7 @@ from embvar_study.study import load_study
 from embvar_study.synthetic import synthetic_study
 from embvar_study.sweep import EXPERIMENT_NAMES
 
-SMOKE = ["--set", "n_train=32", "--set", "n_eval=16", "--set", "max_length=32", "--set", "probe_max_length=32", "--set", "n_probes=24"]
+SMOKE = set_args(TINY_SIZES)   # the smoke profile at the tiny run's size (conftest.py)
 
 
 @pytest.fixture(scope="module")
