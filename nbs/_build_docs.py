@@ -252,6 +252,13 @@ def notebook_html(path: Path, execute: bool = True) -> str:
     return re.sub(r'href="(\d\d[a-z]?_\w+|guide_\w+)\.ipynb(#[^"]*)?"', r'href="\1.html\2"', body)
 
 
+def notebook_title(path: Path) -> str:
+    "A page's title as nbdev takes it: the notebook's first `# heading`, else its file name."
+    for c in nbformat.read(path, as_version=4).cells:
+        if c.cell_type == "markdown" and (m := re.match(r"^#\s+(.+)$", c.source.strip(), flags=re.M)): return m.group(1)
+    return path.stem
+
+
 def build(dest: Path, execute: bool = True, mathjax: str = MATHJAX) -> list[Path]:
     dest.mkdir(parents=True, exist_ok=True)
     written = [dest / "index.html"]
@@ -259,7 +266,7 @@ def build(dest: Path, execute: bool = True, mathjax: str = MATHJAX) -> list[Path
     for p in pages():
         t = time.perf_counter()
         body = notebook_html(p, execute)
-        (dest / f"{p.stem}.html").write_text(page(p.stem, body, f"{p.stem}.html", mathjax), encoding="utf-8")
+        (dest / f"{p.stem}.html").write_text(page(notebook_title(p), body, f"{p.stem}.html", mathjax), encoding="utf-8")
         written.append(dest / f"{p.stem}.html")
         print(f"{p.name}: {time.perf_counter() - t:.1f}s", flush=True)
     return written
