@@ -184,6 +184,10 @@ def param_table(obj) -> str:
     except (ValueError, TypeError, OSError, NameError): return ""
     dm.pop("self", None)
     if inspect.isclass(obj): dm.pop("return", None)
+    try: params = inspect.signature(obj).parameters   # the annotations as written (docments infers NoneType from None)
+    except (ValueError, TypeError): params = {}
+    for k, d in dm.items():
+        if k in params: d["anno"] = params[k].annotation
     cols = [("anno", "Type", _anno), ("default", "Default", _default), ("docment", "Details", str)]
     empty = inspect.Parameter.empty
     filled = lambda d, c: c in d and d[c] is not empty and (d[c] is not None or c == "default")   # None: a default
