@@ -283,6 +283,8 @@ if __name__ == "__main__":
         print(f"README.md written from nbs/index.ipynb ({readme_text().count(chr(10))} lines)")
     else:
         args = sys.argv[1:]
+        if "--mathjax" in args and (args.index("--mathjax") + 1 == len(args) or args[args.index("--mathjax") + 1][:2] == "--"):
+            print("_build_docs.py: --mathjax: expected the URL of MathJax's script after it", file=sys.stderr); sys.exit(2)
         mathjax = args[args.index("--mathjax") + 1] if "--mathjax" in args else MATHJAX
         folder = next((a for a in args if not a.startswith("--") and a != mathjax), str(ROOT / "_docs"))
         out = build(Path(folder), execute="--no-execute" not in args, mathjax=mathjax)
