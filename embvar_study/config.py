@@ -273,6 +273,9 @@ class TrainConfig:
             if not ok(v): raise ValueError(f"{name}: expected {what}, got {v!r}")
         for name in MITIGATION_DEFAULTS:   # 0 and 0.0 are one run
             if getattr(self, name) is not None: setattr(self, name, float(getattr(self, name)))
+        if self.dropout == 0 and "mc_dropout" in self.perturb_kinds:
+            raise ValueError("dropout: 0 leaves the mc_dropout perturbation nothing to draw (its copies would be identical); "
+                             "use a rate > 0 or leave mc_dropout out of perturb_kinds")
         for name, (needs, why) in CONFIG_REQUIRES.items():
             if getattr(self, name) is not None and getattr(self, needs) is None:
                 raise ValueError(f"{name}: {why}, got {getattr(self, name)!r}")

@@ -222,3 +222,12 @@ def test_cli_bad_option_exits_2_naming_the_flag(tmp_path, capsys, flag, value, w
         main(["train", *cli_args(TINY), flag, value, "--out", str(tmp_path / "run"), "--no-progress"])
     assert ex.value.code == 2
     assert words in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
+def test_dropout_zero_with_mc_dropout_perturbations_is_refused(tmp_path, capsys):
+    with pytest.raises(ValueError, match="dropout: 0 leaves the mc_dropout perturbation nothing to draw"):
+        TrainConfig(**TINY, dropout=0.0, perturb_kinds=["mc_dropout"])
+    TrainConfig(**TINY, dropout=0.05, perturb_kinds=["mc_dropout"])   # any rate > 0 is fine
+    with pytest.raises(SystemExit) as ex:
+        main(["train", *cli_args({**TINY, "dropout": 0, "perturb_kinds": ["mc_dropout"]}), "--out", str(tmp_path / "r"), "--no-progress"])
+    assert ex.value.code == 2 and "error: --dropout: 0 leaves the mc_dropout" in capsys.readouterr().err
