@@ -18,8 +18,8 @@ from .storage import canonical_json, config_hash
 
 # %% auto #0
 __all__ = ['POOLINGS', 'PERTURB_KINDS', 'SCHEDULES', 'DIVERGENCE_FACTOR', 'CONFIG_RULES', 'LORA_FIELDS', 'CONFIG_REQUIRES',
-           'ALARM_SIGNALS', 'tracker_settings', 'divergence_reason', 'AlarmRule', 'alarm_rule', 'as_field',
-           'TrainConfig']
+           'MITIGATION_DEFAULTS', 'ALARM_SIGNALS', 'tracker_settings', 'divergence_reason', 'AlarmRule', 'alarm_rule',
+           'as_field', 'TrainConfig']
 
 # %% ../nbs/09_config.ipynb #d1e2f301
 POOLINGS = ("mean", "cls", "max", "last")  # supported pooling names ("last": the last real token, for decoders); extract implements them
@@ -66,6 +66,16 @@ CONFIG_RULES = {  # field -> (test, what is expected)
 
 LORA_FIELDS = ("lora_alpha", "lora_dropout", "lora_targets")   # settings of the adapter: only with lora_r
 CONFIG_REQUIRES = {k: ("lora_r", "LoRA is off: set lora_r too") for k in LORA_FIELDS}  # field -> (field it needs, why)
+
+# %% ../nbs/09_config.ipynb #7cf02a76
+MITIGATION_DEFAULTS = {"dropout": None, "label_smoothing": 0.0, "ema_decay": None}   # field -> the value that changes nothing
+
+CONFIG_RULES.update({
+    "dropout": (_opt(lambda v: _real(v) and 0 <= v < 1), "None (the model's own rates) or a probability in [0, 1)"),
+    "label_smoothing": (lambda v: _real(v) and 0 <= v < 1, "a value in [0, 1)"),
+    "ema_decay": (_opt(lambda v: _real(v) and 0 <= v < 1), "None (no weight averaging) or a decay in [0, 1)"),
+})
+
 
 # %% ../nbs/09_config.ipynb #0958c746
 def tracker_settings(every: int, layers: str | int | list[int], poolings: str | list[str] | tuple[str, ...], max_length: int,
@@ -225,6 +235,9 @@ class TrainConfig:
     warmup_ratio: float = 0.06  # share of steps with linear warmup
     weight_decay: float = 0.01  # AdamW weight decay
     max_grad_norm: float | None = 1.0  # gradient clipping (None: no clipping)
+    dropout: float | None = None  # probability of every dropout layer (hidden, attention, head); None: the model's own
+    label_smoothing: float = 0.0  # label smoothing of the training loss (the held-out loss stays plain cross-entropy)
+    ema_decay: float | None = None  # keep an exponential moving average of the weights with this decay (probe embeddings in embeddings_ema/); None: off
     track_every: int = 10  # embed the probes at step 0 and every this many steps (and at the last step)
     eval_every: int | None = None  # eval loss/accuracy every this many steps (None: with tracking)
     poolings: list | None = None  # poolings stored at every tracked step; None: mean, cls, max (encoder) or mean, last, max (decoder)
@@ -258,6 +271,11 @@ class TrainConfig:
         for name, (ok, what) in CONFIG_RULES.items():
             v = getattr(self, name)
             if not ok(v): raise ValueError(f"{name}: expected {what}, got {v!r}")
+        for name in MITIGATION_DEFAULTS:   # 0 and 0.0 are one run
+            if getattr(self, name) is not None: setattr(self, name, float(getattr(self, name)))
+        if self.dropout == 0 and "mc_dropout" in self.perturb_kinds:
+            raise ValueError("dropout: 0 leaves the mc_dropout perturbation nothing to draw (its copies would be identical); "
+                             "use a rate > 0 or leave mc_dropout out of perturb_kinds")
         for name, (needs, why) in CONFIG_REQUIRES.items():
             if getattr(self, name) is not None and getattr(self, needs) is None:
                 raise ValueError(f"{name}: {why}, got {getattr(self, name)!r}")
@@ -310,6 +328,8 @@ class TrainConfig:
             d["probes"] = _without_paths(probes_fingerprint("heldout", dataset=self.dataset, split="test"))
         if self.alarm is None: d.pop("alarm")   # runs without an alarm keep the ids they had before the field existed
         if self.threads == 1: d.pop("threads")  # likewise runs at one thread (the count every run had in a worker of a 2-core machine)
+        for k, v in MITIGATION_DEFAULTS.items():   # and runs without a mitigation option keep theirs
+            if d[k] == v: d.pop(k)
         return d
 
     def run_id(self) -> str:

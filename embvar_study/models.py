@@ -20,10 +20,11 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 # %% auto #0
-__all__ = ['TINY_SPECIAL_TOKENS', 'TINY_MAX_LENGTH', 'TINY_BODY_SEED', 'MODEL_ALIASES', 'DECODER_TYPES', 'tiny_vocab',
-           'tiny_tokenizer_dir', 'tiny_tokenizer', 'minilm_folder', 'resolve_model', 'head_parameter_names',
-           'is_decoder', 'model_is_decoder', 'model_depth', 'default_poolings', 'load_model_and_tokenizer',
-           'apply_lora', 'lora_summary', 'parameter_counts', 'model_summary', 'model_fingerprint']
+__all__ = ['TINY_SPECIAL_TOKENS', 'TINY_MAX_LENGTH', 'TINY_BODY_SEED', 'MODEL_ALIASES', 'DECODER_TYPES', 'DROPOUT_CONFIG_KEYS',
+           'tiny_vocab', 'tiny_tokenizer_dir', 'tiny_tokenizer', 'minilm_folder', 'resolve_model',
+           'head_parameter_names', 'is_decoder', 'model_is_decoder', 'model_depth', 'default_poolings',
+           'load_model_and_tokenizer', 'set_dropout', 'apply_lora', 'lora_summary', 'parameter_counts', 'model_summary',
+           'model_fingerprint']
 
 # %% ../nbs/06_models.ipynb #98603624
 TINY_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -338,6 +339,27 @@ def load_model_and_tokenizer(name: str | os.PathLike = "distilbert-base-uncased"
         else: model, tokenizer = _from_pretrained(os.fspath(name), resolved, int(num_labels), local)
         _init_head(model, init_seed)
     return model.float().eval(), tokenizer
+
+# %% ../nbs/06_models.ipynb #d738e41f
+DROPOUT_CONFIG_KEYS = ("dropout", "attention_dropout", "hidden_dropout_prob", "attention_probs_dropout_prob", "seq_classif_dropout",
+                       "classifier_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout", "activation_dropout")
+
+def set_dropout(model,       # a torch module, e.g. from `load_model_and_tokenizer`
+                rate: float,  # the dropout probability, in [0, 1)
+               ) -> dict:    # {"modules": dropout modules set, "attributes": attention_dropout floats set, "config_keys": [...]}
+    "Every dropout of `model` set to `rate`: dropout modules, float `attention_dropout` attributes and the config's keys."
+    import torch
+    if isinstance(rate, bool) or not isinstance(rate, (int, float, np.integer, np.floating)) or not 0 <= rate < 1:
+        raise ValueError(f"dropout: expected a probability in [0, 1), got {rate!r}")
+    rate, n_mod, n_attr = float(rate), 0, 0
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd): m.p = rate; n_mod += 1
+        if isinstance(getattr(m, "attention_dropout", None), float): m.attention_dropout = rate; n_attr += 1
+    cfg = getattr(model, "config", None)
+    keys = [k for k in DROPOUT_CONFIG_KEYS if isinstance(getattr(cfg, k, None), (int, float)) and not isinstance(getattr(cfg, k), bool)]
+    for k in keys: setattr(cfg, k, rate)
+    return {"modules": n_mod, "attributes": n_attr, "config_keys": keys}
+
 
 # %% ../nbs/06_models.ipynb #b5f8ae76
 _LORA_DEFAULT_TARGETS = {"distilbert": ["q_lin", "v_lin"]}   # architectures PEFT has no default target modules for

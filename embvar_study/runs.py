@@ -17,8 +17,9 @@ from .storage import method_of
 from .digests import fresh_sha256
 
 # %% auto #0
-__all__ = ['POOLING_NAME', 'IncompleteRunError', 'CorruptRunError', 'is_hidden', 'run_folder_state', 'step_file', 'safe_path',
-           'read_marker', 'damaged_files', 'verify_run', 'Run', 'load_run', 'is_complete', 'find_runs', 'load_runs']
+__all__ = ['POOLING_NAME', 'WEIGHTS', 'IncompleteRunError', 'CorruptRunError', 'is_hidden', 'run_folder_state', 'step_file',
+           'safe_path', 'read_marker', 'damaged_files', 'verify_run', 'Run', 'load_run', 'is_complete', 'find_runs',
+           'load_runs']
 
 # %% ../nbs/08_runs.ipynb #d49bf750
 class IncompleteRunError(ValueError):
@@ -65,12 +66,15 @@ def run_folder_state(run_dir: str | Path,   # a run folder (need not exist)
 
 # %% ../nbs/08_runs.ipynb #b2f1b623
 POOLING_NAME = re.compile(r"^[A-Za-z0-9_-]+$")   # a pooling's name: it is part of file names
+WEIGHTS = {"model": "embeddings", "ema": "embeddings_ema"}   # whose embeddings -> their folder (ema: the averaged weights)
 
 def step_file(step: int,     # a tracked training step
               pooling: str,  # a pooling name (POOLING_NAME)
+              weights: str = "model",  # whose embeddings: "model" (the trained weights) or "ema" (their moving average)
              ) -> str:       # the path of its array, relative to the run folder
-    "Where the embeddings of one tracked `step` and `pooling` live in a run folder."
-    return f"embeddings/step_{int(step):06d}.{pooling}.npy"
+    "Where the embeddings of one tracked `step` and `pooling` (of the model's weights or their average) live in a run folder."
+    if weights not in WEIGHTS: raise ValueError(f"weights: expected one of {list(WEIGHTS)}, got {weights!r}")
+    return f"{WEIGHTS[weights]}/step_{int(step):06d}.{pooling}.npy"
 
 # %% ../nbs/08_runs.ipynb #c0a1b017
 def safe_path(run_dir: str | Path,  # the folder the path must stay in
@@ -103,6 +107,9 @@ _MARKER_FIELDS = {   # field: (check, what it must be)
               "null or [L+1, N, d] positive ints"),
     "dtype": (lambda v: v in (None, "float16", "float32"), "null, 'float16' or 'float32'"),
     "alarm": (lambda v: v is None or isinstance(v, dict), "null or a dict (see config.AlarmRule)"),
+    "ema": (lambda v: v is None or (isinstance(v, dict) and isinstance(v.get("decay"), (int, float)) and 0 <= v["decay"] < 1
+                                    and isinstance(v.get("steps"), list) and all(_int(s) and s >= 0 for s in v["steps"])),
+            "null or {'decay': a number in [0, 1), 'steps': a list of ints >= 0}"),
 }
 
 def _check_fields(m: dict, f: Path) -> None:
@@ -127,6 +134,10 @@ def read_marker(run_dir: str | Path,  # a run folder
     for s in m["steps"]:
         for p in m["poolings"]:
             if step_file(s, p) not in m["files"]: raise _corrupt(f, f"step {s} has no {p} file listed ({step_file(s, p)})")
+    for s in (m.get("ema") or {}).get("steps", []):   # the averaged weights' embeddings, at tracked steps
+        if s not in m["steps"]: raise _corrupt(f, f"field 'ema': step {s} is not a tracked step {m['steps']}")
+        for p in m["poolings"]:
+            if step_file(s, p, "ema") not in m["files"]: raise _corrupt(f, f"ema step {s} has no {p} file listed ({step_file(s, p, 'ema')})")
     return m
 
 # %% ../nbs/08_runs.ipynb #6e532c5c
@@ -212,6 +223,8 @@ class Run:
         self.poolings = sorted(marker["poolings"])
         self.shape = tuple(marker["shape"]) if marker.get("shape") else None   # (L+1, N, d)
         self.dtype, self.n_layers = marker.get("dtype"), (marker["shape"][0] - 1 if marker.get("shape") else None)
+        self.ema = marker.get("ema")       # {"decay", "steps"} when the run kept a moving average of its weights, else None
+        self.weights = ["model"] + (["ema"] if self.ema else [])   # whose embeddings `embeddings(weights=...)` can read
         self.alarm = marker.get("alarm")   # an armed alarm: its rule, whether and why it fired (status 'stopped_by_alarm' if it stopped the run)
 
     def __repr__(self):
@@ -272,9 +285,9 @@ def _read_array(self: Run, rel: str) -> np.ndarray:
 
 # %% ../nbs/08_runs.ipynb #83112630
 @method_of(Run)
-def _load(self: Run, step: int, pooling: str) -> np.ndarray:  # (L+1, N, d)
-    a = self._read_array(step_file(step, pooling))
-    if a.shape != self.shape: raise _corrupt(self.path / step_file(step, pooling), f"expected shape {self.shape}, got {a.shape}")
+def _load(self: Run, step: int, pooling: str, weights: str = "model") -> np.ndarray:  # (L+1, N, d)
+    a = self._read_array(step_file(step, pooling, weights))
+    if a.shape != self.shape: raise _corrupt(self.path / step_file(step, pooling, weights), f"expected shape {self.shape}, got {a.shape}")
     return a
 
 # %% ../nbs/08_runs.ipynb #126fb38b
@@ -299,6 +312,17 @@ def _check_steps(steps, tracked: np.ndarray) -> np.ndarray:
         raise ValueError(f"steps: {missing.tolist()} were not tracked; valid steps are {valid}")
     return s.astype(np.int64)
 
+# %% ../nbs/08_runs.ipynb #7d1a8fd3
+@method_of(Run)
+def _weight_steps(self: Run, weights: str) -> np.ndarray:  # the tracked steps saved for `weights`
+    "The steps whose embeddings `weights` has: every tracked step for the model, the marker's `ema.steps` for the average."
+    if weights == "model": return self.steps
+    if weights not in self.weights:
+        why = "" if weights not in ("ema",) else " (the run was trained without a moving average of its weights: ema_decay None)"
+        raise ValueError(f"weights: expected one of {self.weights} (saved in {self.path}), got {weights!r}{why}")
+    return np.array(sorted(self.ema["steps"]), dtype=np.int64)
+
+
 # %% ../nbs/08_runs.ipynb #1e67b6dc
 @method_of(Run)
 def embeddings(self: Run,
@@ -306,13 +330,14 @@ def embeddings(self: Run,
                pooling: str = "mean",   # one of `self.poolings`
                *,
                steps: list[int] | np.ndarray | None = None,  # subset of `self.steps` (in the given order); None = all
+               weights: str = "model",  # "model", or "ema": the moving average of the weights (see `self.weights`)
               ) -> np.ndarray:          # (T, N, d) float32
     "One layer's embeddings at every (or the given) tracked step, read from memory-mapped files."
     _check_saved_pooling(pooling, self.poolings, self.path)
     _check_layer(layer, self.shape[0])
-    s = _check_steps(steps, self.steps)
+    s = _check_steps(steps, self._weight_steps(weights))
     out = np.empty((len(s), *self.shape[1:]), np.float32)
-    for t, step in enumerate(s): out[t] = self._load(step, pooling)[layer]
+    for t, step in enumerate(s): out[t] = self._load(step, pooling, weights)[layer]
     return out
 
 # %% ../nbs/08_runs.ipynb #5aaacc9f
@@ -321,12 +346,13 @@ def embeddings_all_layers(self: Run,
                           pooling: str = "mean",  # one of `self.poolings`
                           *,
                           steps: list[int] | np.ndarray | None = None,  # subset of `self.steps`; None = all
+                          weights: str = "model",  # "model", or "ema": the moving average of the weights (see `self.weights`)
                          ) -> np.ndarray:         # (T, L+1, N, d) float32
     "Every layer's embeddings at every (or the given) tracked step."
     _check_saved_pooling(pooling, self.poolings, self.path)
-    s = _check_steps(steps, self.steps)
+    s = _check_steps(steps, self._weight_steps(weights))
     out = np.empty((len(s), *self.shape), np.float32)
-    for t, step in enumerate(s): out[t] = self._load(step, pooling)
+    for t, step in enumerate(s): out[t] = self._load(step, pooling, weights)
     return out
 
 # %% ../nbs/08_runs.ipynb #83ea566f

@@ -14,16 +14,16 @@ import torch
 
 from .config import TrainConfig, SCHEDULES, DIVERGENCE_FACTOR, as_field
 from .data import load_texts, train_eval_split, load_probes, parse_heldout
-from .models import load_model_and_tokenizer, model_summary, apply_lora, model_depth
+from .models import load_model_and_tokenizer, model_summary, apply_lora, model_depth, set_dropout
 from .extract import embed_perturbed, count_truncated, position_limit, length_groups
 from .kernels import linear_kernel, choose_linear_kernel, resolve_device, pinned_threads, numerics_differ
-from .runs import run_folder_state, verify_run, CorruptRunError
+from .runs import run_folder_state, verify_run, CorruptRunError, step_file
 from .storage import FolderLock
 from .tracking import EmbeddingTracker, NonFiniteEmbeddings, alarm_rule
 
 # %% auto #0
 __all__ = ['STEP0_CACHE', 'split_sizes', 'prepare_data', 'Batches', 'evaluate', 'forward_backward', 'make_optimizer',
-           'make_schedule', 'check_before_work', 'train_run']
+           'make_schedule', 'WeightAverage', 'check_before_work', 'train_run']
 
 # %% ../nbs/11_train.ipynb #d1e2f302
 def split_sizes(cfg: TrainConfig, n_rows: int) -> tuple[int, int]:  # (n_train, n_eval)
@@ -151,12 +151,19 @@ def evaluate(model: torch.nn.Module, batches: Batches, device: torch.device, pre
     finally: model.train(was_training)
 
 # %% ../nbs/11_train.ipynb #5b25eb14
-def forward_backward(model: torch.nn.Module, micro: list[dict], device: torch.device, precision: str = "auto") -> torch.Tensor:  # () the batch's mean loss
+def forward_backward(model: torch.nn.Module, micro: list[dict], device: torch.device, precision: str = "auto",
+                     label_smoothing: float = 0.0,  # > 0: the cross-entropy against labels smoothed by this much
+                    ) -> torch.Tensor:  # () the batch's mean loss
     "One batch given as micro-batches: each micro-batch's mean loss weighted by its share of the batch, gradients accumulated."
     n = sum(len(m["labels"]) for m in micro); total = torch.zeros((), device=device)
     for m in micro:
         m = {k: v.to(device) for k, v in m.items()}
-        with _autocast(device, precision): loss = model(**m).loss.float()
+        with _autocast(device, precision):
+            if not label_smoothing: loss = model(**m).loss.float()   # the model's own loss: bit for bit as before the option
+            else:
+                labels = m.pop("labels")
+                loss = torch.nn.functional.cross_entropy(model(**m).logits.float(), labels, label_smoothing=label_smoothing)
+                m["labels"] = labels
         w = len(m["labels"]) / n
         (loss * w).backward(); total += loss.detach() * w
     return total
@@ -181,6 +188,24 @@ def make_schedule(optimizer: torch.optim.Optimizer, schedule: str, warmup: int, 
             "cosine": lambda: transformers.get_cosine_schedule_with_warmup(optimizer, warmup, total)}
     if schedule not in make: raise ValueError(f"schedule: expected one of {SCHEDULES}, got {schedule!r}")
     return make[schedule]()
+
+# %% ../nbs/11_train.ipynb #22977712
+class WeightAverage:
+    "An exponential moving average of `model`'s parameters, started at their current values; `update()` after each step."
+    def __init__(self, model: torch.nn.Module,  # the model being trained (its parameters are read at each update)
+                 decay: float):                 # in [0, 1): the weight of the old average at each update
+        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 <= decay < 1:
+            raise ValueError(f"ema_decay: expected a decay in [0, 1), got {decay!r}")
+        self.model, self.decay, self.steps = model, float(decay), []   # steps: where its embeddings were saved
+        self.averaged = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(self.decay)).eval().requires_grad_(False)
+        self.averaged.update_parameters(model)   # the first update copies: the average starts at these weights
+    @property
+    def module(self) -> torch.nn.Module: return self.averaged.module   # the averaged model, to embed and evaluate
+    def update(self) -> None:
+        "average <- decay * average + (1 - decay) * the model's parameters now."
+        self.averaged.update_parameters(self.model)
+
 
 # %% ../nbs/11_train.ipynb #c1a0b002
 def _check_writable(run_dir: Path) -> None:
@@ -226,7 +251,7 @@ def _step0_key(cfg: TrainConfig, probe_texts: list, device: torch.device) -> tup
             cfg.precision, str(device), torch.get_num_threads())
 
 # %% ../nbs/11_train.ipynb #86be2e6f
-def _track(tracker: EmbeddingTracker, step: int, key: tuple | None) -> None:
+def _track(tracker: EmbeddingTracker, step: int, key: tuple | None) -> dict:  # pooling -> (L+1, N, d), as saved
     "Embed the probes at `step` (step 0 from STEP0_CACHE when `key` is given and cached)."
     t = time.perf_counter()
     if key is not None and key in STEP0_CACHE: arrays = STEP0_CACHE[key]
@@ -234,6 +259,21 @@ def _track(tracker: EmbeddingTracker, step: int, key: tuple | None) -> None:
         arrays = tracker.embed()
         if key is not None: STEP0_CACHE.clear(); STEP0_CACHE[key] = arrays
     tracker.record(step, arrays); tracker.seconds += time.perf_counter() - t
+    return arrays
+
+# %% ../nbs/11_train.ipynb #c4ecbe02
+def _track_ema(tracker: EmbeddingTracker, ema: WeightAverage, step: int, arrays: dict | None = None) -> None:
+    "The averaged weights' probe embeddings at `step`, saved under embeddings_ema/ (`arrays`: already computed, at step 0)."
+    t = time.perf_counter()
+    if arrays is None:
+        model, tracker.model = tracker.model, ema.module      # the tracker's embedding, of the averaged model
+        try: arrays = tracker.embed()
+        finally: tracker.model = model
+    bad = [p for p, a in arrays.items() if not np.isfinite(a).all()]
+    if bad: raise NonFiniteEmbeddings(f"non-finite probe embeddings of the averaged weights ({'/'.join(bad)} pooling) at step {step}")
+    for p, a in arrays.items(): tracker.save_array(step_file(step, p, "ema"), np.asarray(a, dtype=tracker.settings["dtype"]))
+    ema.steps.append(int(step)); tracker.seconds += time.perf_counter() - t
+
 
 # %% ../nbs/11_train.ipynb #610fcac3
 def train_run(config: TrainConfig | dict,  # the run's parameters
@@ -263,6 +303,7 @@ def train_run(config: TrainConfig | dict,  # the run's parameters
                         f"({train_df.attrs['n_rows']} rows), {len(probes)} probes")
             with as_field("model"):
                 model, tok = load_model_and_tokenizer(cfg.model, num_labels=train_df.attrs["n_labels"], init_seed=cfg.seeds()["init_seed"])
+            if cfg.dropout is not None: set_dropout(model, cfg.dropout)   # the body's and head's; LoRA's own is lora_dropout
             if (lora := cfg.lora()) is not None:   # adapter + head trained, body frozen; B = 0: step 0 is the base model's
                 with as_field("lora_targets"): model = apply_lora(model, lora["r"], alpha=lora["alpha"], dropout=lora["dropout"],
                                                                   targets=lora["targets"], init_seed=cfg.seeds()["init_seed"])
@@ -301,11 +342,13 @@ def _check_lengths(cfg: TrainConfig, model):
 class _Diverged(ValueError): "The run's outputs are no longer finite or its loss exploded."
 
 # %% ../nbs/11_train.ipynb #09693314
-def _checkpoint(cfg, tracker, step, last, model, tok, held, device, timing, step0_key) -> dict:
-    "Embed the probes (and perturbations) and/or evaluate at `step`, as due; return the eval columns."
+def _checkpoint(cfg, tracker, step, last, model, tok, held, device, timing, step0_key, ema=None) -> dict:
+    "Embed the probes (and perturbations) and/or evaluate at `step`, as due (the averaged weights too, given `ema`); return the eval columns."
     out, bf16 = {}, _use_bf16(device, cfg.precision)
     if step % cfg.track_every == 0 or last:
-        try: _track(tracker, step, step0_key if step == 0 else None)
+        try:
+            arrays = _track(tracker, step, step0_key if step == 0 else None)
+            if ema is not None: _track_ema(tracker, ema, step, arrays if step == 0 else None)   # at step 0 the average is the model
         except NonFiniteEmbeddings as e: raise _Diverged(str(e)) from None
         if cfg.perturb_kinds and (cfg.perturb_at == "all" or step == 0 or last):
             t = time.perf_counter()
@@ -319,6 +362,10 @@ def _checkpoint(cfg, tracker, step, last, model, tok, held, device, timing, step
     if step % (cfg.eval_every or cfg.track_every) == 0 or last:
         t = time.perf_counter(); out.update(evaluate(model, held, device, cfg.precision)); timing["eval_s"] += time.perf_counter() - t
         if not math.isfinite(out["eval_loss"]): raise _Diverged(f"non-finite eval loss at step {step}")
+        if ema is not None:
+            t = time.perf_counter(); out.update({f"ema_{k}": v for k, v in evaluate(ema.module, held, device, cfg.precision).items()})
+            timing["eval_s"] += time.perf_counter() - t
+            if not math.isfinite(out["ema_eval_loss"]): raise _Diverged(f"non-finite eval loss of the averaged weights at step {step}")
     return out
 
 # %% ../nbs/11_train.ipynb #d1e2f315
@@ -331,7 +378,8 @@ def _train_loop(cfg, model, tok, train_df, eval_df, tracker, device, progress, d
     sched = make_schedule(opt, cfg.schedule, int(round(cfg.warmup_ratio * total)), total)
     timing = {"train_s": 0.0, "eval_s": 0.0, "perturb_s": 0.0}
     step0 = _step0_key(cfg, tracker.probes["text"].tolist(), device)
-    check = lambda s, last: _checkpoint(cfg, tracker, s, last, model, tok, held, device, timing, step0)
+    ema = None if cfg.ema_decay is None else WeightAverage(model, cfg.ema_decay)   # starts at the initial weights
+    check = lambda s, last: _checkpoint(cfg, tracker, s, last, model, tok, held, device, timing, step0, ema)
     kernel = _kernel(device, cfg.precision, train=True)
     cpu = device.type == "cpu"
     derived["linear_kernels"] = {m: choose_linear_kernel(m == "train") if cpu else {"kernel": "default", "how": f"{device.type}: not measured"}
@@ -346,7 +394,7 @@ def _train_loop(cfg, model, tok, train_df, eval_df, tracker, device, progress, d
     model.train(); t0 = time.perf_counter()
     for epoch in range(math.ceil(total / len(train))):
         for micro in train.epoch(seeds["data_seed"] * 1_000_003 + epoch):
-            with linear_kernel(kernel): loss = forward_backward(model, micro, device, cfg.precision)
+            with linear_kernel(kernel): loss = forward_backward(model, micro, device, cfg.precision, cfg.label_smoothing)
             masks = [m["attention_mask"] for m in micro]
             slots["real"] += int(sum(m.sum() for m in masks)); slots["computed"] += sum(m.numel() for m in masks)
             slots["padded_batches"] += sum(m.shape[0] for m in masks) * max(m.shape[1] for m in masks)
@@ -361,6 +409,7 @@ def _train_loop(cfg, model, tok, train_df, eval_df, tracker, device, progress, d
                 status, reason = "diverged", f"non-finite gradient norm at step {step + 1}"
                 tracker.log(step + 1, flush=True, **row, grad_norm=float(gn), status=status); break
             opt.step(); sched.step(); opt.zero_grad(set_to_none=True); step += 1
+            if ema is not None: ema.update()
             timing["train_s"] += time.perf_counter() - t0
             row.update(grad_norm=float(gn), status="train")
             last = step == total
@@ -380,5 +429,6 @@ def _train_loop(cfg, model, tok, train_df, eval_df, tracker, device, progress, d
                     "gradient norm, held-out loss or probe embedding", "factor": DIVERGENCE_FACTOR, "first_loss": first_loss}
     tracker.close(status=status, steps_done=step, total_steps=total, timing={k: round(v, 3) for k, v in timing.items()},
                   **({"diverged_because": reason} if reason else {}), divergence_rule=rule,
+                  **({"ema": {"decay": ema.decay, "steps": sorted(ema.steps)}} if ema is not None else {}),
                   derived={**derived, "train_token_slots": slots, "train_truncated": int(train.n_truncated), "train_tokens": int(train.n_tokens)})
 
