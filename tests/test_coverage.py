@@ -305,3 +305,68 @@ def test_early_stopping_bootstrap_cannot_cover():
         covers.append(_covered(q[0], q[1], truth))
         _report(f"percentile bootstrap of Dodge's expected best (t={t}, p={p})", f"{STAB_SEEDS} seeds x 3 rates", covers[-1], 200)
     assert min(covers) < 0.93
+
+
+# ------------------------------------------------------------------ seed variance: replicate runs, the run as the unit
+from embvar_study.replicates import REPLICATE_MIN_RUNS, jackknife_t, pair_jackknife, pair_values, replicate_spread
+
+REP_N, REP_D = 20, 8
+REP_LAMBDA = np.linspace(1.0, 0.2, REP_D)          # run noise per dimension (anisotropic)
+
+
+def _replicate_studies(K: int, n: int, seed: int, sd: float = 0.5, theta: float = 0.3) -> np.ndarray:  # (n, K, N, d)
+    "n studies of K runs: one fixed base configuration, each run its own noise and (theta > 0) its own small rotation."
+    from scipy.linalg import expm
+    rng = np.random.default_rng(seed)
+    base = np.random.default_rng(7).standard_normal((REP_N, REP_D))
+    X = base + sd * np.sqrt(REP_LAMBDA) * rng.standard_normal((n, K, REP_N, REP_D))
+    if theta == 0: return X
+    A = rng.standard_normal((n, K, REP_D, REP_D))
+    A = (A - np.swapaxes(A, -1, -2)) * theta / np.sqrt(2 * REP_D)
+    return X @ np.stack([[expm(a) for a in s] for s in A])
+
+
+def _pair_intervals(P: np.ndarray, K: int, c: float = 1.0):
+    est, loo = pair_jackknife(P, K)
+    r = jackknife_t(est, loo)
+    return c * r["low"], c * r["high"]
+
+
+@pytest.mark.parametrize("K", range(3, 11))
+def test_seed_variance_raw_covers_its_closed_form(K):
+    "No rotation: E[raw at K runs] = (K-1)/K sd^2 sum(lambda). The jackknife of a U-statistic errs upward: conservative."
+    X = _replicate_studies(K, 2000, 300 + K, theta=0.0)
+    c = (K - 1) / K
+    lo, hi = _pair_intervals(pair_values(X, k=5)["raw"], K, c)
+    cover = _covered(lo, hi, c * 0.25 * REP_LAMBDA.sum())
+    _report("seed variance raw, jackknife t", K, cover, 2000)
+    assert 0.93 <= cover <= 0.985
+
+
+@pytest.mark.parametrize("K", range(3, 11))
+def test_seed_variance_pairwise_measures_cover(K):
+    "1 - CKA and k-NN overlap (means over pairs: their expectation is one pair's); the truth from 4000 independent studies."
+    p, truth = pair_values(_replicate_studies(K, 2000, 400 + K), k=5), pair_values(_replicate_studies(2, 4000, 500 + K), k=5)
+    for m in ("cka_dissimilarity", "knn_overlap", "raw"):
+        lo, hi = _pair_intervals(p[m], K)
+        cover = _covered(lo, hi, truth[m].mean())
+        _report(f"seed variance {m} (rotated runs), jackknife t", K, cover, 2000)
+        assert 0.93 <= cover <= 0.985
+
+
+@pytest.mark.parametrize("K", [3, 5, 10])
+def test_seed_variance_aligned_covers(K):
+    "GPA-aligned spread: the truth is its mean over the simulated studies (its expectation at K runs; GPA fits are slow)."
+    n = 300
+    X = _replicate_studies(K, n, 600 + K)
+    t = [pd.DataFrame(replicate_spread(x, k=5)).set_index("measure").loc["aligned"] for x in X]
+    v, lo, hi = (np.array([r[c] for r in t]) for c in ("value", "ci_low", "ci_high"))
+    cover = _covered(lo, hi, v.mean())
+    _report("seed variance aligned, jackknife t", K, cover, n)
+    assert 0.93 <= cover <= 0.985
+
+
+def test_seed_variance_refused_with_two_runs():
+    t = pd.DataFrame(replicate_spread(_replicate_studies(2, 1, 0)[0]))
+    assert t[["ci_low", "ci_high"]].isna().all().all() and (t["method"].str.startswith("no interval: 2 runs")).all()
+    assert REPLICATE_MIN_RUNS == 3
