@@ -72,7 +72,7 @@ def _n_probes(cfg: TrainConfig):
 
 # %% ../nbs/11_train.ipynb #61a5e5a6
 def prepare_data(cfg: TrainConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:  # (train, eval, probes)
-    "Stratified train/eval subsets chosen by data_seed, probes by probe_seed; facts for COMPLETE in `train.attrs`."
+    "Stratified train/eval subsets chosen by subset_seed (data_seed unless given), probes by probe_seed; facts for COMPLETE in `train.attrs`."
     with as_field("dataset"): df = load_texts(cfg.dataset, split=cfg.split, text_col=cfg.text_col, label_col=cfg.label_col)
     facts = {"n_labels": int(df["label"].nunique()), "label_names": list(df.attrs.get("label_names", []))}
     probes = None
@@ -80,7 +80,7 @@ def prepare_data(cfg: TrainConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataF
         with _n_probes(cfg): probes = load_probes(df, n=cfg.n_probes or max(1, len(df) // 5), seed=cfg.probe_seed)
         df = df[~df["text"].isin(set(probes["text"]))].reset_index(drop=True)
     n_train, n_eval = split_sizes(cfg, len(df))
-    train_df, eval_df = train_eval_split(df, n_train, n_eval, seed=cfg.seeds()["data_seed"])
+    train_df, eval_df = train_eval_split(df, n_train, n_eval, seed=cfg.seeds()["subset_seed"])
     eval_df, n_dup = _drop_leaked(train_df, eval_df)
     train_df.attrs.update(facts, n_rows=len(df), eval_duplicates_removed=n_dup)   # classes of the dataset; leaked rows removed
     train_df.attrs["derived"] = {"eval_duplicates_removed": n_dup}   # for COMPLETE's derived facts
@@ -345,7 +345,7 @@ def _train_loop(cfg, model, tok, train_df, eval_df, tracker, device, progress, d
     tracker.log(0, flush=True, epoch=0.0, lr=0.0, status="start", **check(0, total == 0))
     model.train(); t0 = time.perf_counter()
     for epoch in range(math.ceil(total / len(train))):
-        for micro in train.epoch(seeds["data_seed"] * 1_000_003 + epoch):
+        for micro in train.epoch(seeds["order_seed"] * 1_000_003 + epoch):
             with linear_kernel(kernel): loss = forward_backward(model, micro, device, cfg.precision)
             masks = [m["attention_mask"] for m in micro]
             slots["real"] += int(sum(m.sum() for m in masks)); slots["computed"] += sum(m.numel() for m in masks)
