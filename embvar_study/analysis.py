@@ -17,6 +17,7 @@ from .spectra import spectrum_summary, covariance_spectrum
 from .align import generalized_procrustes, pairwise_run_table
 from .stats import seed_interval
 from .replicates import replicate_spread, row_space
+from .predictions import prediction_churn, prediction_flips  # noqa: F401 (re-exported: the tables in one place)
 from .effects import effect_size_table, difference_interval
 
 # %% auto #0

@@ -370,3 +370,17 @@ def test_seed_variance_refused_with_two_runs():
     t = pd.DataFrame(replicate_spread(_replicate_studies(2, 1, 0)[0]))
     assert t[["ci_low", "ci_high"]].isna().all().all() and (t["method"].str.startswith("no interval: 2 runs")).all()
     assert REPLICATE_MIN_RUNS == 3
+
+
+@pytest.mark.parametrize("K", range(3, 11))
+def test_prediction_churn_covers(K):
+    "Runs label M examples independently, example i class 1 with probability p_i: E[churn] = mean 2 p_i (1 - p_i), closed form."
+    n, M = 2000, 200
+    rng = np.random.default_rng(800 + K)
+    p = np.random.default_rng(8).beta(0.3, 0.3, M)                    # most examples stable, some contested
+    y = rng.random((n, K, M)) < p                                       # (n, K, M) predicted labels
+    ia, ib = np.triu_indices(K, k=1)
+    lo, hi = _pair_intervals((y[:, ia] != y[:, ib]).mean(-1), K)
+    cover = _covered(lo, hi, np.mean(2 * p * (1 - p)))
+    _report("prediction churn, jackknife t", K, cover, n)
+    assert 0.93 <= cover <= 0.985

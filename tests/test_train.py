@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import embvar_study.train as train_mod
-from conftest import TINY, cli_args, embedding_digests, folder_state, kill_when_ready
+from conftest import TINY, cli_args, embedding_digests, folder_state, kill_when_ready, sha256
 from embvar_study.cli import main
 from embvar_study.hub import HubUnavailableError
 from embvar_study.models import head_parameter_names, load_model_and_tokenizer
@@ -158,6 +158,23 @@ def test_data_seed_is_the_shorthand_for_both(seed_runs):
     both = TrainConfig(**{**TINY, "order_seed": 1, "subset_seed": 1})
     assert both.run_id() == cfg.run_id() == seed_runs["data"]["run"].config_hash
     assert "order_seed" not in seed_runs["data"]["run"].config and seed_runs["data"]["run"].config["data_seed"] == 1
+
+
+def test_every_evaluation_keeps_its_class_probabilities(seed_runs):
+    "predictions/ holds each evaluation's probabilities (listed in COMPLETE, verified on read): they give the logged eval_acc and eval_loss."
+    run, cfg = seed_runs["base"]["run"], seed_runs["base"]["cfg"]
+    p = run.predictions()
+    ev = run.history.dropna(subset=["eval_loss"]).set_index("step")
+    assert p["steps"].tolist() == sorted(ev.index) and "predictions/examples.npy" in run.marker["files"]
+    _, eval_df, _ = prepare_data(cfg)
+    np.testing.assert_array_equal(p["rows"], eval_df.index.to_numpy()); np.testing.assert_array_equal(p["labels"], eval_df["label"])
+    np.testing.assert_allclose(p["probs"].sum(-1), 1.0, atol=1e-5)
+    for s, probs in zip(p["steps"], p["probs"]):
+        assert (probs.argmax(-1) == p["labels"]).mean() == pytest.approx(ev.loc[s, "eval_acc"], abs=1e-12)
+        nll = -np.log(probs[np.arange(len(probs)), p["labels"]].astype(np.float64)).mean()
+        assert nll == pytest.approx(ev.loc[s, "eval_loss"], rel=1e-4)
+    f = run.path / "predictions" / f"step_{p['steps'][-1]:06d}.npy"
+    assert run.marker["files"][f"predictions/{f.name}"] == sha256(f)
 
 
 def test_drift_is_zero_at_step_0_and_positive_after(seed_runs):
