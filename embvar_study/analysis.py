@@ -16,16 +16,16 @@ from .metrics import cosine_drift, drift_curve, step_drift, class_variance, cros
 from .spectra import spectrum_summary, covariance_spectrum
 from .align import generalized_procrustes, pairwise_run_table
 from .stats import seed_interval
-from .replicates import replicate_spread, row_space
+from .replicates import replicate_spread, row_space, subset_spread
 from .predictions import prediction_churn, prediction_flips  # noqa: F401 (re-exported: the tables in one place)
 from .effects import effect_size_table, difference_interval
 
 # %% auto #0
 __all__ = ['REFERENCE', 'SEED_VARIANCE_COLUMNS', 'COLLAPSE_CI_METHOD', 'runs_table', 'probe_drift', 'drift_curves',
            'drift_summary', 'setup_table', 'reference_table', 'layer_drift_table', 'pairwise_table',
-           'similarity_matrix', 'dispersion_over_training', 'seed_variance', 'geometry_table', 'lr_effects',
-           'noise_floor', 'mitigation_table', 'perturbation_table', 'curve_gap', 'collapse_table', 'schedule_effects',
-           'change_spectrum', 'lora_table', 'lora_comparisons', 'provenance_tables']
+           'similarity_matrix', 'dispersion_over_training', 'seed_variance', 'seed_variance_by', 'geometry_table',
+           'lr_effects', 'noise_floor', 'mitigation_table', 'perturbation_table', 'curve_gap', 'collapse_table',
+           'schedule_effects', 'change_spectrum', 'lora_table', 'lora_comparisons', 'provenance_tables']
 
 # %% ../nbs/16_analysis.ipynb #ebb2079a
 def _history(run) -> tuple[pd.DataFrame, pd.DataFrame]:  # (training rows, held-out rows)
@@ -227,6 +227,22 @@ def seed_variance(runs: RunSet | list,        # replicate runs that embed the sa
         X = np.stack([r.embeddings(layer=layer, pooling=pooling, steps=[int(s)])[0] for r in rs.runs]).astype(np.float64)
         out += [{**r, "layer": layer, "step": int(s)} for r in replicate_spread(X, k=k, confidence=confidence)]
     return pd.DataFrame(out, columns=SEED_VARIANCE_COLUMNS)
+
+# %% ../nbs/16_analysis.ipynb #ae193dc4
+def seed_variance_by(runs: RunSet | list, by: str = "length_bucket", layer: int = -1, pooling: str = "mean",
+                     step: int | None = None, *, k: int = 10, confidence: float = 0.95) -> pd.DataFrame:  # one row per group x measure
+    "Seed variance within every group of probes (a probe column: length_bucket, sentiment, family) and against the rest, with intervals."
+    rs = runs if isinstance(runs, RunSet) else RunSet.of(list(runs))
+    if len(rs) < 2: raise NotComputed(f"seed variance needs at least 2 runs, got {len(rs)}")
+    probes = rs.runs[0].probes
+    if by not in probes: raise ValueError(f"by: expected a probe column ({', '.join(c for c in probes if c != 'text')}), got {by!r}")
+    steps = rs.common_steps()
+    if step is not None and (isinstance(step, bool) or not isinstance(step, (int, np.integer)) or int(step) not in set(steps.tolist())):
+        raise ValueError(f"step: expected a step every run tracked ({', '.join(map(str, steps))}), got {step!r}")
+    s = int(steps[-1] if step is None else step)
+    X = rs.stack(layer, pooling, s).astype(np.float64)
+    return pd.DataFrame([{"by": by, **r, "layer": layer, "step": s, "n_runs": len(rs)}
+                         for r in subset_spread(X, probes[by].to_numpy(), k=k, confidence=confidence)])
 
 # %% ../nbs/16_analysis.ipynb #af12c73a
 def geometry_table(rs: RunSet, layer: int = -1, pooling: str = "mean", *, n_eig: int = 40) -> tuple[pd.DataFrame, pd.DataFrame]:

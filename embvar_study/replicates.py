@@ -13,8 +13,8 @@ from .align import generalized_procrustes
 from .similarity import linear_cka, knn_overlap
 
 # %% auto #0
-__all__ = ['REPLICATE_MEASURES', 'REPLICATE_MIN_RUNS', 'pair_values', 'pair_jackknife', 'jackknife_t', 'row_space',
-           'aligned_spread', 'replicate_spread']
+__all__ = ['REPLICATE_MEASURES', 'REPLICATE_MIN_RUNS', 'SUBSET_MEASURES', 'pair_values', 'pair_jackknife', 'jackknife_t',
+           'row_space', 'aligned_spread', 'replicate_spread', 'subset_spread']
 
 # %% ../nbs/04c_replicates.ipynb #88e949b5
 REPLICATE_MEASURES = ("raw", "aligned", "cka_dissimilarity", "knn_overlap")   # the rows of `replicate_spread`, in order
@@ -105,3 +105,38 @@ def replicate_spread(X: ArrayLike,               # (K, N, d) the same N probes e
     return [_row("raw", c * est["raw"], ci["raw"], K), _row("aligned", al, al_ci, K),
             _row("cka_dissimilarity", est["cka_dissimilarity"], ci["cka_dissimilarity"], K),
             _row("knn_overlap", est["knn_overlap"], ci["knn_overlap"], K)]
+
+# %% ../nbs/04c_replicates.ipynb #cf20996b
+SUBSET_MEASURES = ("raw", "cka_dissimilarity", "knn_overlap")   # the pairwise measures: each a mean over pairs of runs
+
+def subset_spread(X: ArrayLike,              # (K, N, d) the same N probes embedded by K >= 2 runs
+                  groups: ArrayLike,         # (N,) each probe's group (e.g. its length bucket or class)
+                  *,
+                  k: int = 10,               # neighbours for the k-NN overlap (capped at the group's size - 1)
+                  confidence: float = 0.95,  # nominal coverage
+                 ) -> list[dict]:            # group, measure, n_probes, value, ci_low, ci_high, diff_vs_rest, diff_low, diff_high, method
+    "The pairwise spread measures within every group of probes and its difference to the other probes, with jackknife intervals over runs."
+    x, g = as_float_array(X, "X", min_ndim=3, dims="(K, N, d)"), np.asarray(groups)
+    if g.shape != x.shape[1:2]: raise ValueError(f"groups: expected one group per probe, shape ({x.shape[1]},), got shape {g.shape}")
+    K, out = x.shape[0], []
+    c = {"raw": (K - 1) / K, "cka_dissimilarity": 1.0, "knn_overlap": 1.0}
+    for grp in sorted(set(g.tolist()), key=str):
+        inside = g == grp
+        n_in, n_out = int(inside.sum()), int((~inside).sum())
+        if min(n_in, n_out) < 3:
+            out += [{"group": grp, "measure": m, "n_probes": n_in, "value": np.nan, "ci_low": np.nan, "ci_high": np.nan,
+                     "diff_vs_rest": np.nan, "diff_low": np.nan, "diff_high": np.nan,
+                     "method": f"no value: {n_in} probes in the group and {n_out} outside (each needs at least 3)"} for m in SUBSET_MEASURES]
+            continue
+        pin, pout = pair_values(x[:, inside], k), pair_values(x[:, ~inside], k)
+        for m in SUBSET_MEASURES:
+            v, d = c[m] * pin[m].mean(), c[m] * (pin[m] - pout[m]).mean()
+            if K >= REPLICATE_MIN_RUNS:
+                ci, cd = (jackknife_t(*pair_jackknife(q, K), confidence) for q in (pin[m], pin[m] - pout[m]))
+                lo, hi, dlo, dhi, how = c[m] * ci["low"], c[m] * ci["high"], c[m] * cd["low"], c[m] * cd["high"], ci["note"]
+            else:
+                lo = hi = dlo = dhi = np.nan
+                how = f"no interval: {K} runs (a delete-one jackknife over runs needs at least {REPLICATE_MIN_RUNS})"
+            out.append({"group": grp, "measure": m, "n_probes": n_in, "value": float(v), "ci_low": float(lo), "ci_high": float(hi),
+                        "diff_vs_rest": float(d), "diff_low": float(dlo), "diff_high": float(dhi), "method": how})
+    return out

@@ -384,3 +384,19 @@ def test_prediction_churn_covers(K):
     cover = _covered(lo, hi, np.mean(2 * p * (1 - p)))
     _report("prediction churn, jackknife t", K, cover, n)
     assert 0.93 <= cover <= 0.985
+
+
+@pytest.mark.parametrize("K", range(3, 11))
+def test_seed_variance_subset_difference_covers(K):
+    "Two groups of probes moved by seeds with sd 0.3 and 0.5: the raw difference's truth is (K-1)/K (0.09 - 0.25) sum(lambda)."
+    from embvar_study.replicates import pair_values as pv
+    rng = np.random.default_rng(900 + K)
+    sd = np.where(np.arange(REP_N) < REP_N // 2, 0.3, 0.5)[:, None]      # (N, 1): first half moves less
+    X = np.random.default_rng(7).standard_normal((REP_N, REP_D)) + sd * np.sqrt(REP_LAMBDA) * rng.standard_normal((2000, K, REP_N, REP_D))
+    half = REP_N // 2
+    diff = pv(X[..., :half, :], k=5)["raw"] - pv(X[..., half:, :], k=5)["raw"]
+    c = (K - 1) / K
+    lo, hi = _pair_intervals(diff, K, c)
+    cover = _covered(lo, hi, c * (0.09 - 0.25) * REP_LAMBDA.sum())
+    _report("seed variance subset difference (raw), jackknife t", K, cover, 2000)
+    assert 0.93 <= cover <= 0.985

@@ -157,3 +157,34 @@ def test_seed_variance_bad_input(seeds):
         seed_variance(seeds, step=10**9)
     with pytest.raises(NotComputed, match="at least 2 runs"):
         seed_variance(seeds.runs[:1])
+
+
+# ------------------------------------------------------------------ by subsets of the probes
+def test_subset_spread_is_the_measures_on_each_group_and_their_difference():
+    from embvar_study.replicates import SUBSET_MEASURES, subset_spread
+    rng = np.random.default_rng(11)
+    g = np.array(["a"] * 7 + ["b"] * 9 + ["c"] * 6)
+    X = rng.standard_normal((22, 5)) + 0.3 * rng.standard_normal((4, 22, 5))
+    t = pd.DataFrame(subset_spread(X, g, k=3)).set_index(["group", "measure"])
+    assert len(t) == 3 * len(SUBSET_MEASURES)
+    for grp in "abc":
+        inside, rest = X[:, g == grp], X[:, g != grp]
+        ti, tr = _table(inside, k=3), _table(rest, k=3)                     # replicate_spread on the probes of each side
+        for m in SUBSET_MEASURES:
+            assert t.loc[(grp, m), "value"] == pytest.approx(ti.loc[m, "value"], rel=1e-12)
+            assert (t.loc[(grp, m), "ci_low"], t.loc[(grp, m), "ci_high"]) == pytest.approx((ti.loc[m, "ci_low"], ti.loc[m, "ci_high"]), rel=1e-10)
+            assert t.loc[(grp, m), "diff_vs_rest"] == pytest.approx(ti.loc[m, "value"] - tr.loc[m, "value"], rel=1e-9, abs=1e-12)
+    assert (t["diff_low"] <= t["diff_vs_rest"]).all() and (t["diff_vs_rest"] <= t["diff_high"]).all()
+    with pytest.raises(ValueError, match=r"^groups: expected one group per probe, shape \(22,\)"):
+        subset_spread(X, g[:5])
+
+
+def test_seed_variance_by_class(seeds):
+    from embvar_study.analysis import seed_variance_by
+    t = seed_variance_by(seeds, "sentiment")
+    X, lab = seeds.stack().astype(np.float64), seeds.runs[0].probes["sentiment"].to_numpy()
+    for grp, row in t[t["measure"] == "raw"].set_index("group").iterrows():
+        assert row["value"] == pytest.approx(_raw_loop(X[:, lab == grp]), rel=1e-9)
+        assert row["n_probes"] == (lab == grp).sum() and row["n_runs"] == len(seeds)
+    with pytest.raises(ValueError, match=r"^by: expected a probe column \(sentiment\), got 'length_bucket'"):
+        seed_variance_by(seeds, "length_bucket")
