@@ -400,3 +400,28 @@ def test_seed_variance_subset_difference_covers(K):
     cover = _covered(lo, hi, c * (0.09 - 0.25) * REP_LAMBDA.sum())
     _report("seed variance subset difference (raw), jackknife t", K, cover, 2000)
     assert 0.93 <= cover <= 0.985
+
+
+@pytest.mark.parametrize("K", [3, 5, 10])
+def test_source_share_intervals_overcover_so_they_are_refused(K):
+    """seed_sources: four additive sources; an arm varies one (the others at the base seed), 'all' varies every one, the base
+    run in both. A jackknife t interval of log(share) over the runs of both arms covers far above 95%: refused (SHARE_CI_METHOD)."""
+    from embvar_study.seed_sources import SHARE_CI_METHOD
+    from embvar_study.replicates import pair_values as pv
+    rng, n = np.random.default_rng(1000 + K), 1000
+    var = np.array([0.4, 0.3, 0.2, 0.1]) * 0.25
+    eff = np.sqrt(var)[None, :, None, None, None] * np.sqrt(REP_LAMBDA) * rng.standard_normal((n, 4, K, REP_N, REP_D))
+    base = np.random.default_rng(7).standard_normal((REP_N, REP_D))
+    everything = base + eff.sum(1)                                            # run j: every source at seed j (j = 0: the base run)
+    covers = []
+    for s in range(4):
+        arm = base + eff[:, :, :1].sum(1) - eff[:, s, :1] + eff[:, s]         # the others at seed 0, source s at seed j
+        es, ls = pair_jackknife(pv(arm, k=5)["raw"], K)
+        ea, la = pair_jackknife(pv(everything, k=5)["raw"], K)
+        loo = np.concatenate([np.log(ls[:, :1] / la[:, :1]), np.log(ls[:, 1:] / ea[:, None]), np.log(es[:, None] / la[:, 1:])], -1)
+        U = loo.shape[-1]
+        se = np.sqrt((U - 1) / U * ((loo - loo.mean(-1, keepdims=True)) ** 2).sum(-1))
+        h, est = sps.t.ppf(0.975, K - 1) * se, np.log(es / ea)
+        covers.append(_covered(est - h, est + h, np.log(var[s] / var.sum())))
+    _report(f"source share, log-ratio jackknife (min over sources {min(covers):.3f})", K, max(covers), n)
+    assert min(covers) > 0.97 and "no interval for the shares" in SHARE_CI_METHOD
