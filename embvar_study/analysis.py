@@ -16,14 +16,16 @@ from .metrics import cosine_drift, drift_curve, step_drift, class_variance, cros
 from .spectra import spectrum_summary, covariance_spectrum
 from .align import generalized_procrustes, pairwise_run_table
 from .stats import seed_interval
+from .replicates import replicate_spread, row_space, subset_spread
+from .predictions import prediction_churn, prediction_flips  # noqa: F401 (re-exported: the tables in one place)
 from .effects import effect_size_table, difference_interval
 
 # %% auto #0
-__all__ = ['REFERENCE', 'COLLAPSE_CI_METHOD', 'runs_table', 'probe_drift', 'drift_curves', 'drift_summary', 'setup_table',
-           'reference_table', 'layer_drift_table', 'pairwise_table', 'similarity_matrix', 'dispersion_over_training',
-           'geometry_table', 'lr_effects', 'noise_floor', 'mitigation_table', 'perturbation_table', 'curve_gap',
-           'collapse_table', 'schedule_effects', 'change_spectrum', 'lora_table', 'lora_comparisons',
-           'provenance_tables']
+__all__ = ['REFERENCE', 'SEED_VARIANCE_COLUMNS', 'COLLAPSE_CI_METHOD', 'runs_table', 'probe_drift', 'drift_curves',
+           'drift_summary', 'setup_table', 'reference_table', 'layer_drift_table', 'pairwise_table',
+           'similarity_matrix', 'dispersion_over_training', 'seed_variance', 'seed_variance_by', 'geometry_table',
+           'lr_effects', 'noise_floor', 'mitigation_table', 'perturbation_table', 'curve_gap', 'collapse_table',
+           'schedule_effects', 'change_spectrum', 'lora_table', 'lora_comparisons', 'provenance_tables']
 
 # %% ../nbs/16_analysis.ipynb #ebb2079a
 def _history(run) -> tuple[pd.DataFrame, pd.DataFrame]:  # (training rows, held-out rows)
@@ -187,13 +189,6 @@ def similarity_matrix(pairs: pd.DataFrame, col: str) -> pd.DataFrame:  # square,
     for _, r in pairs.iterrows(): m.loc[r["run_a"], r["run_b"]] = m.loc[r["run_b"], r["run_a"]] = r[col]
     return m
 
-# %% ../nbs/16_analysis.ipynb #9812e2fc
-def _row_space(X: np.ndarray,  # (..., N, d) configurations
-              ) -> np.ndarray:  # (..., N, min(N, d)) the same configurations in coordinates of their own row space
-    "Each configuration as X Q with Q (d, N) orthonormal spanning its rows (QR of X^T): distances, centring and Procrustes fits unchanged."
-    if X.shape[-1] <= X.shape[-2]: return X
-    return np.swapaxes(np.linalg.qr(np.swapaxes(X, -1, -2), mode="r"), -1, -2)   # X = R^T Q^T, so X Q = R^T
-
 # %% ../nbs/16_analysis.ipynb #c239f026
 def dispersion_over_training(rs: RunSet, layer: int = -1, pooling: str = "mean") -> pd.DataFrame:  # step, raw, aligned, pairwise cosine
     "Per common step: raw and GPA-aligned mean squared distance of the K runs to their mean, and mean pairwise cosine distance."
@@ -201,12 +196,53 @@ def dispersion_over_training(rs: RunSet, layer: int = -1, pooling: str = "mean")
     steps = rs.common_steps()
     X = np.stack([r.embeddings(layer=layer, pooling=pooling, steps=steps) for r in rs.runs], axis=1).astype(np.float64)  # (T, K, N, d)
     raw = cross_run_dispersion(X)["mean_sq_distance"]
-    Z = _row_space(X)                     # (T, K, N, min(N, d)): GPA rotates each run freely, so only its row space matters
+    Z = row_space(X)                     # (T, K, N, min(N, d)): GPA rotates each run freely, so only its row space matters
     aligned = np.array([cross_run_dispersion(generalized_procrustes(z).aligned)["mean_sq_distance"] if r > 0 else 0.0
                         for z, r in zip(Z, raw)])
     i, j = np.triu_indices(X.shape[1], k=1)
     cos = cosine_drift(X[:, i], X[:, j]).mean(-1)
     return pd.DataFrame({"step": steps, "raw_dispersion": raw, "aligned_dispersion": aligned, "pairwise_cos_dist": cos})
+
+# %% ../nbs/16_analysis.ipynb #89ed02eb
+SEED_VARIANCE_COLUMNS = ["measure", "layer", "step", "value", "ci_low", "ci_high", "n_runs", "method"]
+
+def seed_variance(runs: RunSet | list,        # replicate runs that embed the same probes (a RunSet or a list of Run)
+                  layer: int = -1,            # hidden-state index (see `Run.embeddings`)
+                  pooling: str = "mean",      # one of the runs' poolings
+                  step: int | None = None,    # one common tracked step (None: every one)
+                  *,
+                  k: int = 10,                # neighbours for the k-NN overlap (capped at N-1)
+                  confidence: float = 0.95,   # nominal coverage of the intervals
+                 ) -> pd.DataFrame:           # one row per measure x step: SEED_VARIANCE_COLUMNS
+    "Spread of replicate runs per tracked step: raw and GPA-aligned, 1 - mean pairwise CKA, k-NN overlap; jackknife intervals over runs."
+    rs = runs if isinstance(runs, RunSet) else RunSet.of(list(runs))
+    if len(rs) < 2: raise NotComputed(f"seed variance needs at least 2 runs, got {len(rs)}")
+    steps = rs.common_steps()
+    if step is not None:
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or int(step) not in set(steps.tolist()):
+            raise ValueError(f"step: expected a step every run tracked ({', '.join(map(str, steps))}), got {step!r}")
+        steps = np.array([int(step)])
+    out = []
+    for s in steps:
+        X = np.stack([r.embeddings(layer=layer, pooling=pooling, steps=[int(s)])[0] for r in rs.runs]).astype(np.float64)
+        out += [{**r, "layer": layer, "step": int(s)} for r in replicate_spread(X, k=k, confidence=confidence)]
+    return pd.DataFrame(out, columns=SEED_VARIANCE_COLUMNS)
+
+# %% ../nbs/16_analysis.ipynb #ae193dc4
+def seed_variance_by(runs: RunSet | list, by: str = "length_bucket", layer: int = -1, pooling: str = "mean",
+                     step: int | None = None, *, k: int = 10, confidence: float = 0.95) -> pd.DataFrame:  # one row per group x measure
+    "Seed variance within every group of probes (a probe column: length_bucket, sentiment, family) and against the rest, with intervals."
+    rs = runs if isinstance(runs, RunSet) else RunSet.of(list(runs))
+    if len(rs) < 2: raise NotComputed(f"seed variance needs at least 2 runs, got {len(rs)}")
+    probes = rs.runs[0].probes
+    if by not in probes: raise ValueError(f"by: expected a probe column ({', '.join(c for c in probes if c != 'text')}), got {by!r}")
+    steps = rs.common_steps()
+    if step is not None and (isinstance(step, bool) or not isinstance(step, (int, np.integer)) or int(step) not in set(steps.tolist())):
+        raise ValueError(f"step: expected a step every run tracked ({', '.join(map(str, steps))}), got {step!r}")
+    s = int(steps[-1] if step is None else step)
+    X = rs.stack(layer, pooling, s).astype(np.float64)
+    return pd.DataFrame([{"by": by, **r, "layer": layer, "step": s, "n_runs": len(rs)}
+                         for r in subset_spread(X, probes[by].to_numpy(), k=k, confidence=confidence)])
 
 # %% ../nbs/16_analysis.ipynb #af12c73a
 def geometry_table(rs: RunSet, layer: int = -1, pooling: str = "mean", *, n_eig: int = 40) -> tuple[pd.DataFrame, pd.DataFrame]:

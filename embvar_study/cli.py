@@ -38,7 +38,7 @@ TRAIN_GROUPS = {
     "optimisation": ["lr", "schedule", "epochs", "max_steps", "batch_size", "warmup_ratio", "weight_decay", "max_grad_norm"],
     "regularisation and weight averaging": ["dropout", "label_smoothing", "ema_decay"],
     "tracking": ["probes", "n_probes", "probe_max_length", "track_every", "eval_every", "poolings", "embed_batch_size", "embed_dtype", "alarm"],
-    "seeds": ["seed", "init_seed", "data_seed", "dropout_seed", "probe_seed", "replicate"],
+    "seeds": ["seed", "init_seed", "data_seed", "order_seed", "subset_seed", "dropout_seed", "probe_seed", "replicate"],
     "perturbations": ["perturb_kinds", "perturb_k", "perturb_rate", "perturb_at"],
     "lora (PEFT adapter; default: full fine-tuning)": ["lora_r", "lora_alpha", "lora_dropout", "lora_targets"],
 }

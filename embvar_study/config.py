@@ -44,7 +44,7 @@ CONFIG_RULES = {  # field -> (test, what is expected)
        ("batch_size", "max_length", "track_every", "epochs", "probe_max_length", "embed_batch_size", "perturb_k", "threads")},
     **{k: (_opt(lambda v: _int(v) and v >= 1), "None or an integer >= 1") for k in ("n_train", "n_eval", "max_steps", "eval_every", "n_probes")},
     **{k: (lambda v: _int(v) and v >= 0, "an integer >= 0") for k in ("seed", "probe_seed", "replicate")},
-    **{k: (_opt(lambda v: _int(v) and v >= 0), "None or an integer >= 0") for k in ("init_seed", "data_seed", "dropout_seed")},
+    **{k: (_opt(lambda v: _int(v) and v >= 0), "None or an integer >= 0") for k in ("init_seed", "data_seed", "dropout_seed", "order_seed", "subset_seed")},
     "eval_fraction": (lambda v: _real(v) and 0 < v < 1, "a fraction in (0, 1)"),
     "warmup_ratio": (lambda v: _real(v) and 0 <= v < 1, "a value in [0, 1)"),
     "weight_decay": (lambda v: _real(v) and v >= 0, "a finite number >= 0"),
@@ -246,8 +246,10 @@ class TrainConfig:
     embed_dtype: str = "float32"  # dtype of stored embeddings: float32 or float16
     seed: int = 0  # sets init_seed, data_seed and dropout_seed unless they are given
     init_seed: int | None = None  # classification-head initialisation
-    data_seed: int | None = None  # training/eval subset and batch order
+    data_seed: int | None = None  # shorthand: sets subset_seed and order_seed unless they are given
     dropout_seed: int | None = None  # dropout masks during training
+    order_seed: int | None = None  # batch order (None: data_seed)
+    subset_seed: int | None = None  # which rows are trained on and held out (None: data_seed)
     replicate: int = 0  # a label only: makes an otherwise identical config a separate run (the noise floor)
     perturb_kinds: list = field(default_factory=list)  # input perturbations to embed: token_dropout, typo, mc_dropout
     perturb_k: int = 8  # perturbed copies per probe
@@ -292,9 +294,11 @@ class TrainConfig:
         return cls(**d)
 
     def seeds(self) -> dict:
-        "The three resolved seeds."
-        s = lambda v: self.seed if v is None else v
-        return {"init_seed": s(self.init_seed), "data_seed": s(self.data_seed), "dropout_seed": s(self.dropout_seed)}
+        "The resolved seeds: init, data (the shorthand), dropout, and the two data_seed stands for: order and subset."
+        s = lambda v, default: default if v is None else v
+        data = s(self.data_seed, self.seed)
+        return {"init_seed": s(self.init_seed, self.seed), "data_seed": data, "dropout_seed": s(self.dropout_seed, self.seed),
+                "order_seed": s(self.order_seed, data), "subset_seed": s(self.subset_seed, data)}
 
     def lora(self) -> dict | None:
         "The LoRA adapter's settings, defaults resolved (r, alpha, dropout, targets), or None for full fine-tuning."
@@ -303,8 +307,10 @@ class TrainConfig:
                 "dropout": float(self.lora_dropout or 0.0), "targets": self.lora_targets}
 
     def to_dict(self) -> dict:
-        "JSON-able dict with the seeds (and LoRA defaults) resolved (what config.json records); no lora_* keys without LoRA."
+        "JSON-able dict with the seeds (and LoRA defaults) resolved (what config.json records); no lora_* keys without LoRA, no order_seed/subset_seed unless they differ."
         d = asdict(self); d.update(self.seeds())
+        if d["order_seed"] == d["subset_seed"]:   # one data seed: recorded as every run recorded it before the split
+            d["data_seed"] = d.pop("order_seed"); d.pop("subset_seed")
         lora = self.lora()
         for k in ("lora_r", *LORA_FIELDS): d.pop(k)
         if lora: d.update(lora_r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"], lora_targets=lora["targets"])
@@ -328,6 +334,7 @@ class TrainConfig:
             d["probes"] = _without_paths(probes_fingerprint("heldout", dataset=self.dataset, split="test"))
         if self.alarm is None: d.pop("alarm")   # runs without an alarm keep the ids they had before the field existed
         if self.threads == 1: d.pop("threads")  # likewise runs at one thread (the count every run had in a worker of a 2-core machine)
+        if "order_seed" in d: d.pop("data_seed")   # split seeds: the shorthand sets nothing, so it is not part of the run
         for k, v in MITIGATION_DEFAULTS.items():   # and runs without a mitigation option keep theirs
             if d[k] == v: d.pop(k)
         return d

@@ -18,8 +18,8 @@ from .digests import fresh_sha256
 
 # %% auto #0
 __all__ = ['POOLING_NAME', 'WEIGHTS', 'IncompleteRunError', 'CorruptRunError', 'is_hidden', 'run_folder_state', 'step_file',
-           'safe_path', 'read_marker', 'damaged_files', 'verify_run', 'Run', 'load_run', 'is_complete', 'find_runs',
-           'load_runs']
+           'safe_path', 'read_marker', 'damaged_files', 'verify_run', 'Run', 'load_run', 'predictions', 'is_complete',
+           'find_runs', 'load_runs']
 
 # %% ../nbs/08_runs.ipynb #d49bf750
 class IncompleteRunError(ValueError):
@@ -375,6 +375,16 @@ def perturbations(self: Run) -> list[tuple[str, int, np.ndarray]]:  # [(kind, st
         m = re.fullmatch(r"perturb/step_(\d{6})\.([A-Za-z0-9_-]+)\.npy", f)
         if m: out.append((m.group(2), int(m.group(1)), self.array(f)))
     return sorted(out, key=lambda t: (t[1], t[0]))
+
+# %% ../nbs/08_runs.ipynb #5042a4c4
+@method_of(Run)
+def predictions(self: Run) -> dict | None:  # {"steps": (T,), "probs": (T, n_eval, C), "rows": (n_eval,), "labels": (n_eval,)}
+    "Every held-out evaluation's class probabilities with the examples they score; None for a run that kept none."
+    steps = sorted(int(m.group(1)) for f in self.marker["files"] if (m := re.fullmatch(r"predictions/step_(\d{6})\.npy", f)))
+    if not steps or "predictions/examples.npy" not in self.marker["files"]: return None
+    ex = self.array("predictions/examples.npy")
+    return {"steps": np.array(steps, dtype=np.int64), "probs": np.stack([self.array(f"predictions/step_{s:06d}.npy") for s in steps]),
+            "rows": ex[:, 0], "labels": ex[:, 1]}
 
 # %% ../nbs/08_runs.ipynb #c0a1b026
 def is_complete(run_dir: str | Path) -> bool:

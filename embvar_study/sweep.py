@@ -17,13 +17,14 @@ from .study_folder import study_lock, write_study_spec, read_study_spec, write_m
 from .study import format_lr
 
 # %% auto #0
-__all__ = ['EXPERIMENT_NAMES', 'STABILITY_FAILURE', 'PROFILES', 'PROFILE_KEYS', 'EXECUTORS', 'suggest', 'check_profile_name',
-           'get_profile', 'expand_grid', 'experiment_grid', 'plan_study', 'check_plan_data', 'execute_plan',
-           'check_experiments', 'ray_options', 'run_study', 'run_experiment', 'run_sweep']
+__all__ = ['EXPERIMENT_NAMES', 'SEED_SOURCES', 'STABILITY_FAILURE', 'PROFILES', 'PROFILE_KEYS', 'EXECUTORS', 'suggest',
+           'check_profile_name', 'get_profile', 'expand_grid', 'experiment_grid', 'plan_study', 'check_plan_data',
+           'execute_plan', 'check_experiments', 'ray_options', 'run_study', 'run_experiment', 'run_sweep']
 
 # %% ../nbs/15_sweep.ipynb #f10dbc4a
 _CLASSIC = ("lr_sweep", "seed_sweep", "perturbation", "crossed", "lr_extended", "schedule", "lora")
-EXPERIMENT_NAMES = _CLASSIC + ("stability",)
+EXPERIMENT_NAMES = _CLASSIC + ("stability", "seed_sources")
+SEED_SOURCES = ("init_seed", "order_seed", "subset_seed", "dropout_seed")   # seed_sources varies each alone, then all four
 # stability: when a run counts as failed, fixed BEFORE the runs and recorded in study.json (resolved.failure)
 STABILITY_FAILURE = {"rule": "accuracy", "chance": "majority-class share of the held-out rows", "delta": 0.05, "diverge_factor": 10,
                      "text": "a run fails if it diverged (training loss non-finite or above 10 x the first step's) or its final "
@@ -38,8 +39,12 @@ PROFILES: dict[str, dict] = {
         "lrs": [5e-5, 5e-4], "seeds": [0, 1, 2, 3, 4], "ref_lr": 5e-5, "head_seeds": [0, 1, 2, 3, 4], "data_seeds": [0, 1, 2, 3, 4],
         "perturb": dict(_PERTURB, perturb_k=16), "crossed_seeds": [0, 1, 2],
         "extended_lrs": [1e-5, 3e-5, 5e-5, 1e-4, 2e-4, 5e-4], "extended_seeds": [0, 1, 2],
-        "schedules": ["linear", "constant", "cosine"], "schedule_seeds": [0, 1, 2], **_LORA, "lora_seeds": [0, 1, 2],
+        "schedules": ["linear", "constant", "cosine"], "schedule_seeds": [0, 1, 2], **_LORA, "lora_seeds": [0, 1, 2], "source_seeds": [0, 1, 2, 3, 4],
         "experiments": list(_CLASSIC)},
+    # seed_sources (issue 38): from the common base (every seed = seeds[0]), each of SEED_SOURCES alone over source_seeds,
+    # then all four together: 3 runs per arm at least, so every jackknife interval over runs exists (coverage simulated at
+    # 3-10 runs in tests/test_coverage.py). It is not in the quick and reviews reports' `experiments` until their section
+    # exists: run it with --experiments seed_sources.
     # quick: sized to run in <= 6 minutes on a 2-core CPU (2 workers, one thread each): 24 optimizer steps of 8 short
     # examples, 48 probes tracked every 4 steps, held-out accuracy every 12; 5 seeds where the headline lives (lr_sweep),
     # 3 for the other arms, 2 for the dose-response points that are not the headline's and a 2 x 2 crossed design
@@ -49,7 +54,7 @@ PROFILES: dict[str, dict] = {
         "lrs": [5e-5, 5e-4], "seeds": [0, 1, 2, 3, 4], "ref_lr": 5e-5, "head_seeds": [0, 1, 2], "data_seeds": [0, 1, 2],
         "perturb": dict(_PERTURB, perturb_k=6), "crossed_seeds": [0, 1],
         "extended_lrs": [1e-5, 5e-5, 2e-4, 5e-4], "extended_seeds": [0, 1],
-        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], **_LORA, "lora_seeds": [0, 1, 2],
+        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], **_LORA, "lora_seeds": [0, 1, 2], "source_seeds": [0, 1, 2],
         "experiments": list(_CLASSIC)},
     "reviews": {
         "base": dict(model="minilm-offline", dataset=None, probes="heldout", n_probes=48, n_train=160, n_eval=48, epochs=2,
@@ -57,7 +62,7 @@ PROFILES: dict[str, dict] = {
         "lrs": [5e-5, 5e-4], "seeds": [0, 1, 2, 3, 4], "ref_lr": 5e-5, "head_seeds": [0, 1, 2], "data_seeds": [0, 1, 2],
         "perturb": dict(_PERTURB, perturb_k=4), "crossed_seeds": [0, 1],
         "extended_lrs": [1e-5, 5e-5, 2e-4, 5e-4], "extended_seeds": [0, 1],
-        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], **_LORA, "lora_seeds": [0, 1, 2],
+        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], **_LORA, "lora_seeds": [0, 1, 2], "source_seeds": [0, 1, 2],
         "experiments": ["lr_sweep", "schedule"]},
     "smoke": {
         "base": dict(model="tiny-distilbert", dataset="bundled", n_train=64, n_eval=32, epochs=1, batch_size=16,
@@ -65,7 +70,7 @@ PROFILES: dict[str, dict] = {
         "lrs": [5e-5, 5e-4], "seeds": [0, 1], "ref_lr": 5e-5, "head_seeds": [0, 1], "data_seeds": [0, 1],
         "perturb": dict(_PERTURB, perturb_k=4), "crossed_seeds": [0, 1],
         "extended_lrs": [5e-5, 5e-4, 5e-3], "extended_seeds": [0, 1],
-        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1], **_LORA, "lora_seeds": [0, 1],
+        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1], **_LORA, "lora_seeds": [0, 1], "source_seeds": [0, 1, 2],
         "experiments": list(_CLASSIC)},
     # stability (issue 31): failures that are instability among seeds of one configuration. 5 lrs x 14 seeds = 70 runs of 40
     # optimizer steps (n_train=160, batch 8, 2 epochs, 32 tokens), 16 held-out probes (32 tokens) embedded every 4 steps and
@@ -85,11 +90,11 @@ PROFILES: dict[str, dict] = {
                      batch_size=8, max_length=32, probe_max_length=32, track_every=4, eval_every=4, warmup_ratio=0.06),
         "lrs": [3e-4, 4e-4, 5e-4, 6e-4, 7e-4], "seeds": list(range(14)), "ref_lr": 3e-4, "head_seeds": [0], "data_seeds": [0],
         "perturb": dict(_PERTURB, perturb_k=4), "crossed_seeds": [0], "extended_lrs": [3e-4], "extended_seeds": [0],
-        "schedules": ["linear"], "schedule_seeds": [0], **_LORA, "lora_seeds": [0], "experiments": ["stability"], "failure": STABILITY_FAILURE},
+        "schedules": ["linear"], "schedule_seeds": [0], **_LORA, "lora_seeds": [0], "source_seeds": [0], "experiments": ["stability"], "failure": STABILITY_FAILURE},
 
 }
 PROFILE_KEYS = ("lrs", "seeds", "ref_lr", "head_seeds", "data_seeds", "perturb", "crossed_seeds", "extended_lrs",
-                "extended_seeds", "schedules", "schedule_seeds", "lora_ranks", "lora_lr", "lora_seeds", "experiments")
+                "extended_seeds", "schedules", "schedule_seeds", "lora_ranks", "lora_lr", "lora_seeds", "source_seeds", "experiments")
 
 # %% ../nbs/15_sweep.ipynb #7bbbbe03
 def suggest(name: str, valid: "Iterable[str]") -> str:
@@ -110,7 +115,7 @@ def _check_grid_keys(prof: dict):
     lr_ok = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
     seed_ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0
     kinds = ((("lrs", "extended_lrs"), lr_ok, "positive learning rates"),
-             (("seeds", "head_seeds", "data_seeds", "crossed_seeds", "extended_seeds", "schedule_seeds", "lora_seeds"), seed_ok, "seeds (integers >= 0)"),
+             (("seeds", "head_seeds", "data_seeds", "crossed_seeds", "extended_seeds", "schedule_seeds", "lora_seeds", "source_seeds"), seed_ok, "seeds (integers >= 0)"),
              (("lora_ranks",), lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "LoRA ranks (integers >= 1)"),
              (("schedules",), lambda v: v in ("linear", "constant", "cosine"), "schedules (linear, constant, cosine)"),
              (("experiments",), lambda v: v in EXPERIMENT_NAMES, f"experiment names {list(EXPERIMENT_NAMES)}"))
@@ -172,6 +177,8 @@ def experiment_grid(profile: dict,  # from get_profile
         "lr_extended": lambda: [{"factor": "lr", **g} for g in expand_grid(p["base"], {"lr": p["extended_lrs"], "seed": p["extended_seeds"]})],
         "schedule": lambda: [{"factor": "schedule", **g} for g in
                              expand_grid(p["base"], {"lr": p["lrs"], "schedule": p["schedules"], "seed": p["schedule_seeds"]})],
+        "seed_sources": lambda: ([{"factor": src, **fixed(**{src: s})} for src in SEED_SOURCES for s in p["source_seeds"]]
+                                 + [{"factor": "all", **fixed(seed=s, init_seed=s, data_seed=s, dropout_seed=s)} for s in p["source_seeds"]]),
         "stability": lambda: [{"factor": "lr", **g} for g in expand_grid(p["base"], {"lr": p["lrs"], "seed": p["seeds"]})],
         "lora": lambda: ([{"factor": "full", **g} for g in expand_grid(p["base"], {"lr": [p["ref_lr"]], "seed": p["lora_seeds"]})]
                          + [{"factor": f"lora_r{r}", **g} for r in p["lora_ranks"]

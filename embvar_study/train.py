@@ -23,7 +23,7 @@ from .tracking import EmbeddingTracker, NonFiniteEmbeddings, alarm_rule
 
 # %% auto #0
 __all__ = ['STEP0_CACHE', 'split_sizes', 'prepare_data', 'Batches', 'evaluate', 'forward_backward', 'make_optimizer',
-           'make_schedule', 'WeightAverage', 'check_before_work', 'train_run']
+           'make_schedule', 'WeightAverage', 'check_before_work', 'train_run', 'save_predictions']
 
 # %% ../nbs/11_train.ipynb #d1e2f302
 def split_sizes(cfg: TrainConfig, n_rows: int) -> tuple[int, int]:  # (n_train, n_eval)
@@ -72,7 +72,7 @@ def _n_probes(cfg: TrainConfig):
 
 # %% ../nbs/11_train.ipynb #61a5e5a6
 def prepare_data(cfg: TrainConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:  # (train, eval, probes)
-    "Stratified train/eval subsets chosen by data_seed, probes by probe_seed; facts for COMPLETE in `train.attrs`."
+    "Stratified train/eval subsets chosen by subset_seed (data_seed unless given), probes by probe_seed; facts for COMPLETE in `train.attrs`."
     with as_field("dataset"): df = load_texts(cfg.dataset, split=cfg.split, text_col=cfg.text_col, label_col=cfg.label_col)
     facts = {"n_labels": int(df["label"].nunique()), "label_names": list(df.attrs.get("label_names", []))}
     probes = None
@@ -80,7 +80,7 @@ def prepare_data(cfg: TrainConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataF
         with _n_probes(cfg): probes = load_probes(df, n=cfg.n_probes or max(1, len(df) // 5), seed=cfg.probe_seed)
         df = df[~df["text"].isin(set(probes["text"]))].reset_index(drop=True)
     n_train, n_eval = split_sizes(cfg, len(df))
-    train_df, eval_df = train_eval_split(df, n_train, n_eval, seed=cfg.seeds()["data_seed"])
+    train_df, eval_df = train_eval_split(df, n_train, n_eval, seed=cfg.seeds()["subset_seed"])
     eval_df, n_dup = _drop_leaked(train_df, eval_df)
     train_df.attrs.update(facts, n_rows=len(df), eval_duplicates_removed=n_dup)   # classes of the dataset; leaked rows removed
     train_df.attrs["derived"] = {"eval_duplicates_removed": n_dup}   # for COMPLETE's derived facts
@@ -115,9 +115,11 @@ class Batches:
         n = len(self.features)
         order = torch.arange(n) if seed is None else torch.randperm(n, generator=torch.Generator().manual_seed(seed))
         for s in range(0, n, self.bs): yield self.micro(order[s:s + self.bs].tolist())
+    def length_order(self) -> np.ndarray:  # (n,) example positions, longest first (ties in order): the order of `by_length`
+        return np.argsort(-self.lengths, kind="stable")
     def by_length(self) -> Iterator[dict]:
         "Every example once, in batches of `batch_size` of neighbouring lengths (for evaluation: the least padding)."
-        order = np.argsort(-self.lengths, kind="stable")
+        order = self.length_order()
         for s in range(0, len(order), self.bs): yield self.batch(order[s:s + self.bs].tolist())
 
 
@@ -136,18 +138,24 @@ def _kernel(device: torch.device, precision: str, train: bool) -> str:
     return choose_linear_kernel(train)["kernel"] if device.type == "cpu" and not _use_bf16(device, precision) else "default"
 
 # %% ../nbs/11_train.ipynb #4948a7a2
-def evaluate(model: torch.nn.Module, batches: Batches, device: torch.device, precision: str = "auto") -> dict:  # {"eval_loss", "eval_acc"}
+def evaluate(model: torch.nn.Module, batches: Batches, device: torch.device, precision: str = "auto",
+             probabilities: bool = False,   # also return "probs": (n, C) float32 class probabilities, in the examples' order
+            ) -> dict:  # {"eval_loss", "eval_acc"} (+ "probs")
     "Mean cross-entropy and accuracy over `batches`, in length-sorted batches (model put in eval mode, previous mode restored)."
     was_training = model.training; model.eval()
     try:
-        tot_loss, correct, n = 0.0, 0, 0
+        tot_loss, correct, n, probs = 0.0, 0, 0, []
         with torch.inference_mode(), linear_kernel(_kernel(device, precision, train=False)):
             for b in batches.by_length():
                 b = {k: v.to(device) for k, v in b.items()}
                 with _autocast(device, precision): logits = model(**b).logits.float()
                 tot_loss += torch.nn.functional.cross_entropy(logits, b["labels"], reduction="sum").item()
                 correct += (logits.argmax(-1) == b["labels"]).sum().item(); n += len(b["labels"])
-        return {"eval_loss": tot_loss / n, "eval_acc": correct / n}
+                if probabilities: probs.append(torch.softmax(logits, -1).cpu().numpy())
+        out = {"eval_loss": tot_loss / n, "eval_acc": correct / n}
+        if probabilities:   # back from length order to the examples' order
+            out["probs"] = np.empty((n, probs[0].shape[-1]), np.float32); out["probs"][batches.length_order()] = np.concatenate(probs)
+        return out
     finally: model.train(was_training)
 
 # %% ../nbs/11_train.ipynb #5b25eb14
@@ -341,8 +349,19 @@ def _check_lengths(cfg: TrainConfig, model):
 # %% ../nbs/11_train.ipynb #d1e2f314
 class _Diverged(ValueError): "The run's outputs are no longer finite or its loss exploded."
 
+# %% ../nbs/11_train.ipynb #32c6d8ea
+def save_predictions(tracker: EmbeddingTracker,  # the run's tracker (rank 0 writes)
+                     step: int,                  # the optimizer step of this evaluation
+                     probs: np.ndarray,          # (n_eval, C) class probabilities, rows in the held-out examples' order
+                     rows: np.ndarray,           # (n_eval, 2) int64: each example's row index in the dataset and its label
+                    ) -> None:
+    "Save one evaluation's class probabilities, and the examples they belong to (once per run)."
+    if step == 0 or not (tracker.run_dir / "predictions" / "examples.npy").exists():
+        tracker.save_array("predictions/examples.npy", rows)
+    tracker.save_array(f"predictions/step_{step:06d}.npy", probs)
+
 # %% ../nbs/11_train.ipynb #09693314
-def _checkpoint(cfg, tracker, step, last, model, tok, held, device, timing, step0_key, ema=None) -> dict:
+def _checkpoint(cfg, tracker, step, last, model, tok, held, device, timing, step0_key, held_rows, ema=None) -> dict:
     "Embed the probes (and perturbations) and/or evaluate at `step`, as due (the averaged weights too, given `ema`); return the eval columns."
     out, bf16 = {}, _use_bf16(device, cfg.precision)
     if step % cfg.track_every == 0 or last:
@@ -360,8 +379,9 @@ def _checkpoint(cfg, tracker, step, last, model, tok, held, device, timing, step
                 tracker.save_array(f"perturb/step_{step:06d}.{kind}.npy", arr.astype(cfg.embed_dtype))
             timing["perturb_s"] += time.perf_counter() - t
     if step % (cfg.eval_every or cfg.track_every) == 0 or last:
-        t = time.perf_counter(); out.update(evaluate(model, held, device, cfg.precision)); timing["eval_s"] += time.perf_counter() - t
+        t = time.perf_counter(); out.update(evaluate(model, held, device, cfg.precision, probabilities=True)); timing["eval_s"] += time.perf_counter() - t
         if not math.isfinite(out["eval_loss"]): raise _Diverged(f"non-finite eval loss at step {step}")
+        save_predictions(tracker, step, out.pop("probs"), held_rows)
         if ema is not None:
             t = time.perf_counter(); out.update({f"ema_{k}": v for k, v in evaluate(ema.module, held, device, cfg.precision).items()})
             timing["eval_s"] += time.perf_counter() - t
@@ -378,8 +398,9 @@ def _train_loop(cfg, model, tok, train_df, eval_df, tracker, device, progress, d
     sched = make_schedule(opt, cfg.schedule, int(round(cfg.warmup_ratio * total)), total)
     timing = {"train_s": 0.0, "eval_s": 0.0, "perturb_s": 0.0}
     step0 = _step0_key(cfg, tracker.probes["text"].tolist(), device)
+    held_rows = np.c_[eval_df.index.to_numpy(np.int64), eval_df["label"].to_numpy(np.int64)]   # (n_eval, 2) row id, label
     ema = None if cfg.ema_decay is None else WeightAverage(model, cfg.ema_decay)   # starts at the initial weights
-    check = lambda s, last: _checkpoint(cfg, tracker, s, last, model, tok, held, device, timing, step0, ema)
+    check = lambda s, last: _checkpoint(cfg, tracker, s, last, model, tok, held, device, timing, step0, held_rows, ema)
     kernel = _kernel(device, cfg.precision, train=True)
     cpu = device.type == "cpu"
     derived["linear_kernels"] = {m: choose_linear_kernel(m == "train") if cpu else {"kernel": "default", "how": f"{device.type}: not measured"}
@@ -393,7 +414,7 @@ def _train_loop(cfg, model, tok, train_df, eval_df, tracker, device, progress, d
     tracker.log(0, flush=True, epoch=0.0, lr=0.0, status="start", **check(0, total == 0))
     model.train(); t0 = time.perf_counter()
     for epoch in range(math.ceil(total / len(train))):
-        for micro in train.epoch(seeds["data_seed"] * 1_000_003 + epoch):
+        for micro in train.epoch(seeds["order_seed"] * 1_000_003 + epoch):
             with linear_kernel(kernel): loss = forward_backward(model, micro, device, cfg.precision, cfg.label_smoothing)
             masks = [m["attention_mask"] for m in micro]
             slots["real"] += int(sum(m.sum() for m in masks)); slots["computed"] += sum(m.numel() for m in masks)

@@ -305,3 +305,123 @@ def test_early_stopping_bootstrap_cannot_cover():
         covers.append(_covered(q[0], q[1], truth))
         _report(f"percentile bootstrap of Dodge's expected best (t={t}, p={p})", f"{STAB_SEEDS} seeds x 3 rates", covers[-1], 200)
     assert min(covers) < 0.93
+
+
+# ------------------------------------------------------------------ seed variance: replicate runs, the run as the unit
+from embvar_study.replicates import REPLICATE_MIN_RUNS, jackknife_t, pair_jackknife, pair_values, replicate_spread
+
+REP_N, REP_D = 20, 8
+REP_LAMBDA = np.linspace(1.0, 0.2, REP_D)          # run noise per dimension (anisotropic)
+
+
+def _replicate_studies(K: int, n: int, seed: int, sd: float = 0.5, theta: float = 0.3) -> np.ndarray:  # (n, K, N, d)
+    "n studies of K runs: one fixed base configuration, each run its own noise and (theta > 0) its own small rotation."
+    from scipy.linalg import expm
+    rng = np.random.default_rng(seed)
+    base = np.random.default_rng(7).standard_normal((REP_N, REP_D))
+    X = base + sd * np.sqrt(REP_LAMBDA) * rng.standard_normal((n, K, REP_N, REP_D))
+    if theta == 0: return X
+    A = rng.standard_normal((n, K, REP_D, REP_D))
+    A = (A - np.swapaxes(A, -1, -2)) * theta / np.sqrt(2 * REP_D)
+    return X @ np.stack([[expm(a) for a in s] for s in A])
+
+
+def _pair_intervals(P: np.ndarray, K: int, c: float = 1.0):
+    est, loo = pair_jackknife(P, K)
+    r = jackknife_t(est, loo)
+    return c * r["low"], c * r["high"]
+
+
+@pytest.mark.parametrize("K", range(3, 11))
+def test_seed_variance_raw_covers_its_closed_form(K):
+    "No rotation: E[raw at K runs] = (K-1)/K sd^2 sum(lambda). The jackknife of a U-statistic errs upward: conservative."
+    X = _replicate_studies(K, 2000, 300 + K, theta=0.0)
+    c = (K - 1) / K
+    lo, hi = _pair_intervals(pair_values(X, k=5)["raw"], K, c)
+    cover = _covered(lo, hi, c * 0.25 * REP_LAMBDA.sum())
+    _report("seed variance raw, jackknife t", K, cover, 2000)
+    assert 0.93 <= cover <= 0.985
+
+
+@pytest.mark.parametrize("K", range(3, 11))
+def test_seed_variance_pairwise_measures_cover(K):
+    "1 - CKA and k-NN overlap (means over pairs: their expectation is one pair's); the truth from 4000 independent studies."
+    p, truth = pair_values(_replicate_studies(K, 2000, 400 + K), k=5), pair_values(_replicate_studies(2, 4000, 500 + K), k=5)
+    for m in ("cka_dissimilarity", "knn_overlap", "raw"):
+        lo, hi = _pair_intervals(p[m], K)
+        cover = _covered(lo, hi, truth[m].mean())
+        _report(f"seed variance {m} (rotated runs), jackknife t", K, cover, 2000)
+        assert 0.93 <= cover <= 0.985
+
+
+@pytest.mark.parametrize("K", [3, 5, 10])
+def test_seed_variance_aligned_covers(K):
+    "GPA-aligned spread: the truth is its mean over the simulated studies (its expectation at K runs; GPA fits are slow)."
+    n = 300
+    X = _replicate_studies(K, n, 600 + K)
+    t = [pd.DataFrame(replicate_spread(x, k=5)).set_index("measure").loc["aligned"] for x in X]
+    v, lo, hi = (np.array([r[c] for r in t]) for c in ("value", "ci_low", "ci_high"))
+    cover = _covered(lo, hi, v.mean())
+    _report("seed variance aligned, jackknife t", K, cover, n)
+    assert 0.93 <= cover <= 0.985
+
+
+def test_seed_variance_refused_with_two_runs():
+    t = pd.DataFrame(replicate_spread(_replicate_studies(2, 1, 0)[0]))
+    assert t[["ci_low", "ci_high"]].isna().all().all() and (t["method"].str.startswith("no interval: 2 runs")).all()
+    assert REPLICATE_MIN_RUNS == 3
+
+
+@pytest.mark.parametrize("K", range(3, 11))
+def test_prediction_churn_covers(K):
+    "Runs label M examples independently, example i class 1 with probability p_i: E[churn] = mean 2 p_i (1 - p_i), closed form."
+    n, M = 2000, 200
+    rng = np.random.default_rng(800 + K)
+    p = np.random.default_rng(8).beta(0.3, 0.3, M)                    # most examples stable, some contested
+    y = rng.random((n, K, M)) < p                                       # (n, K, M) predicted labels
+    ia, ib = np.triu_indices(K, k=1)
+    lo, hi = _pair_intervals((y[:, ia] != y[:, ib]).mean(-1), K)
+    cover = _covered(lo, hi, np.mean(2 * p * (1 - p)))
+    _report("prediction churn, jackknife t", K, cover, n)
+    assert 0.93 <= cover <= 0.985
+
+
+@pytest.mark.parametrize("K", range(3, 11))
+def test_seed_variance_subset_difference_covers(K):
+    "Two groups of probes moved by seeds with sd 0.3 and 0.5: the raw difference's truth is (K-1)/K (0.09 - 0.25) sum(lambda)."
+    from embvar_study.replicates import pair_values as pv
+    rng = np.random.default_rng(900 + K)
+    sd = np.where(np.arange(REP_N) < REP_N // 2, 0.3, 0.5)[:, None]      # (N, 1): first half moves less
+    X = np.random.default_rng(7).standard_normal((REP_N, REP_D)) + sd * np.sqrt(REP_LAMBDA) * rng.standard_normal((2000, K, REP_N, REP_D))
+    half = REP_N // 2
+    diff = pv(X[..., :half, :], k=5)["raw"] - pv(X[..., half:, :], k=5)["raw"]
+    c = (K - 1) / K
+    lo, hi = _pair_intervals(diff, K, c)
+    cover = _covered(lo, hi, c * (0.09 - 0.25) * REP_LAMBDA.sum())
+    _report("seed variance subset difference (raw), jackknife t", K, cover, 2000)
+    assert 0.93 <= cover <= 0.985
+
+
+@pytest.mark.parametrize("K", [3, 5, 10])
+def test_source_share_intervals_overcover_so_they_are_refused(K):
+    """seed_sources: four additive sources; an arm varies one (the others at the base seed), 'all' varies every one, the base
+    run in both. A jackknife t interval of log(share) over the runs of both arms covers far above 95%: refused (SHARE_CI_METHOD)."""
+    from embvar_study.seed_sources import SHARE_CI_METHOD
+    from embvar_study.replicates import pair_values as pv
+    rng, n = np.random.default_rng(1000 + K), 1000
+    var = np.array([0.4, 0.3, 0.2, 0.1]) * 0.25
+    eff = np.sqrt(var)[None, :, None, None, None] * np.sqrt(REP_LAMBDA) * rng.standard_normal((n, 4, K, REP_N, REP_D))
+    base = np.random.default_rng(7).standard_normal((REP_N, REP_D))
+    everything = base + eff.sum(1)                                            # run j: every source at seed j (j = 0: the base run)
+    covers = []
+    for s in range(4):
+        arm = base + eff[:, :, :1].sum(1) - eff[:, s, :1] + eff[:, s]         # the others at seed 0, source s at seed j
+        es, ls = pair_jackknife(pv(arm, k=5)["raw"], K)
+        ea, la = pair_jackknife(pv(everything, k=5)["raw"], K)
+        loo = np.concatenate([np.log(ls[:, :1] / la[:, :1]), np.log(ls[:, 1:] / ea[:, None]), np.log(es[:, None] / la[:, 1:])], -1)
+        U = loo.shape[-1]
+        se = np.sqrt((U - 1) / U * ((loo - loo.mean(-1, keepdims=True)) ** 2).sum(-1))
+        h, est = sps.t.ppf(0.975, K - 1) * se, np.log(es / ea)
+        covers.append(_covered(est - h, est + h, np.log(var[s] / var.sum())))
+    _report(f"source share, log-ratio jackknife (min over sources {min(covers):.3f})", K, max(covers), n)
+    assert min(covers) > 0.97 and "no interval for the shares" in SHARE_CI_METHOD

@@ -345,7 +345,8 @@ def test_step0_embeddings_reused_within_a_process_are_the_same_bytes(tmp_path):
 def test_plan_dedups_shared_points_across_experiments():
     prof = get_profile("smoke")
     plan = plan_study(prof)
-    assert list(dict.fromkeys(plan["experiment"])) == PROFILES["smoke"]["experiments"] == [e for e in EXPERIMENT_NAMES if e != "stability"]
+    default = [e for e in EXPERIMENT_NAMES if e not in ("stability", "seed_sources")]   # seed_sources: no report section yet
+    assert list(dict.fromkeys(plan["experiment"])) == PROFILES["smoke"]["experiments"] == default
     configs = {json.dumps(c, sort_keys=True) for c in plan["config"]}
     assert plan["run_id"].nunique() == len(configs)
     lin = plan[(plan.experiment == "schedule") & (plan.schedule == "linear")]
@@ -370,3 +371,25 @@ def test_reviews_profile_needs_a_dataset():
         get_profile("reviews")
     prof = get_profile("reviews", {"dataset": "bundled"})
     assert prof["base"]["probes"] == "heldout" and prof["base"]["max_length"] == 256
+
+
+@pytest.mark.parametrize("name", ["quick", "reviews"])
+def test_seed_sources_varies_one_source_at_a_time_then_all(name):
+    "Each of the four seeds alone from the common base, then all four: every arm has >= 3 distinct runs (every interval exists)."
+    from embvar_study.sweep import SEED_SOURCES
+    from embvar_study.replicates import REPLICATE_MIN_RUNS
+    prof = get_profile(name, {"dataset": "bundled"} if PROFILES[name]["base"].get("dataset") is None else None)
+    grid = experiment_grid(prof, "seed_sources")
+    s0, fields = prof["seeds"][0], set(TrainConfig.__dataclass_fields__)
+    seeds = lambda p: TrainConfig.from_dict({**prof["base"], **{k: v for k, v in p.items() if k in fields}}).seeds()
+    base = {k: s0 for k in ("init_seed", "data_seed", "dropout_seed", "order_seed", "subset_seed")}
+    assert {p["factor"] for p in grid} == {*SEED_SOURCES, "all"}
+    for src in SEED_SOURCES:
+        arm = [seeds(p) for p in grid if p["factor"] == src]
+        assert [a[src] for a in arm] == prof["source_seeds"] and len(arm) >= REPLICATE_MIN_RUNS
+        for a in arm:   # only `src` moves away from the base (data_seed is the shorthand: it follows order and subset)
+            assert {k: v for k, v in a.items() if k not in (src, "data_seed")} == {k: v for k, v in base.items() if k not in (src, "data_seed")}
+    for p in (p for p in grid if p["factor"] == "all"):
+        assert set(seeds(p).values()) == {p["seed"]}
+    ids = run_ids(prof["base"], grid)
+    assert len(set(ids)) == 1 + (len(SEED_SOURCES) + 1) * (len(prof["source_seeds"]) - 1)   # the base run shared by every arm

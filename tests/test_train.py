@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import embvar_study.train as train_mod
-from conftest import TINY, cli_args, embedding_digests, folder_state, kill_when_ready
+from conftest import TINY, cli_args, embedding_digests, folder_state, kill_when_ready, sha256
 from embvar_study.cli import main
 from embvar_study.hub import HubUnavailableError
 from embvar_study.models import head_parameter_names, load_model_and_tokenizer
@@ -51,7 +51,8 @@ def train_losses(run) -> np.ndarray:
 # One base run and its one-seed variants, trained once for the module. A spy around the loader train_run uses
 # records the head weights each run actually started from.
 
-VARIANTS = {"base": {}, "repeat": {}, "data": {"data_seed": 1}, "init": {"init_seed": 1}, "dropout": {"dropout_seed": 1}}
+VARIANTS = {"base": {}, "repeat": {}, "data": {"data_seed": 1}, "init": {"init_seed": 1}, "dropout": {"dropout_seed": 1},
+            "order": {"order_seed": 1}, "subset": {"subset_seed": 1}}
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +126,55 @@ def test_dropout_seed_changes_only_training_noise(seed_runs):
     assert not np.array_equal(train_losses(base["run"]), train_losses(var["run"]))
     np.testing.assert_array_equal(base["run"].embeddings(steps=[0]), var["run"].embeddings(steps=[0]))
     assert not np.array_equal(base["run"].embeddings(steps=[4]), var["run"].embeddings(steps=[4]))
+
+
+def test_order_seed_changes_only_the_batch_order(seed_runs):
+    base, var = seed_runs["base"], seed_runs["order"]
+    for a, b in zip(prepare_data(base["cfg"]), prepare_data(var["cfg"])):   # the same rows, held out and trained on
+        pd.testing.assert_frame_equal(a, b)
+    assert same_tensors(base["head"], var["head"])
+    h0, h1 = base["run"].history, var["run"].history
+    assert h0.loc[h0.step == 0, "eval_loss"].item() == h1.loc[h1.step == 0, "eval_loss"].item()
+    assert not np.array_equal(train_losses(base["run"]), train_losses(var["run"]))   # other batches, other losses
+    assert var["run"].config["order_seed"] == 1 and var["run"].config["subset_seed"] == var["run"].config["data_seed"] == 0
+
+
+def test_subset_seed_changes_the_rows_not_the_order_seed(seed_runs):
+    base, var, data = seed_runs["base"], seed_runs["subset"], seed_runs["data"]
+    tr0, ev0, pr0 = prepare_data(base["cfg"])
+    tr1, ev1, pr1 = prepare_data(var["cfg"])
+    assert set(tr0["text"]) != set(tr1["text"]) and set(ev0["text"]) != set(ev1["text"])
+    pd.testing.assert_frame_equal(pr0, pr1)
+    for a, b in zip(prepare_data(var["cfg"]), prepare_data(data["cfg"])):    # data_seed=1 draws the same rows ...
+        pd.testing.assert_frame_equal(a, b)
+    # ... but orders them by its own seed: the run with data_seed=1 differs from the one with only subset_seed=1
+    assert not np.array_equal(train_losses(var["run"]), train_losses(data["run"]))
+    assert var["run"].config["subset_seed"] == 1 and var["run"].config["order_seed"] == 0
+
+
+def test_data_seed_is_the_shorthand_for_both(seed_runs):
+    "data_seed=1 is order_seed=subset_seed=1: one run id, one config.json without the split keys (as before the split)."
+    cfg = seed_runs["data"]["cfg"]
+    both = TrainConfig(**{**TINY, "order_seed": 1, "subset_seed": 1})
+    assert both.run_id() == cfg.run_id() == seed_runs["data"]["run"].config_hash
+    assert "order_seed" not in seed_runs["data"]["run"].config and seed_runs["data"]["run"].config["data_seed"] == 1
+
+
+def test_every_evaluation_keeps_its_class_probabilities(seed_runs):
+    "predictions/ holds each evaluation's probabilities (listed in COMPLETE, verified on read): they give the logged eval_acc and eval_loss."
+    run, cfg = seed_runs["base"]["run"], seed_runs["base"]["cfg"]
+    p = run.predictions()
+    ev = run.history.dropna(subset=["eval_loss"]).set_index("step")
+    assert p["steps"].tolist() == sorted(ev.index) and "predictions/examples.npy" in run.marker["files"]
+    _, eval_df, _ = prepare_data(cfg)
+    np.testing.assert_array_equal(p["rows"], eval_df.index.to_numpy()); np.testing.assert_array_equal(p["labels"], eval_df["label"])
+    np.testing.assert_allclose(p["probs"].sum(-1), 1.0, atol=1e-5)
+    for s, probs in zip(p["steps"], p["probs"]):
+        assert (probs.argmax(-1) == p["labels"]).mean() == pytest.approx(ev.loc[s, "eval_acc"], abs=1e-12)
+        nll = -np.log(probs[np.arange(len(probs)), p["labels"]].astype(np.float64)).mean()
+        assert nll == pytest.approx(ev.loc[s, "eval_loss"], rel=1e-4)
+    f = run.path / "predictions" / f"step_{p['steps'][-1]:06d}.npy"
+    assert run.marker["files"][f"predictions/{f.name}"] == sha256(f)
 
 
 def test_drift_is_zero_at_step_0_and_positive_after(seed_runs):
