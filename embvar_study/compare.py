@@ -39,7 +39,7 @@ def _checked_measures(measures):
                                 f"leave it out for the default set ({', '.join(DEFAULT_MEASURES)})")
     unknown = [m for m in ms if m not in MEASURES]
     if unknown: raise ValueError(f"measures: unknown {unknown}; expected names from {sorted(MEASURES)}")
-    return ms
+    return list(dict.fromkeys(ms))                      # a name given twice is computed once
 
 # %% ../nbs/23_compare.ipynb #9a3f3c7e
 def _measures_for(measures, N):
@@ -69,9 +69,14 @@ def _probe_texts(probes):
     return ids, texts
 
 # %% ../nbs/23_compare.ipynb #e283a8b2
-def is_run_spec(x: object) -> bool:
-    "Whether `x` names a run folder: `path@step=S`, or a folder holding a COMPLETE marker."
-    return isinstance(x, (str, Path)) and (bool(_AT_STEP.match(str(x))) or (Path(x) / "COMPLETE").is_file())
+def is_run_spec(x: object,  # a side of `compare`
+                name: str = "a",  # the side's name, for the error line
+               ) -> bool:
+    "Whether `x` names a run folder: `path@step=S`, or a folder holding a COMPLETE marker; a malformed `@step=` is one line."
+    if not isinstance(x, (str, Path)): return False
+    if "@step=" in str(x) and not _AT_STEP.match(str(x)):        # never a Hub id: refused here, not looked up
+        raise ValueError(f"{name}: malformed run step {str(x)!r}: expected PATH@step=S with S a whole number, e.g. runs/x@step=24")
+    return bool(_AT_STEP.match(str(x))) or (Path(x) / "COMPLETE").is_file()
 
 # %% ../nbs/23_compare.ipynb #313362b8
 def _run_layers(spec, name, pooling):
@@ -96,7 +101,7 @@ def _side(x, name, pooling):
         return "array", x.detach(), None
     if isinstance(x, (np.ndarray, list)):
         return "array", as_float_array(x, name, ndim=3, dims="(layers, N, d)"), None
-    if is_run_spec(x): return ("run", *_run_layers(x, name, pooling))
+    if is_run_spec(x, name): return ("run", *_run_layers(x, name, pooling))
     return "model", x, None
 
 # %% ../nbs/23_compare.ipynb #02dcc961

@@ -269,3 +269,23 @@ def test_verify_names_its_argument_in_one_line(tmp_path):
     assert "STUDY_OR_RUN: no such folder" in line and "nowhere" in line
     (tmp_path / "empty").mkdir()
     assert "STUDY_OR_RUN: " in one_line_error(embvar("verify", str(tmp_path / "empty")), "verify")
+
+
+BIG_SEED = "99999999999999999999"   # > 2**64: torch's "Overflow when unpacking long long", blamed on --model, after the data
+
+
+@pytest.mark.parametrize("flag", ["--seed", "--init-seed", "--probe-seed"])
+def test_an_out_of_range_seed_is_named_before_any_work(tmp_path, flag):
+    "One line naming the seed flag and the range, before the data are read (nothing on stdout) and before any folder."
+    r = embvar("train", *cli_args(TINY), flag, BIG_SEED, "--out", str(tmp_path / "r"))
+    line = one_line_error(r)
+    assert line == f"embvar train: error: {flag}: expected {'None or ' if flag == '--init-seed' else ''}an integer in [0, 4294967295], got {BIG_SEED}"
+    assert r.stdout == "" and not (tmp_path / "r").exists()
+
+
+def test_an_out_of_range_seed_in_set_seeds_is_named_before_any_work(tmp_path):
+    r = embvar("report", "--profile", "smoke", "--set", "dataset=bundled", "--set", f"seeds=[0, {BIG_SEED}]", "--out", str(tmp_path / "s"))
+    line = one_line_error(r, "report")
+    assert line == (f"embvar report: error: --set seeds: expected a non-empty list of seeds (integers in [0, 4294967295]), "
+                    f"got [0, {BIG_SEED}]"), line
+    assert not (tmp_path / "s").exists() and not list(tmp_path.glob(".s.lock*"))

@@ -350,3 +350,30 @@ def test_torch_tensors_are_factored_on_their_device_and_equal_numpy():
         bad = torch.tensor(A); bad[0, 0, 0] = float("nan"); compare(bad, B)
     with pytest.raises(ValueError, match=r"^b: expected shape \(layers, N, d\)"):
         compare(torch.tensor(A), torch.tensor(B[0]))
+
+
+# --- issue 42: names given twice, a malformed @step= ----------------------------------------------------------------
+def test_a_measure_named_twice_is_computed_once(fake_runs, tmp_path):
+    "`--measures linear_cka,linear_cka`: one row per layer pair, equal to asking once (was pandas' duplicate-index error)."
+    once = compare(A, B, measures=["linear_cka"], n_resamples=5)
+    twice = compare(A, B, measures=["linear_cka", "linear_cka"], n_resamples=5)
+    pd.testing.assert_frame_equal(twice, once)
+    a, b = fake_runs
+    rc, err, _ = _cli(f"{a}@step=0", f"{b}@step=0", "--out", tmp_path / "o", "--measures", "linear_cka,linear_cka",
+                      "--layers", "1,2", "--n-resamples", "3")
+    assert rc == 0, err
+    assert len(pd.read_csv(tmp_path / "o" / "compare.csv")) == 4
+
+
+@pytest.mark.parametrize("side", ["a", "b"])
+def test_a_malformed_step_is_named_not_looked_up(fake_runs, tmp_path, side):
+    "`RUN@step=abc`: one line naming the side and the form expected, with or without --probes (was a Hub lookup)."
+    a, b = fake_runs
+    good, bad = f"{b}@step=0", f"{a}@step=abc"
+    args = [bad, good] if side == "a" else [good, bad]
+    (tmp_path / "p.txt").write_text("\n".join(f"synthetic probe {i}" for i in range(12)))
+    for extra in ([], ["--probes", tmp_path / "p.txt"]):
+        rc, err, _ = _cli(*args, "--out", tmp_path / "o", *extra)
+        assert rc == 2 and err == [f"embvar compare: error: {side}: malformed run step {bad!r}: expected PATH@step=S "
+                                   "with S a whole number, e.g. runs/x@step=24"], err
+        assert not (tmp_path / "o").exists()
