@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from .similarity import MEASURES
 from .rsa import RSA_RANK_MAX_N
-from .layer_pairs import BOOTSTRAPPED, GRAM_MAX_N, GRAM_MEASURES, boot_counts, layer_factors, pair_scores
+from .layer_pairs import BOOTSTRAPPED, GRAM_MAX_N, GRAM_MEASURES, KNN_MEASURES, boot_counts, layer_factors, pair_scores
 from .checks import as_float_array, check_finite, check_rank, check_real, is_tensor
 
 # %% auto #0
@@ -212,6 +212,7 @@ def _ci_method(m, n_resamples, N):
     if m in _NO_INTERVAL: return _NO_INTERVAL[m]
     if not n_resamples: return "none (n_resamples=0)"
     if m in GRAM_MEASURES and N > GRAM_MAX_N: return f"refused: the CKA bootstrap holds N x N Gram matrices, up to N = {GRAM_MAX_N:,} probes"
+    if m in KNN_MEASURES and N > GRAM_MAX_N: return f"refused: the k-NN bootstrap holds N x N similarities, up to N = {GRAM_MAX_N:,} probes"
     return _CI_METHOD if m in BOOTSTRAPPED else "none"
 
 # %% ../nbs/23_compare.ipynb #0046a242
@@ -280,6 +281,7 @@ def compare(a: object,  # (layers, N, da) array or torch tensor (factored on its
         raise ValueError(f"n_resamples: expected an int >= 0, got {n_resamples!r}")
     if isinstance(confidence, bool) or not (isinstance(confidence, (int, float)) and 0 < confidence < 1):
         raise ValueError(f"confidence: expected a number in (0, 1), e.g. 0.95, got {confidence!r}")
+    if probes is not None: _measures_for(ms, len(_probe_texts(probes)[0]))   # an N x N measure refused before embedding
     A, B = _aligned(a, b, probes, pooling)
     la = _pick(A.shape[0], layers if layers_a is None else layers_a, "a")
     lb = _pick(B.shape[0], layers if layers_b is None else layers_b, "b")
