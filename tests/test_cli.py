@@ -289,3 +289,19 @@ def test_an_out_of_range_seed_in_set_seeds_is_named_before_any_work(tmp_path):
     assert line == (f"embvar report: error: --set seeds: expected a non-empty list of seeds (integers in [0, 4294967295]), "
                     f"got [0, {BIG_SEED}]"), line
     assert not (tmp_path / "s").exists() and not list(tmp_path.glob(".s.lock*"))
+
+
+def test_report_runs_names_every_folder_it_skips_on_the_console_and_the_page(tmp_path):
+    "A crashed, a damaged and a no-step-0 run inside a --runs folder: one 'skipped:' line each, and the page says the same."
+    import html, re
+    from test_study import _runs_with_bad_ones
+    root = _runs_with_bad_ones(tmp_path / "runs")
+    r = embvar("report", "--runs", str(root), "--out", str(tmp_path / "rr"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    skipped = [l for l in r.stdout.splitlines() if l.startswith("skipped: ")]
+    assert [l.split(": ")[1] for l in skipped] == [str((root / n).resolve()) for n in ("crashed", "damaged", "from_step1")]
+    assert "incomplete: no COMPLETE marker" in skipped[0] and ": damaged: 1 file(s)" in skipped[1]
+    assert skipped[2].endswith("its drift reference is step 1, not step 0 (the first step it tracked), so its drift from step 0 is not defined")
+    text = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", (tmp_path / "rr" / "report.html").read_text(encoding="utf-8"))).split())
+    assert "2 runs from 1 folder(s)" in text and "Skipped 3 run folder(s): " in text
+    for n in ("crashed", "damaged", "from_step1"): assert f"{(root / n).resolve()} (" in text

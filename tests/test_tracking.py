@@ -213,3 +213,24 @@ def test_the_plain_tracker_marks_divergence(tmp_path):
         assert t.diverged.startswith("training loss nan at step 3")
     run = load_run(tmp_path / "run")
     assert run.status == "diverged" and run.marker["diverged_because"] == t.diverged
+
+
+def test_a_tracker_started_after_step_0_records_its_own_reference(tmp_path):
+    "Driven from step 1 with every=2: step 1 is recorded as the reference (COMPLETE says so) and the live drift at step 2 is drift from it."
+    from embvar_study.runs import read_marker
+    from embvar_study.metrics import cosine_drift
+    model, tok = load_model_and_tokenizer("tiny-distilbert", num_labels=2, init_seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    batch = tok(TEXTS, padding=True, return_tensors="pt"); labels = torch.tensor(LABELS)
+    live = {}
+    with EmbeddingTracker(model, tok, PROBES, tmp_path / "run", every=2) as tracker:
+        for step in range(1, 5):
+            live[step] = tracker.step(step).get("embvar/drift")
+            loss = model(**batch, labels=labels).loss
+            loss.backward(); opt.step(); opt.zero_grad()
+    run = load_run(tmp_path / "run")
+    assert run.steps.tolist() == [1, 2, 4] and read_marker(tmp_path / "run")["reference_step"] == 1
+    E = run.embeddings(-1, "mean")
+    assert live[1] == 0.0 and live[3] is None
+    np.testing.assert_allclose([live[2], live[4]], np.asarray(cosine_drift(E[:1], E[1:])), rtol=1e-5)
+    assert live[2] > 0
