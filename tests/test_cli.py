@@ -305,3 +305,17 @@ def test_report_runs_names_every_folder_it_skips_on_the_console_and_the_page(tmp
     text = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", (tmp_path / "rr" / "report.html").read_text(encoding="utf-8"))).split())
     assert "2 runs from 1 folder(s)" in text and "Skipped 3 run folder(s): " in text
     for n in ("crashed", "damaged", "from_step1"): assert f"{(root / n).resolve()} (" in text
+
+
+def test_only_report_refuses_a_study_json_edited_after_the_runs(tmp_path):
+    "The plan in study.json is content-hashed like a run: an edited field is one line naming it, and nothing is rendered."
+    import json as _json
+    from embvar_study.synthetic import synthetic_study
+    study = synthetic_study(tmp_path / "s")
+    spec = _json.loads((study / "study.json").read_text()); spec["resolved"]["lrs"] = [5e-5, 5e-3]   # the grid, rewritten
+    (study / "study.json").write_text(_json.dumps(spec))
+    line = one_line_error(embvar("report", "--profile", "smoke", "--only-report", "--out", str(study)), "report")
+    assert line == (f"embvar report: error: {study / 'study.json'}: field 'resolved.lrs' was edited after the study was planned (its "
+                    "content hash differs from the one written with it); the runs followed the plan as written: restore study.json, "
+                    "or run the study into a new folder"), line
+    assert not (study / "report.html").exists() and not (study / "notebooks").exists()

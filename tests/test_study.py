@@ -278,3 +278,21 @@ def test_study_from_runs_names_every_folder_it_skips(tmp_path):
     text = " ".join(str(x) for x in section_runs_overview(st))
     assert "**2 runs** from 1 folder(s)" in text and "Skipped 3 run folder(s): " in text
     for name, w in why.items(): assert f"`{(root / name).resolve()}` ({w})" in text
+
+
+def test_an_edited_failure_rule_is_refused_on_read_naming_the_field(tmp_path):
+    "study.json's failure rule changed from 0.05 to 0.45 behind the runs: load_study refuses, naming resolved.failure.delta."
+    import json as _json
+    from embvar_study.runs import CorruptRunError
+    from embvar_study.study_folder import write_study_spec
+    from embvar_study.synthetic import synthetic_study
+    study = synthetic_study(tmp_path / "s")
+    spec = _json.loads((study / "study.json").read_text())
+    write_study_spec(study, {**spec, "resolved": {**spec["resolved"], "failure": {"delta": 0.05, "diverge_factor": 10}}})
+    assert load_study(study).spec["resolved"]["failure"]["delta"] == 0.05
+    text = (study / "study.json").read_text()
+    (study / "study.json").write_text(text.replace('"delta": 0.05', '"delta": 0.45'))
+    with pytest.raises(CorruptRunError, match=r"study.json: field 'resolved.failure.delta' was edited after the study was planned"):
+        load_study(study)
+    (study / "study.json").write_text(text)                  # restored: read again
+    assert load_study(study).spec["resolved"]["failure"]["delta"] == 0.05
