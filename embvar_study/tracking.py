@@ -390,7 +390,11 @@ class EmbvarCallback(TrainerCallback):
         metrics = self._step(state.global_step, bool(last), control)
         if metrics:
             self._publish(args, state, control, metrics)
-            if self.stop and self.tracker.alarm_fired: control.should_training_stop = True   # every rank: the alarm is broadcast
+            if self.stop and self.tracker.alarm_fired and not control.should_training_stop:   # every rank: the alarm is broadcast
+                control.should_training_stop = True
+                if self.tracker.rank == 0:                  # one console line: why the training ends early
+                    print(f"embvar: the alarm stopped training at step {state.global_step} of {state.max_steps}: "
+                          f"{self.tracker.alarm['reason']} (run folder {self.run_dir})", flush=True)
 
     def _step(self, step: int, force: bool, control: TrainerControl) -> dict:
         "The tracker's step; non-finite probe embeddings end the training as diverged (as `embvar train`), on every rank."
