@@ -104,14 +104,43 @@ def _side(x, name, pooling):
     if is_run_spec(x, name): return ("run", *_run_layers(x, name, pooling))
     return "model", x, None
 
+# %% ../nbs/23_compare.ipynb #bf4c6b39
+def _available_bytes() -> int | None:
+    "Memory this process may still allocate (Linux: MemAvailable), or None where it is not known."
+    try:
+        with open("/proc/meminfo") as f: return next(int(l.split()[1]) * 1024 for l in f if l.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError): return None
+
+# %% ../nbs/23_compare.ipynb #48584936
+def _check_memory(N: int, shapes: dict) -> None:
+    "One line, before anything is embedded, when both sides' (layers, N, d) float64 arrays and their factors would not fit in memory."
+    known = {k: s for k, s in shapes.items() if s is not None}
+    need, avail = 3 * 8 * N * sum(L * d for L, d in known.values()), _available_bytes()   # layers, centred rows, rows in their span
+    if avail is not None and need > avail:
+        sides, size = ", ".join(f"{k} {L} layers x d = {d}" for k, (L, d) in known.items()), lambda b: f"{b / 2**20:,.1f} MiB"
+        raise ValueError(f"probes: N = {N:,} probes need about {size(need)} for the layer arrays ({sides}), and {size(avail)} "
+                         f"are available; use fewer probes, or compare run folders or arrays of fewer layers")
+
+# %% ../nbs/23_compare.ipynb #0b2d26c5
+def _model_shape(pair) -> tuple[int, int] | None:
+    "(L+1, d): the hidden states a (model, tokenizer) pair returns per text, from its config; None when the config does not say."
+    cfg = getattr(pair[0], "config", None)
+    L = next((getattr(cfg, k) for k in ("num_hidden_layers", "n_layer", "num_layers") if isinstance(getattr(cfg, k, None), int)), None)
+    d = next((getattr(cfg, k) for k in ("hidden_size", "dim", "n_embd", "d_model") if isinstance(getattr(cfg, k, None), int)), None)
+    return (L + 1, d) if L and d else None
+
 # %% ../nbs/23_compare.ipynb #02dcc961
+def _loaded(x):
+    "A side's (model, tokenizer): the pair given, or loaded from a model alias / folder / Hub id."
+    if isinstance(x, tuple): return x
+    from embvar_study.models import load_model_and_tokenizer
+    return load_model_and_tokenizer(str(x))
+
+# %% ../nbs/23_compare.ipynb #0020789b
 def _embed(x, texts, pooling):
     "(L+1, N, d) embeddings of `texts` by a (model, tokenizer) pair or a model alias / folder / Hub id."
     from embvar_study.extract import embed_texts
-    if isinstance(x, tuple): model, tok = x
-    else:
-        from embvar_study.models import load_model_and_tokenizer
-        model, tok = load_model_and_tokenizer(str(x))
+    model, tok = _loaded(x)
     return np.asarray(embed_texts(model, tok, texts, pooling=pooling, layers="all"), dtype=np.float64)
 
 # %% ../nbs/23_compare.ipynb #5aae0003
@@ -141,11 +170,14 @@ def _aligned(a, b, probes, pooling):
     if probes is not None: ref, ref_name = _probe_texts(probes), "probes"
     else:
         ref, ref_name = next(((s[2], n) for s, n in zip(sides, "ab") if s[0] == "run"), (None, None))
+    for (kind, x, _), name in zip(sides, "ab"):
+        if kind == "model" and ref is None: raise ValueError(f"probes: needed to embed {name} = {x!r} (only arrays and run folders take probes=None)")
+    sides = [(k, _loaded(x) if k == "model" else x, idt) for k, x, idt in sides]          # models loaded, nothing embedded yet
+    if ref is not None:
+        _check_memory(len(ref[0]), {n: _model_shape(x) if k == "model" else (x.shape[0], x.shape[2]) for (k, x, _), n in zip(sides, "ab")})
     out = []
     for (kind, x, idt), name in zip(sides, "ab"):
-        if kind == "model":
-            if ref is None: raise ValueError(f"probes: needed to embed {name} = {x!r} (only arrays and run folders take probes=None)")
-            x, idt = _embed(x, ref[1], pooling), ref
+        if kind == "model": x, idt = _embed(x, ref[1], pooling), ref
         if kind != "array" and ref_name != name:
             order = _match_rows(idt[0], ref[0], name, ref_name)
             if order is not None: x = x[:, order]

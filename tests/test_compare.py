@@ -429,3 +429,18 @@ def test_an_n_by_n_measure_is_refused_before_embedding(monkeypatch):
     monkeypatch.setattr(C, "_embed", boom)
     with pytest.raises(ValueError, match=r"^measures: 'cknna' holds N x N arrays, computed up to N = 4,096 probes \(got N = 5,000\)"):
         compare("tiny-distilbert", "tiny-bert", [f"probe {i}" for i in range(5000)], measures=["cknna"])
+
+
+def test_memory_is_checked_before_embedding(monkeypatch):
+    "Models loaded, nothing embedded: the (layers, N, d) arrays both sides will need are checked against the memory available."
+    import embvar_study.compare as C
+    from embvar_study.extract import embed_texts
+    texts = [f"probe number {i}" for i in range(200)]
+    pair = C._loaded("tiny-distilbert")
+    E = embed_texts(*pair, texts[:3], layers="all")
+    assert C._model_shape(pair) == (E.shape[0], E.shape[2])            # the shape the embedding will have, from the config
+    def boom(*a, **k): raise AssertionError("embedded before the memory check")
+    monkeypatch.setattr(C, "_embed", boom); monkeypatch.setattr(C, "_available_bytes", lambda: 1000)    # bytes
+    need = 3 * 8 * 200 * (E.shape[0] * E.shape[2] + np.prod(C._model_shape(C._loaded("tiny-bert"))))
+    with pytest.raises(ValueError, match=rf"^probes: N = 200 probes need about {need / 2**20:,.1f} MiB for the layer arrays \(a "):
+        compare("tiny-distilbert", "tiny-bert", texts, measures=["linear_cka"])
