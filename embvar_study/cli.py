@@ -160,7 +160,7 @@ def compare_main(argv: list[str]) -> None:
         if not path.is_file(): raise FileNotFoundError(f"--probes: expected a text file, got {a.probes!r} (not found)")
         probes = [t for t in path.read_text().splitlines() if t.strip()]
         if len(probes) < 6: raise ValueError(f"--probes: expected at least 6 non-empty lines, got {len(probes)}")
-    elif not (is_run_spec(a.a) or is_run_spec(a.b)):
+    elif not (is_run_spec(a.a, "a") or is_run_spec(a.b, "b")):
         raise ValueError("--probes: expected a probe file (needed to embed models; only run folders carry their own probes)")
     t = compare(a.a, a.b, probes, layers=layers["layers"] or "all", measures=ms, n_resamples=a.n_resamples, pooling=a.pooling,
                 layers_a=layers["layers_a"], layers_b=layers["layers_b"], log=lambda s: print(s, file=sys.stderr, flush=True))

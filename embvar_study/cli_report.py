@@ -271,7 +271,8 @@ def runs_report(run_dirs: list[str], group_by: str, study_dir: Path, *, template
     from embvar_study import report as R
     from embvar_study.study import study_from_runs
     from embvar_study.study_folder import study_lock
-    study_from_runs(run_dirs, group_by)                              # refuse bad folders before anything runs
+    study = study_from_runs(run_dirs, group_by)                      # refuse bad folders before anything runs
+    for s in study.spec["skipped"]: print(f"skipped: {s['path']}: {s['why']}")   # every folder left out, named (the page too)
     with study_lock(study_dir):
         R.execute_notebooks(["runs_report"], study_dir, {"runs": json.dumps([str(Path(d).resolve()) for d in run_dirs]),
                                                           "group_by": group_by, "study_dir": str(study_dir)}, templates=templates)

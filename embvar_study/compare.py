@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from .similarity import MEASURES
 from .rsa import RSA_RANK_MAX_N
-from .layer_pairs import BOOTSTRAPPED, GRAM_MAX_N, GRAM_MEASURES, boot_counts, layer_factors, pair_scores
+from .layer_pairs import BOOTSTRAPPED, GRAM_MAX_N, GRAM_MEASURES, KNN_MEASURES, boot_counts, layer_factors, pair_scores
 from .checks import as_float_array, check_finite, check_rank, check_real, is_tensor
 
 # %% auto #0
@@ -39,7 +39,7 @@ def _checked_measures(measures):
                                 f"leave it out for the default set ({', '.join(DEFAULT_MEASURES)})")
     unknown = [m for m in ms if m not in MEASURES]
     if unknown: raise ValueError(f"measures: unknown {unknown}; expected names from {sorted(MEASURES)}")
-    return ms
+    return list(dict.fromkeys(ms))                      # a name given twice is computed once
 
 # %% ../nbs/23_compare.ipynb #9a3f3c7e
 def _measures_for(measures, N):
@@ -69,9 +69,14 @@ def _probe_texts(probes):
     return ids, texts
 
 # %% ../nbs/23_compare.ipynb #e283a8b2
-def is_run_spec(x: object) -> bool:
-    "Whether `x` names a run folder: `path@step=S`, or a folder holding a COMPLETE marker."
-    return isinstance(x, (str, Path)) and (bool(_AT_STEP.match(str(x))) or (Path(x) / "COMPLETE").is_file())
+def is_run_spec(x: object,  # a side of `compare`
+                name: str = "a",  # the side's name, for the error line
+               ) -> bool:
+    "Whether `x` names a run folder: `path@step=S`, or a folder holding a COMPLETE marker; a malformed `@step=` is one line."
+    if not isinstance(x, (str, Path)): return False
+    if "@step=" in str(x) and not _AT_STEP.match(str(x)):        # never a Hub id: refused here, not looked up
+        raise ValueError(f"{name}: malformed run step {str(x)!r}: expected PATH@step=S with S a whole number, e.g. runs/x@step=24")
+    return bool(_AT_STEP.match(str(x))) or (Path(x) / "COMPLETE").is_file()
 
 # %% ../nbs/23_compare.ipynb #313362b8
 def _run_layers(spec, name, pooling):
@@ -96,17 +101,46 @@ def _side(x, name, pooling):
         return "array", x.detach(), None
     if isinstance(x, (np.ndarray, list)):
         return "array", as_float_array(x, name, ndim=3, dims="(layers, N, d)"), None
-    if is_run_spec(x): return ("run", *_run_layers(x, name, pooling))
+    if is_run_spec(x, name): return ("run", *_run_layers(x, name, pooling))
     return "model", x, None
 
+# %% ../nbs/23_compare.ipynb #bf4c6b39
+def _available_bytes() -> int | None:
+    "Memory this process may still allocate (Linux: MemAvailable), or None where it is not known."
+    try:
+        with open("/proc/meminfo") as f: return next(int(l.split()[1]) * 1024 for l in f if l.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError): return None
+
+# %% ../nbs/23_compare.ipynb #48584936
+def _check_memory(N: int, shapes: dict) -> None:
+    "One line, before anything is embedded, when both sides' (layers, N, d) float64 arrays and their factors would not fit in memory."
+    known = {k: s for k, s in shapes.items() if s is not None}
+    need, avail = 3 * 8 * N * sum(L * d for L, d in known.values()), _available_bytes()   # layers, centred rows, rows in their span
+    if avail is not None and need > avail:
+        sides, size = ", ".join(f"{k} {L} layers x d = {d}" for k, (L, d) in known.items()), lambda b: f"{b / 2**20:,.1f} MiB"
+        raise ValueError(f"probes: N = {N:,} probes need about {size(need)} for the layer arrays ({sides}), and {size(avail)} "
+                         f"are available; use fewer probes, or compare run folders or arrays of fewer layers")
+
+# %% ../nbs/23_compare.ipynb #0b2d26c5
+def _model_shape(pair) -> tuple[int, int] | None:
+    "(L+1, d): the hidden states a (model, tokenizer) pair returns per text, from its config; None when the config does not say."
+    cfg = getattr(pair[0], "config", None)
+    L = next((getattr(cfg, k) for k in ("num_hidden_layers", "n_layer", "num_layers") if isinstance(getattr(cfg, k, None), int)), None)
+    d = next((getattr(cfg, k) for k in ("hidden_size", "dim", "n_embd", "d_model") if isinstance(getattr(cfg, k, None), int)), None)
+    return (L + 1, d) if L and d else None
+
 # %% ../nbs/23_compare.ipynb #02dcc961
+def _loaded(x):
+    "A side's (model, tokenizer): the pair given, or loaded from a model alias / folder / Hub id."
+    if isinstance(x, tuple): return x
+    from embvar_study.models import load_model_and_tokenizer
+    return load_model_and_tokenizer(str(x))
+
+# %% ../nbs/23_compare.ipynb #0020789b
 def _embed(x, texts, pooling):
     "(L+1, N, d) embeddings of `texts` by a (model, tokenizer) pair or a model alias / folder / Hub id."
     from embvar_study.extract import embed_texts
-    if isinstance(x, tuple): model, tok = x
-    else:
-        from embvar_study.models import load_model_and_tokenizer
-        model, tok = load_model_and_tokenizer(str(x))
+    model, tok = _loaded(x)
     return np.asarray(embed_texts(model, tok, texts, pooling=pooling, layers="all"), dtype=np.float64)
 
 # %% ../nbs/23_compare.ipynb #5aae0003
@@ -136,11 +170,14 @@ def _aligned(a, b, probes, pooling):
     if probes is not None: ref, ref_name = _probe_texts(probes), "probes"
     else:
         ref, ref_name = next(((s[2], n) for s, n in zip(sides, "ab") if s[0] == "run"), (None, None))
+    for (kind, x, _), name in zip(sides, "ab"):
+        if kind == "model" and ref is None: raise ValueError(f"probes: needed to embed {name} = {x!r} (only arrays and run folders take probes=None)")
+    sides = [(k, _loaded(x) if k == "model" else x, idt) for k, x, idt in sides]          # models loaded, nothing embedded yet
+    if ref is not None:
+        _check_memory(len(ref[0]), {n: _model_shape(x) if k == "model" else (x.shape[0], x.shape[2]) for (k, x, _), n in zip(sides, "ab")})
     out = []
     for (kind, x, idt), name in zip(sides, "ab"):
-        if kind == "model":
-            if ref is None: raise ValueError(f"probes: needed to embed {name} = {x!r} (only arrays and run folders take probes=None)")
-            x, idt = _embed(x, ref[1], pooling), ref
+        if kind == "model": x, idt = _embed(x, ref[1], pooling), ref
         if kind != "array" and ref_name != name:
             order = _match_rows(idt[0], ref[0], name, ref_name)
             if order is not None: x = x[:, order]
@@ -207,6 +244,7 @@ def _ci_method(m, n_resamples, N):
     if m in _NO_INTERVAL: return _NO_INTERVAL[m]
     if not n_resamples: return "none (n_resamples=0)"
     if m in GRAM_MEASURES and N > GRAM_MAX_N: return f"refused: the CKA bootstrap holds N x N Gram matrices, up to N = {GRAM_MAX_N:,} probes"
+    if m in KNN_MEASURES and N > GRAM_MAX_N: return f"refused: the k-NN bootstrap holds N x N similarities, up to N = {GRAM_MAX_N:,} probes"
     return _CI_METHOD if m in BOOTSTRAPPED else "none"
 
 # %% ../nbs/23_compare.ipynb #0046a242
@@ -275,6 +313,7 @@ def compare(a: object,  # (layers, N, da) array or torch tensor (factored on its
         raise ValueError(f"n_resamples: expected an int >= 0, got {n_resamples!r}")
     if isinstance(confidence, bool) or not (isinstance(confidence, (int, float)) and 0 < confidence < 1):
         raise ValueError(f"confidence: expected a number in (0, 1), e.g. 0.95, got {confidence!r}")
+    if probes is not None: _measures_for(ms, len(_probe_texts(probes)[0]))   # an N x N measure refused before embedding
     A, B = _aligned(a, b, probes, pooling)
     la = _pick(A.shape[0], layers if layers_a is None else layers_a, "a")
     lb = _pick(B.shape[0], layers if layers_b is None else layers_b, "b")

@@ -11,7 +11,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .data import source_fingerprint, probes_fingerprint
+from .data import SEED_MAX, is_seed, source_fingerprint, probes_fingerprint
 from .hub import HubUnavailableError
 from .models import model_fingerprint, default_poolings
 from .storage import canonical_json, config_hash
@@ -43,8 +43,9 @@ CONFIG_RULES = {  # field -> (test, what is expected)
     **{k: (lambda v: _int(v) and v >= 1, "an integer >= 1") for k in
        ("batch_size", "max_length", "track_every", "epochs", "probe_max_length", "embed_batch_size", "perturb_k", "threads")},
     **{k: (_opt(lambda v: _int(v) and v >= 1), "None or an integer >= 1") for k in ("n_train", "n_eval", "max_steps", "eval_every", "n_probes")},
-    **{k: (lambda v: _int(v) and v >= 0, "an integer >= 0") for k in ("seed", "probe_seed", "replicate")},
-    **{k: (_opt(lambda v: _int(v) and v >= 0), "None or an integer >= 0") for k in ("init_seed", "data_seed", "dropout_seed", "order_seed", "subset_seed")},
+    **{k: (is_seed, f"an integer in [0, {SEED_MAX}]") for k in ("seed", "probe_seed")},
+    "replicate": (lambda v: _int(v) and v >= 0, "an integer >= 0"),
+    **{k: (_opt(is_seed), f"None or an integer in [0, {SEED_MAX}]") for k in ("init_seed", "data_seed", "dropout_seed", "order_seed", "subset_seed")},
     "eval_fraction": (lambda v: _real(v) and 0 < v < 1, "a fraction in (0, 1)"),
     "warmup_ratio": (lambda v: _real(v) and 0 <= v < 1, "a value in [0, 1)"),
     "weight_decay": (lambda v: _real(v) and v >= 0, "a finite number >= 0"),

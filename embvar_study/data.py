@@ -17,9 +17,9 @@ from .hub import load_hub_dataset
 from .words import one_line
 
 # %% auto #0
-__all__ = ['MISSING_MARKERS', 'SHORT_MAX_WORDS', 'MEDIUM_MAX_WORDS', 'NO_SENTIMENT', 'PROBE_FAMILIES', 'PROBE_COLUMNS',
-           'clean_text', 'check_seed', 'is_file_source', 'load_texts', 'stratified_subset', 'train_eval_split',
-           'length_bucket', 'default_probes', 'load_probes', 'source_fingerprint', 'parse_heldout',
+__all__ = ['SEED_MAX', 'MISSING_MARKERS', 'SHORT_MAX_WORDS', 'MEDIUM_MAX_WORDS', 'NO_SENTIMENT', 'PROBE_FAMILIES',
+           'PROBE_COLUMNS', 'clean_text', 'is_seed', 'check_seed', 'is_file_source', 'load_texts', 'stratified_subset',
+           'train_eval_split', 'length_bucket', 'default_probes', 'load_probes', 'source_fingerprint', 'parse_heldout',
            'probes_fingerprint']
 
 # %% ../nbs/05_data.ipynb #e63a40fe
@@ -54,10 +54,15 @@ def _check_positive_int(n, name: str, maximum: int | None = None, what: str = "r
     return int(n)
 
 # %% ../nbs/05_data.ipynb #64ba3114
+SEED_MAX = 2**32 - 1  # the largest seed: numpy's legacy seeding (and so transformers' set_seed) takes no more
+
+def is_seed(v: object) -> bool:
+    "Whether `v` is a seed: an int (not a bool) in [0, SEED_MAX]."
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool) and 0 <= v <= SEED_MAX
+
 def check_seed(seed: object, name: str = "seed") -> int:
-    "`seed` as a non-negative int, or a ValueError naming `name`."
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"{name}: expected a non-negative int, got {_shown(seed)}")
+    "`seed` as an int in [0, SEED_MAX], or a ValueError naming `name`."
+    if not is_seed(seed): raise ValueError(f"{name}: expected an integer in [0, {SEED_MAX}], got {_shown(seed)}")
     return int(seed)
 
 # %% ../nbs/05_data.ipynb #1b2aa4a0

@@ -120,8 +120,11 @@ def _serve(conn, target: Callable, threads: int) -> None:
         conn.send((key, target(config, run_dir, threads=threads)))
 
 # %% ../nbs/12_executors.ipynb #8512325a
+def _terminated(signum, frame): raise SystemExit(143)
+
 def _worker(spec: dict, conn, parent_pid: int, target: Callable):
     _die_with_parent(parent_pid)
+    signal.signal(signal.SIGTERM, _terminated)   # the parent's SIGTERM unwinds the run: its locks are released, no stale holder
     os.environ.update(worker_env(spec))
     _serve(conn, target, spec["threads"])
 
@@ -224,8 +227,11 @@ class LocalExecutor:
                     if w.task is not None: workers[workers.index(w)] = _Worker(self.ctx, w.spec, self.target)   # it died
                     else: self._grow(workers, w.spec["device"], res.get("peak_memory"))
                     on_done(key, res)
-        except BaseException:                    # interrupted (Ctrl-C, SIGTERM) or failed: the workers end now, not after their run
-            for w in workers: w.proc.kill()
+        except BaseException:                    # interrupted (Ctrl-C, SIGTERM) or failed: the workers end now, not after their run,
+            for w in workers: w.proc.terminate() # each unwinding its run (locks released, rows flushed), killed if it cannot
+            for w in workers:
+                w.proc.join(timeout=10)
+                if w.proc.is_alive(): w.proc.kill()
             raise
         finally:
             for w in workers: w.stop()

@@ -29,8 +29,10 @@ def section_runs_overview(study: Study, **o) -> list:
                 "variance components (a fully crossed head-seed x data-seed design), drift as an early warning (an extended "
                 "learning-rate sweep with failing runs), the mitigation and perturbation sections (seed-only groups; runs "
                 "that saved perturbed embeddings), and the metric-agreement section (a seed sweep).")
+    skipped = study.spec.get("skipped", [])
+    skip = (f"Skipped {len(skipped)} run folder(s): " + "; ".join(f"`{s['path']}` ({s['why']})" for s in skipped) + ".") if skipped else None
     return [*filter(None, [alarm_note(study)]), f"**{len(rs)} runs** from {len(study.spec.get('sources', []))} folder(s), grouped by `{by}`: "
-            + ", ".join(f"{k} ({v} run{'s' if v != 1 else ''})" for k, v in sizes.items()) + ".", left_out]
+            + ", ".join(f"{k} ({v} run{'s' if v != 1 else ''})" for k, v in sizes.items()) + ".", *filter(None, [skip]), left_out]
 
 # %% ../nbs/20c_experiment_sections.ipynb #29bffe3d
 def section_runs_seeds(study: Study, **o) -> list:

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from .config import POOLINGS   # the pooling names' one home (config is light: no torch)
+from .data import check_seed
 from .kernels import choose_linear_kernel, linear_kernel
 
 if TYPE_CHECKING:
@@ -45,13 +46,6 @@ def _check_positive_int(x, name: str) -> int:
     if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1:
         raise ValueError(f"{name}: expected a positive int, got {x!r}")
     return int(x)
-
-# %% ../nbs/07_extract.ipynb #11a62c91
-def _check_seed(seed) -> int:
-    "`seed` as an int >= 0, or a ValueError."
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed: expected a non-negative int, got {seed!r}")
-    return int(seed)
 
 # %% ../nbs/07_extract.ipynb #36907694
 def _check_pooling(pooling) -> tuple[tuple[str, ...], bool]:
@@ -394,7 +388,7 @@ def perturb_texts(texts: Sequence[str],  # N texts
     if kind not in ("token_dropout", "typo"): raise ValueError(f"kind: expected 'token_dropout' or 'typo', got {kind!r}")
     if isinstance(rate, bool) or not isinstance(rate, (int, float, np.floating, np.integer)) or not 0 <= rate <= 1:
         raise ValueError(f"rate: expected a probability in [0, 1], got {rate!r}")
-    seed, k = _check_seed(seed), _check_positive_int(k, "k")
+    seed, k = check_seed(seed), _check_positive_int(k, "k")
     f = _drop_words if kind == "token_dropout" else _typos
     return [[f(t, float(rate), np.random.default_rng([seed, j, i])) for i, t in enumerate(texts)] for j in range(k)]
 
@@ -421,7 +415,7 @@ def _mc_dropout(embed,            # `_embed` with everything but texts, dropout 
                 k: int, seed: int,
                ) -> tuple[dict[str, np.ndarray], bool]:  # {pooling: (k, L', N, d)}, single-layer flag
     "`k` train-mode passes over `texts`, pass j under a torch seed derived from (seed, j), inside fork_rng."
-    seed = _check_seed(seed)
+    seed = check_seed(seed)
     if not _has_dropout(model):
         warnings.warn("mc_dropout: the model has no dropout with p > 0; all k copies will be identical", stacklevel=3)
     cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []   # manual_seed reseeds them all

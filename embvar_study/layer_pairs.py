@@ -24,7 +24,7 @@ KNN_K = 5                                                          # neighbours 
 ALPHAS = {"procrustes_angular": 1.0, "procrustes_euclidean": 1.0, "shape_angular_alpha0": 0.0}
 COV_MEASURES = {"cca", "svcca", "pwcca", "linreg_r2_xy", "linreg_r2_yx", *ALPHAS}   # from the SVD of the resample's centred rows
 BOOTSTRAPPED = set(GRAM_MEASURES) | set(KNN_MEASURES) | COV_MEASURES
-GRAM_MAX_N = 4096       # the Gram route holds (layers, N, N) arrays: up to this N
+GRAM_MAX_N = 4096       # the Gram and k-NN bootstrap routes hold (layers, N, N) arrays: up to this N (above: values only)
 _BUDGET = 2 ** 27       # bytes of the largest temporary of one chunk of resamples (128 MiB)
 
 # %% ../nbs/02b_layer_pairs.ipynb #d6b8a5bd
@@ -44,7 +44,7 @@ class LayerFactors:
     X: np.ndarray      # (L, N, d) the layers as given (float64): RSA's correlation RDM centres rows over features
     Z: np.ndarray      # (L, N, r) the same rows in an orthonormal basis Q of their span, X = Z Q^T; r = min(N, d)
     Q: np.ndarray | None  # (L, d, r) that basis; None when r = d (Z is X)
-    K: np.ndarray      # (L, N, N) Gram matrix of the centred rows
+    K: np.ndarray | None  # (L, N, N) Gram matrix of the centred rows; None above N = GRAM_MAX_N (no N x N array)
     rank: np.ndarray   # (L,) rank of the centred rows (N - 1 at most); the CCA family is saturated at N - 1
     d: int             # the original width
 
@@ -62,7 +62,8 @@ def layer_factors(X: np.ndarray | torch.Tensor,  # (L, N, d) layers of one side:
         c = Z - Z.mean(axis=1, keepdims=True)
         s = np.linalg.svd(c, compute_uv=False)
     rank = (s > s[:, :1] * max(N, d) * np.finfo(np.float64).eps).sum(axis=1)   # `_basis`'s rank cut
-    return LayerFactors(X, np.ascontiguousarray(Z), Q, c @ np.swapaxes(c, 1, 2), rank, d)
+    K = c @ np.swapaxes(c, 1, 2) if N <= GRAM_MAX_N else None       # the only N x N factor: the Gram route's, up to its N
+    return LayerFactors(X, np.ascontiguousarray(Z), Q, K, rank, d)
 
 # %% ../nbs/02b_layer_pairs.ipynb #fad2faad
 def tensor_factors(X: torch.Tensor,  # (L, N, d) layers of one side, any float dtype, on any device
@@ -79,7 +80,7 @@ def tensor_factors(X: torch.Tensor,  # (L, N, d) layers of one side, any float d
     s = torch.linalg.svdvals(c)
     rank = (s > s[:, :1] * max(N, d) * np.finfo(np.float64).eps).sum(dim=1)
     host = lambda t: None if t is None else t.cpu().numpy()
-    return LayerFactors(host(X), np.ascontiguousarray(host(Z)), host(Q), host(c @ c.mT), host(rank), d)
+    return LayerFactors(host(X), np.ascontiguousarray(host(Z)), host(Q), host(c @ c.mT) if N <= GRAM_MAX_N else None, host(rank), d)
 
 
 # %% ../nbs/02b_layer_pairs.ipynb #d2edd5ba
@@ -255,7 +256,7 @@ def pair_scores(fa: LayerFactors,  # factors of side a (La layers)
     "Every measure of every layer pair, from the per-layer factors: the full sample and the resamples in one batched pass."
     N = fa.Z.shape[1]
     W = np.concatenate([np.ones((1, N)), w])                            # row 0: the full sample
-    boot = [m for m in measures if m in BOOTSTRAPPED and (m not in GRAM_MEASURES or N <= GRAM_MAX_N)]
+    boot = [m for m in measures if m in COV_MEASURES or (m in BOOTSTRAPPED and N <= GRAM_MAX_N)]   # N x N routes up to their N
     gram = [m for m in boot if m in GRAM_MEASURES and N <= GRAM_MAX_N]   # above: `linear_cka` itself, values only
     knn = [m for m in boot if m in KNN_MEASURES]
     cov = [m for m in boot if m in COV_MEASURES]

@@ -4,6 +4,7 @@
 
 # %% ../nbs/08a_run_writer.ipynb #5ffa3848
 from __future__ import annotations
+import contextlib
 import json
 import math
 import shutil
@@ -231,5 +232,7 @@ def finish(self: RunWriter,
 # %% ../nbs/08a_run_writer.ipynb #d8398006
 @method_of(RunWriter)
 def abandon(self: RunWriter) -> None:
-    "Stop writing without COMPLETE (the run stays incomplete) and release the lock."
-    self._closed = True; self._release()
+    "Stop writing without COMPLETE (the run stays incomplete, with every history row logged so far) and release the lock."
+    try:
+        with contextlib.suppress(OSError): self.flush()   # rows logged with flush=False are kept (a crash loses none)
+    finally: self._closed = True; self._release()

@@ -108,9 +108,13 @@ def _drift_caption(s: pd.DataFrame, by: str, fig) -> str:
     from embvar_study import plots as P
     last = last_rows(s, by).sort_values("drift")
     ends = "; ".join(f"{P.group_label(by, getattr(r, by))} ends at {format_value(r.drift)} (step {r.step})" for r in last.itertuples())
-    lo, hi = last.iloc[0], last.iloc[-1]
-    see = (f"{P.group_label(by, hi[by])} moves the probes {hi.drift / lo.drift:.1f}x as far as {P.group_label(by, lo[by])}"
-           if len(last) >= 2 and lo.drift > 0 else "how far the probes move")
+    common = set.intersection(*(set(g["step"]) for _, g in s.groupby(by))) - {0}   # a ratio of drifts only at one step
+    at = s[s["step"] == max(common)].sort_values("drift") if common else last
+    lo, hi = at.iloc[0], at.iloc[-1]
+    when = (f" at step {int(hi.step)}" if common else
+            f" (step {int(hi.step)} against step {int(lo.step)}: no step tracked by every group)" if hi.step != lo.step else f" at step {int(hi.step)}")
+    see = (f"{P.group_label(by, hi[by])} moves the probes {hi.drift / lo.drift:.1f}x as far as {P.group_label(by, lo[by])}{when}"
+           if len(at) >= 2 and lo.drift > 0 else "how far the probes move")
     scale = " The drift axis is logarithmic: the curves differ more than 10x." if fig.axes[0].get_yscale() == "log" else ""
     return (f"What to see: {see}; {ends}. Left: mean drift from step 0 per group, band over the seeds, dotted 95% interval. "
             f"Right: whether the training loss moved at all over the same steps.{scale}")

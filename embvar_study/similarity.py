@@ -13,9 +13,9 @@ from .metrics import check_pair_rows, check_not_constant, flat_pairs, float_rows
 from .rsa import rsa
 
 # %% auto #0
-__all__ = ['INVARIANCES', 'MEASURES', 'check_k', 'knn_sets', 'knn_indices', 'common_count', 'knn_overlap', 'centred_unit', 'hsic',
-           'debias_hsic', 'cka_ratio', 'linear_cka', 'cca', 'svcca', 'pwcca', 'span_rows', 'procrustes_distance',
-           'mutual_knn', 'hsic_unbiased', 'cknna', 'Measure', 'linear_r2']
+__all__ = ['KNN_ROWS_N', 'INVARIANCES', 'MEASURES', 'check_k', 'knn_sets', 'knn_indices', 'common_count', 'knn_overlap',
+           'centred_unit', 'hsic', 'debias_hsic', 'cka_ratio', 'linear_cka', 'cca', 'svcca', 'pwcca', 'span_rows',
+           'procrustes_distance', 'mutual_knn', 'hsic_unbiased', 'cknna', 'Measure', 'linear_r2']
 
 # %% ../nbs/02a_similarity.ipynb #7c9b0dfd
 def check_k(k: int, N: int, name: str="k") -> None:
@@ -33,10 +33,20 @@ def _knn_chunk(x, n, k, sc):
     return top_k(S, k)
 
 # %% ../nbs/02a_similarity.ipynb #d8726106
+KNN_ROWS_N = 4096   # above this N, each row's neighbours come from blocks of rows: memory O(block N), never N x N
+
 def knn_sets(x: np.ndarray, name: str, k: int) -> np.ndarray:
-    "(..., N, k) indices of the k cosine-nearest rows, nearest first, self excluded."
+    "(..., N, k) indices of the k cosine-nearest rows, nearest first, self excluded (in row blocks above KNN_ROWS_N)."
     n, sc, (N, d) = row_norms(x, name), Scratch(ops_of(x)), x.shape[-2:]
-    return chunked_apply(lambda a, b: _knn_chunk(a, b, k, sc), [x, n], x.shape[:-2], cost=3 * N * N + N * d)
+    if N <= KNN_ROWS_N:
+        return chunked_apply(lambda a, b: _knn_chunk(a, b, k, sc), [x, n], x.shape[:-2], cost=3 * N * N + N * d)
+    xp, u = sc.xp, x / n[..., None]
+    b, ut = max(1, 2 ** 22 // N), u.swapaxes(-1, -2)                   # (block, N) float64 scores: 32 MiB
+    def rows(s):
+        S = u[..., s:s + b, :] @ ut                                    # (..., block, N) cosines of rows s.. with every row
+        i = xp.arange(S.shape[-2]); S[..., i, i + s] = -np.inf
+        return top_k(S, k)
+    return xp.concatenate([rows(s) for s in range(0, N, b)], axis=-2)
 
 # %% ../nbs/02a_similarity.ipynb #ca1a4653
 def knn_indices(X: ArrayLike,  # (..., N, d) embeddings, non-zero rows

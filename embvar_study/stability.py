@@ -279,6 +279,17 @@ def alarm_cost(sig: pd.DataFrame,       # stability_signals(...) (every run)
 # %% ../nbs/18a_stability.ipynb #18dad677
 def _iv(lo: float, hi: float) -> str: return f"[{lo:.2f}, {hi:.2f}]" if math.isfinite(lo) and math.isfinite(hi) else "(no interval)"
 
+# %% ../nbs/18a_stability.ipynb #66208534
+def _auc_sentence(signal: str, auc: float, lo: float, hi: float) -> str:
+    "A within-rate AUC of `signal` (failed runs the positives) in words: 'separates' only with its interval above 0.5, below it the reverse direction."
+    where, iv, has = "failed from learned runs of the same rate", _iv(lo, hi), math.isfinite(lo) and math.isfinite(hi)
+    side = "higher" if auc >= 0.5 else "lower"
+    if has and lo > 0.5: return f"{signal} separates {where} (higher in the failed runs) with AUC {auc:.2f} {iv}"
+    if has and hi < 0.5: return (f"{signal} points the reverse way: lower in the failed than in the learned runs of the same rate, "
+                                 f"AUC {auc:.2f} {iv} ({1 - auc:.2f} read as lower values marking failure)")
+    if has: return f"{signal} does not separate {where}: AUC {auc:.2f} {iv}, an interval covering 0.5"
+    return f"{signal} is {side} in the failed than in the learned runs of the same rate, AUC {auc:.2f} {iv}: no separation is shown"
+
 # %% ../nbs/18a_stability.ipynb #8a6fd83a
 def stability_answer(inc: pd.DataFrame,       # incremental_value(...)
                      wa: pd.DataFrame,        # within_auc_table(...)
@@ -301,7 +312,7 @@ def stability_answer(inc: pd.DataFrame,       # incremental_value(...)
             f"({int(r['failed'])} failed and {int(r['learned'])} learned runs, {int(r['seeds'])} seeds), the cross-validated model with drift has stratified AUC "
             f"{r['auc_full']:.2f} against {r['auc_base']:.2f} without it: increment {r['diff']:+.2f}, test band {_iv(r['low'], r['high'])}.")
     if d["seeds_needed"]: text += f" A decision ({d['for']}) would need at least {d['seeds_needed']} seeds per learning rate (80% power at the observed increment), against {int(r['seeds'])} here."
-    text += (f" Drift at the last layer alone separates failed from learned runs of the same rate with AUC {w['auc']:.2f} {_iv(w['low'], w['high'])}; "
+    text += (f" {_auc_sentence('Drift at the last layer alone', w['auc'], w['low'], w['high'])}; "
              f"pooled over rates its AUC is {p.loc['drift, last layer', 'auc']:.2f} {_iv(p.loc['drift, last layer', 'low'], p.loc['drift, last layer', 'high'])}, "
              f"the learning rate's alone {p.loc['learning rate (known before training)', 'auc']:.2f} {_iv(p.loc['learning rate (known before training)', 'low'], p.loc['learning rate (known before training)', 'high'])}.")
     return {"text": text, "verdict": d["verdict"], "value": float(r["diff"]), "ci": (float(r["low"]), float(r["high"])), "seeds_needed": d["seeds_needed"]}

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .runs import Run, load_run, CorruptRunError
+from .runs import Run, load_run, CorruptRunError, damaged_files
 from .storage import method_of
 from .study_folder import NotComputed, MANIFEST_COLUMNS, read_study_spec, load_manifest
 
@@ -402,26 +402,36 @@ def design(self: Study, experiment: str) -> str:
     return _design_words(experiment, self.runs(experiment).table, self.manifests[experiment])
 
 # %% ../nbs/14_study.ipynb #d34f1f1e
-def _run_folders(run_dirs: list[str | Path]) -> list[Path]:
-    "The complete run folders under each of `run_dirs`, in order, each once."
-    from embvar_study.runs import find_runs
-    folders = []
+def _run_folders(run_dirs: list[str | Path]) -> tuple[list[Path], list[tuple[Path, str]]]:  # (complete folders, [(incomplete folder, why)])
+    "The complete run folders under each of `run_dirs`, in order, each once, and the run folders under them without COMPLETE."
+    from embvar_study.runs import find_runs, is_hidden
+    folders, skipped = [], []
     for d in run_dirs:
         d = Path(d)
         if not d.is_dir(): raise FileNotFoundError(f"runs: {d} is not a folder")
         found = find_runs(d)
         if not found: raise NotComputed(f"runs: {d} holds no complete run folder")
         folders += found
-    return list(dict.fromkeys(folders))
+        started = sorted({p.parent for p in d.rglob("config.json") if (p.parent / "probes.jsonl").is_file()   # what RunWriter writes first
+                          and not (p.parent / "COMPLETE").exists() and not any(is_hidden(Path(q)) for q in p.relative_to(d).parts)})
+        skipped += [(p, "incomplete: no COMPLETE marker (the run crashed, was killed, or is still running)") for p in started]
+    return list(dict.fromkeys(folders)), list(dict.fromkeys(skipped))
 
 # %% ../nbs/14_study.ipynb #e3b947d9
 def study_from_runs(run_dirs: list[str | Path],   # run folders, or folders to search for run folders
                     group_by: str = "lr",         # config key (dotted for nested keys) whose value groups the runs
                    ) -> Study:
     "A `Study` of arbitrary run folders: one experiment `runs`, factor = the `group_by` value and every other configuration field that differs (`split_fields`)."
-    runs = {}
-    for f in _run_folders(run_dirs):
-        r = load_run(f); runs[r.config_hash] = r
+    runs, (folders, skipped) = {}, _run_folders(run_dirs)
+    for f in folders:
+        bad = damaged_files(f)                      # every file re-hashed: a damaged run is named, not read
+        if bad: skipped.append((f, f"damaged: {len(bad)} file(s), e.g. {bad[0][0]}: {bad[0][1]}")); continue
+        r = load_run(f)
+        if len(r.steps) and r.steps[0] != 0:          # a tracker started mid-training: its drift is from another reference
+            skipped.append((f, f"its drift reference is step {int(r.steps[0])}, not step 0 (the first step it tracked), so its "
+                               f"drift from step 0 is not defined")); continue
+        runs[r.config_hash] = r
+    if not runs: raise NotComputed("runs: no run to report; skipped " + "; ".join(f"{p}: {why}" for p, why in skipped))
     value = lambda r: _design_row(r)[group_by] if group_by in DESIGN_COLUMNS else config_value(r.config, group_by)
     values = {k: value(r) for k, r in runs.items()}
     if all(v is None or v != v for v in values.values()):   # None, or NaN for a design column the run does not set
@@ -437,6 +447,7 @@ def study_from_runs(run_dirs: list[str | Path],   # run folders, or folders to s
              **{f: typed[k][f] for f in fields if f not in DESIGN_COLUMNS}} for k, r in runs.items()]
     words = list(dict.fromkeys(GROUP_FIELDS.get(f, f) for f in fields))
     spec = {"profile": "runs", "group_by": group_by + (f" and {', '.join(words)}" if words else ""), "group_key": group_by,
-            "split_by": fields, "sources": [str(Path(d).resolve()) for d in run_dirs]}
+            "split_by": fields, "sources": [str(Path(d).resolve()) for d in run_dirs],
+            "skipped": [{"path": str(Path(p).resolve()), "why": why} for p, why in skipped]}   # named on the console and the page
     return Study(Path(run_dirs[0]), spec, {"runs": pd.DataFrame(rows)}, runs)
 

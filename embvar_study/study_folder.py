@@ -4,18 +4,19 @@
 
 # %% ../nbs/14a_study_folder.ipynb #1f13b06a
 from __future__ import annotations
-import contextlib, json, os, re, tempfile
+import contextlib, hashlib, json, os, re, tempfile
 from pathlib import Path
 from typing import Iterator
 
 import pandas as pd
 
 from .runs import CorruptRunError
-from .storage import atomic_write_json, atomic_write_text, FolderLock
+from .storage import atomic_write_json, atomic_write_text, canonical_json, FolderLock
 
 # %% auto #0
-__all__ = ['STUDY_FILE', 'RUNS_REPORT_MARK', 'MANIFEST_COLUMNS', 'NotComputed', 'study_lock', 'write_study_spec',
-           'read_study_spec', 'check_out_folder', 'manifest_path', 'write_manifest', 'load_manifest']
+__all__ = ['SPEC_FIELDS', 'STUDY_FILE', 'RUNS_REPORT_MARK', 'MANIFEST_COLUMNS', 'NotComputed', 'study_lock', 'spec_digests',
+           'write_study_spec', 'read_study_spec', 'check_out_folder', 'manifest_path', 'write_manifest',
+           'load_manifest']
 
 # %% ../nbs/14a_study_folder.ipynb #19b2c9c2
 class NotComputed(Exception):
@@ -36,14 +37,30 @@ def study_lock(study_dir: str | Path,   # the study folder (need not exist)
         try: yield lock
         finally: _HELD.discard(key)
 
+# %% ../nbs/14a_study_folder.ipynb #773696fc
+SPEC_FIELDS = ("profile", "overrides", "experiments", "resolved")   # what a study is (its plan: grid, failure rule, profile)
+
+def _leaves(obj: object, path: str) -> dict:
+    "{dotted path: value} of every leaf of nested dicts (a list is a leaf)."
+    if isinstance(obj, dict) and obj: return {p: v for k, x in obj.items() for p, v in _leaves(x, f"{path}.{k}").items()}
+    return {path: obj}
+
+def spec_digests(spec: dict,  # a study.json object
+                ) -> dict:    # dotted path -> sha256 (16 hex digits) of that field's canonical JSON
+    "The content hash of every field of a study's plan (SPEC_FIELDS, down to each leaf): what `read_study_spec` checks."
+    return {p: hashlib.sha256(canonical_json(v, p).encode()).hexdigest()[:16]
+            for k in SPEC_FIELDS if k in spec for p, v in _leaves(spec[k], k).items()}
+
+
 # %% ../nbs/14a_study_folder.ipynb #3aa618f7
 STUDY_FILE = "study.json"
 
 def write_study_spec(study_dir: str | Path,  # the study folder (created)
                      spec: dict,             # the resolved profile and provenance (JSON-serialisable)
                     ) -> Path:               # the file written
-    "Write `study.json` (the resolved profile and provenance) atomically."
-    return atomic_write_json(Path(study_dir) / STUDY_FILE, spec)
+    "Write `study.json` (the resolved profile and provenance) atomically, with the content hash of every field of its plan."
+    spec = {k: v for k, v in spec.items() if k != "digests"}
+    return atomic_write_json(Path(study_dir) / STUDY_FILE, {**spec, "digests": spec_digests(spec)})
 
 # %% ../nbs/14a_study_folder.ipynb #f5deee90
 def read_study_spec(study_dir: str | Path) -> dict:
@@ -53,6 +70,13 @@ def read_study_spec(study_dir: str | Path) -> dict:
     try: spec = json.loads(f.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e: raise CorruptRunError(f"{f}: unreadable ({e})") from None
     if not isinstance(spec, dict): raise CorruptRunError(f"{f}: expected a JSON object, got {type(spec).__name__}")
+    if isinstance(spec.get("digests"), dict):            # written with its hashes: a field edited since is refused, named
+        now, then = spec_digests(spec), spec["digests"]
+        changed = sorted(p for p in set(now) | set(then) if now.get(p) != then.get(p))
+        if changed:
+            raise CorruptRunError(f"{f}: field {changed[0]!r}" + (f" (and {len(changed) - 1} more)" if len(changed) > 1 else "")
+                                  + " was edited after the study was planned (its content hash differs from the one written with it); "
+                                  "the runs followed the plan as written: restore study.json, or run the study into a new folder")
     return spec
 
 # %% ../nbs/14a_study_folder.ipynb #e9b03d28

@@ -11,6 +11,7 @@ from typing import Callable, Iterable
 import pandas as pd
 
 from .config import TrainConfig
+from .data import SEED_MAX, is_seed
 from .runs import verify_run, CorruptRunError, IncompleteRunError
 from .storage import atomic_write_text, package_version, git_info
 from .study_folder import study_lock, write_study_spec, read_study_spec, write_manifest, STUDY_FILE
@@ -113,9 +114,9 @@ def check_profile_name(name: str) -> str:
 def _check_grid_keys(prof: dict):
     "Each grid key of a profile: a non-empty list of learning rates, seeds or schedules, a positive ref_lr, a dict of run fields."
     lr_ok = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-    seed_ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    seed_ok = lambda v: isinstance(v, int) and is_seed(v)
     kinds = ((("lrs", "extended_lrs"), lr_ok, "positive learning rates"),
-             (("seeds", "head_seeds", "data_seeds", "crossed_seeds", "extended_seeds", "schedule_seeds", "lora_seeds", "source_seeds"), seed_ok, "seeds (integers >= 0)"),
+             (("seeds", "head_seeds", "data_seeds", "crossed_seeds", "extended_seeds", "schedule_seeds", "lora_seeds", "source_seeds"), seed_ok, f"seeds (integers in [0, {SEED_MAX}])"),
              (("lora_ranks",), lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "LoRA ranks (integers >= 1)"),
              (("schedules",), lambda v: v in ("linear", "constant", "cosine"), "schedules (linear, constant, cosine)"),
              (("experiments",), lambda v: v in EXPERIMENT_NAMES, f"experiment names {list(EXPERIMENT_NAMES)}"))

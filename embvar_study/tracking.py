@@ -112,7 +112,7 @@ class EmbeddingTracker:
                  probes,                    # texts, a DataFrame with `text`, or a probe source ("builtin", a file)
                  run_dir: str | Path,       # run folder to write (created; refused if another writer holds it)
                  *,
-                 every: int = 10,           # embed at step 0 and every `every` steps
+                 every: int = 10,           # embed at step 0 (or the first step seen: the reference) and every `every` steps
                  layers="all",              # "all" hidden states, or a list of indices
                  poolings=None,             # any of "mean", "cls", "max", "last"; None: "last" for a decoder, else "mean"
                  config: dict | None = None,  # your run's parameters (JSON-serialisable), recorded in config.json
@@ -208,7 +208,8 @@ class EmbeddingTracker:
             ) -> dict:               # the live metrics (see above); {} when the step was not tracked (or live=False)
         "Embed and save the probes if `step` is due (or `force`), once per step; the live metrics, also sent to `log`. Call it on every rank."
         self._last = max(self._last, int(step))
-        if not (self.due(step) or (force and step not in self.tracked)): return {}
+        first = not self.tracked                        # the first step seen is the drift reference, due or not (every rank agrees)
+        if not (first or self.due(step) or (force and step not in self.tracked)): return {}
         t = time.perf_counter()
         try:
             arrays = self.embed(); self.embed_seconds += time.perf_counter() - t
@@ -258,6 +259,7 @@ class EmbeddingTracker:
         if status == "diverged" and self.diverged: facts.setdefault("diverged_because", self.diverged)
         if self.alarm_rule is not None:
             facts["alarm"] = self.alarm or {"fired": False, "rule": self.alarm_rule.to_dict()}
+        if self.tracked: facts.setdefault("reference_step", min(self.tracked))   # what drift is measured from
         return self.writer.finish(status=status, tracked_steps=len(self.tracked), tracking_s=round(self.seconds, 3),
                                   live_metrics_s=round(self.live_seconds, 4), **facts)
 
@@ -388,7 +390,11 @@ class EmbvarCallback(TrainerCallback):
         metrics = self._step(state.global_step, bool(last), control)
         if metrics:
             self._publish(args, state, control, metrics)
-            if self.stop and self.tracker.alarm_fired: control.should_training_stop = True   # every rank: the alarm is broadcast
+            if self.stop and self.tracker.alarm_fired and not control.should_training_stop:   # every rank: the alarm is broadcast
+                control.should_training_stop = True
+                if self.tracker.rank == 0:                  # one console line: why the training ends early
+                    print(f"embvar: the alarm stopped training at step {state.global_step} of {state.max_steps}: "
+                          f"{self.tracker.alarm['reason']} (run folder {self.run_dir})", flush=True)
 
     def _step(self, step: int, force: bool, control: TrainerControl) -> dict:
         "The tracker's step; non-finite probe embeddings end the training as diverged (as `embvar train`), on every rank."

@@ -268,3 +268,53 @@ def test_verify_names_its_argument_in_one_line(tmp_path):
     assert "STUDY_OR_RUN: no such folder" in line and "nowhere" in line
     (tmp_path / "empty").mkdir()
     assert "STUDY_OR_RUN: " in one_line_error(embvar("verify", str(tmp_path / "empty")), "verify")
+
+
+BIG_SEED = "99999999999999999999"   # > 2**64: torch's "Overflow when unpacking long long", blamed on --model, after the data
+
+
+@pytest.mark.parametrize("flag", ["--seed", "--init-seed", "--probe-seed"])
+def test_an_out_of_range_seed_is_named_before_any_work(tmp_path, flag):
+    "One line naming the seed flag and the range, before the data are read (nothing on stdout) and before any folder."
+    r = embvar("train", *cli_args(TINY), flag, BIG_SEED, "--out", str(tmp_path / "r"))
+    line = one_line_error(r)
+    assert line == f"embvar train: error: {flag}: expected {'None or ' if flag == '--init-seed' else ''}an integer in [0, 4294967295], got {BIG_SEED}"
+    assert r.stdout == "" and not (tmp_path / "r").exists()
+
+
+def test_an_out_of_range_seed_in_set_seeds_is_named_before_any_work(tmp_path):
+    r = embvar("report", "--profile", "smoke", "--set", "dataset=bundled", "--set", f"seeds=[0, {BIG_SEED}]", "--out", str(tmp_path / "s"))
+    line = one_line_error(r, "report")
+    assert line == (f"embvar report: error: --set seeds: expected a non-empty list of seeds (integers in [0, 4294967295]), "
+                    f"got [0, {BIG_SEED}]"), line
+    assert not (tmp_path / "s").exists() and not list(tmp_path.glob(".s.lock*"))
+
+
+def test_report_runs_names_every_folder_it_skips_on_the_console_and_the_page(tmp_path):
+    "A crashed, a damaged and a no-step-0 run inside a --runs folder: one 'skipped:' line each, and the page says the same."
+    import html, re
+    from test_study import _runs_with_bad_ones
+    root = _runs_with_bad_ones(tmp_path / "runs")
+    r = embvar("report", "--runs", str(root), "--out", str(tmp_path / "rr"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    skipped = [l for l in r.stdout.splitlines() if l.startswith("skipped: ")]
+    assert [l.split(": ")[1] for l in skipped] == [str((root / n).resolve()) for n in ("crashed", "damaged", "from_step1")]
+    assert "incomplete: no COMPLETE marker" in skipped[0] and ": damaged: 1 file(s)" in skipped[1]
+    assert skipped[2].endswith("its drift reference is step 1, not step 0 (the first step it tracked), so its drift from step 0 is not defined")
+    text = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", (tmp_path / "rr" / "report.html").read_text(encoding="utf-8"))).split())
+    assert "2 runs from 1 folder(s)" in text and "Skipped 3 run folder(s): " in text
+    for n in ("crashed", "damaged", "from_step1"): assert f"{(root / n).resolve()} (" in text
+
+
+def test_only_report_refuses_a_study_json_edited_after_the_runs(tmp_path):
+    "The plan in study.json is content-hashed like a run: an edited field is one line naming it, and nothing is rendered."
+    import json as _json
+    from embvar_study.synthetic import synthetic_study
+    study = synthetic_study(tmp_path / "s")
+    spec = _json.loads((study / "study.json").read_text()); spec["resolved"]["lrs"] = [5e-5, 5e-3]   # the grid, rewritten
+    (study / "study.json").write_text(_json.dumps(spec))
+    line = one_line_error(embvar("report", "--profile", "smoke", "--only-report", "--out", str(study)), "report")
+    assert line == (f"embvar report: error: {study / 'study.json'}: field 'resolved.lrs' was edited after the study was planned (its "
+                    "content hash differs from the one written with it); the runs followed the plan as written: restore study.json, "
+                    "or run the study into a new folder"), line
+    assert not (study / "report.html").exists() and not (study / "notebooks").exists()

@@ -350,3 +350,97 @@ def test_torch_tensors_are_factored_on_their_device_and_equal_numpy():
         bad = torch.tensor(A); bad[0, 0, 0] = float("nan"); compare(bad, B)
     with pytest.raises(ValueError, match=r"^b: expected shape \(layers, N, d\)"):
         compare(torch.tensor(A), torch.tensor(B[0]))
+
+
+# --- issue 42: names given twice, a malformed @step= ----------------------------------------------------------------
+def test_a_measure_named_twice_is_computed_once(fake_runs, tmp_path):
+    "`--measures linear_cka,linear_cka`: one row per layer pair, equal to asking once (was pandas' duplicate-index error)."
+    once = compare(A, B, measures=["linear_cka"], n_resamples=5)
+    twice = compare(A, B, measures=["linear_cka", "linear_cka"], n_resamples=5)
+    pd.testing.assert_frame_equal(twice, once)
+    a, b = fake_runs
+    rc, err, _ = _cli(f"{a}@step=0", f"{b}@step=0", "--out", tmp_path / "o", "--measures", "linear_cka,linear_cka",
+                      "--layers", "1,2", "--n-resamples", "3")
+    assert rc == 0, err
+    assert len(pd.read_csv(tmp_path / "o" / "compare.csv")) == 4
+
+
+@pytest.mark.parametrize("side", ["a", "b"])
+def test_a_malformed_step_is_named_not_looked_up(fake_runs, tmp_path, side):
+    "`RUN@step=abc`: one line naming the side and the form expected, with or without --probes (was a Hub lookup)."
+    a, b = fake_runs
+    good, bad = f"{b}@step=0", f"{a}@step=abc"
+    args = [bad, good] if side == "a" else [good, bad]
+    (tmp_path / "p.txt").write_text("\n".join(f"synthetic probe {i}" for i in range(12)))
+    for extra in ([], ["--probes", tmp_path / "p.txt"]):
+        rc, err, _ = _cli(*args, "--out", tmp_path / "o", *extra)
+        assert rc == 2 and err == [f"embvar compare: error: {side}: malformed run step {bad!r}: expected PATH@step=S "
+                                   "with S a whole number, e.g. runs/x@step=24"], err
+        assert not (tmp_path / "o").exists()
+
+
+# --- issue 42: compare at large N streams (no N x N array), and equals the N x N route where both exist -------------
+STREAMED = ["linear_cka", "debiased_cka", "cca", "svcca", "pwcca", "procrustes_angular", "linreg_r2_xy"]
+
+
+def test_large_n_allocates_no_n_by_n_array():
+    "N = 20,000 probes, d = 64: every streamed measure is returned and the traced peak stays far below one N x N array."
+    import tracemalloc
+    rng = np.random.default_rng(1)
+    N, d = 20_000, 64
+    X = rng.normal(size=(2, N, d)); Y = X @ rng.normal(size=(d, d)) + rng.normal(size=(2, N, d))
+    tracemalloc.start()
+    try:
+        t = compare(X, Y, measures=STREAMED, n_resamples=2)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally: tracemalloc.stop()
+    assert peak < N * N * 8 / 10, f"peak {peak / 2**20:.0f} MiB: an N x N float64 array is {N * N * 8 / 2**20:.0f} MiB"
+    assert set(t.measure) == set(STREAMED) and np.isfinite(t.value).all() and len(t) == 4 * len(STREAMED)
+    gram = t.measure.isin(["linear_cka", "debiased_cka"])
+    assert t.loc[gram, "ci_method"].str.startswith("refused: the CKA bootstrap holds N x N").all()
+    assert (t.loc[~gram, "ci_low"] <= t.loc[~gram, "ci_high"]).all()
+    ref = [float(MEASURES_["linear_cka"].fn(X[i], Y[j])) for i in range(2) for j in range(2)]   # the d x d route
+    np.testing.assert_allclose(t[t.measure == "linear_cka"].value, ref, rtol=1e-10)
+
+
+from embvar_study.similarity import MEASURES as MEASURES_
+
+
+def test_the_streamed_route_equals_the_n_by_n_route(monkeypatch):
+    "Below GRAM_MAX_N (Gram matrices) and above it (patched down: no Gram, k-NN in row blocks) the values are the same."
+    import embvar_study.layer_pairs as LP, embvar_study.similarity as S
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(2, 300, 24)); Y = X[::-1] + 0.5 * rng.normal(size=(2, 300, 24))
+    ms = ["linear_cka", "debiased_cka", "mutual_knn", "cca"]
+    full = compare(X, Y, measures=ms, n_resamples=0)
+    assert LP.layer_factors(X).K.shape == (2, 300, 300)
+    monkeypatch.setattr(LP, "GRAM_MAX_N", 100); monkeypatch.setattr(S, "KNN_ROWS_N", 100)
+    assert LP.layer_factors(X).K is None
+    streamed = compare(X, Y, measures=ms, n_resamples=0)
+    np.testing.assert_allclose(streamed.value, full.value, rtol=1e-10, atol=1e-12)
+    np.testing.assert_array_equal(S.knn_indices(X, k=5), np.argsort(-np.where(np.eye(300, dtype=bool), -np.inf,
+                                  (X / np.linalg.norm(X, axis=-1, keepdims=True)) @ np.swapaxes(X / np.linalg.norm(X, axis=-1, keepdims=True), 1, 2)), axis=-1)[..., :5])
+
+
+def test_an_n_by_n_measure_is_refused_before_embedding(monkeypatch):
+    "cknna at 5,000 probes: one line before any model is loaded or any text embedded."
+    import embvar_study.compare as C
+    def boom(*a, **k): raise AssertionError("embedded before refusing")
+    monkeypatch.setattr(C, "_embed", boom)
+    with pytest.raises(ValueError, match=r"^measures: 'cknna' holds N x N arrays, computed up to N = 4,096 probes \(got N = 5,000\)"):
+        compare("tiny-distilbert", "tiny-bert", [f"probe {i}" for i in range(5000)], measures=["cknna"])
+
+
+def test_memory_is_checked_before_embedding(monkeypatch):
+    "Models loaded, nothing embedded: the (layers, N, d) arrays both sides will need are checked against the memory available."
+    import embvar_study.compare as C
+    from embvar_study.extract import embed_texts
+    texts = [f"probe number {i}" for i in range(200)]
+    pair = C._loaded("tiny-distilbert")
+    E = embed_texts(*pair, texts[:3], layers="all")
+    assert C._model_shape(pair) == (E.shape[0], E.shape[2])            # the shape the embedding will have, from the config
+    def boom(*a, **k): raise AssertionError("embedded before the memory check")
+    monkeypatch.setattr(C, "_embed", boom); monkeypatch.setattr(C, "_available_bytes", lambda: 1000)    # bytes
+    need = 3 * 8 * 200 * (E.shape[0] * E.shape[2] + np.prod(C._model_shape(C._loaded("tiny-bert"))))
+    with pytest.raises(ValueError, match=rf"^probes: N = 200 probes need about {need / 2**20:,.1f} MiB for the layer arrays \(a "):
+        compare("tiny-distilbert", "tiny-bert", texts, measures=["linear_cka"])

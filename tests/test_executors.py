@@ -94,3 +94,23 @@ def test_sigkill_of_the_parent_ends_workers_and_resource_tracker(tmp_path):
         assert not [k for k in kids if _alive(k)], "orphans left after the parent was killed"
     finally:
         if parent.poll() is None: parent.kill()
+
+
+def locker(config, run_dir, *, threads):
+    "A task target that holds the writer lock of `run_dir` while it sleeps (as a run does while it trains)."
+    from embvar_study.storage import FolderLock
+    if not run_dir: time.sleep(config["sleep"]); return {"status": "completed"}
+    with FolderLock(run_dir): time.sleep(config["sleep"])
+    return {"status": "completed"}
+
+
+def test_an_interrupted_study_releases_its_workers_locks(tmp_path):
+    "Interrupted (SIGTERM or Ctrl-C in the parent) while a worker holds a run's lock: the worker unwinds, no stale .lock.json."
+    from embvar_study.storage import lock_files, lock_holder
+    run = tmp_path / "runs" / "r1"
+    def stop(key, res):
+        assert lock_holder(run) is not None                             # the other worker is inside its run, holding the lock
+        raise KeyboardInterrupt                                         # what SIGTERM (via the CLI) or Ctrl-C raises here
+    with pytest.raises(KeyboardInterrupt):
+        LocalExecutor(2, gpus=[], cpu_count=2, target=locker).run([("quick", {"sleep": 4}, ""), ("held", {"sleep": 120}, str(run))], stop)
+    assert lock_holder(run) is None and not lock_files(run)[1].exists()

@@ -16,6 +16,7 @@ from embvar_study.report import execute_notebooks, render_html, template_dir, te
 from embvar_study.words import format_value
 from embvar_study.study import load_study
 from embvar_study.synthetic import synthetic_study
+from embvar_study.study_folder import write_study_spec
 from embvar_study.sweep import EXPERIMENT_NAMES
 
 SMOKE = set_args(TINY_SIZES)   # the smoke profile at the tiny run's size (conftest.py)
@@ -189,7 +190,7 @@ def test_a_study_with_lr_extended_but_no_seed_sweep_renders(tmp_path):
     sd = synthetic_study(tmp_path / "syn")
     (sd / "sweeps" / "seed_sweep.csv").unlink()
     spec = json.loads((sd / "study.json").read_text()); spec["experiments"].remove("seed_sweep")
-    (sd / "study.json").write_text(json.dumps(spec))
+    write_study_spec(sd, spec)                                   # a new plan, hashed (an edit by hand is refused on read)
     nb = execute_notebooks(["report"], sd, {"profile": "synthetic", "study_dir": str(sd), "n_resamples": 200}, say=None)[0]
     page = render_html(sd, nb).read_text()
     assert "Traceback" not in page
@@ -322,7 +323,7 @@ def test_a_custom_study_keeps_its_description_and_the_reference_rate_it_ran(tmp_
     sd = synthetic_study(tmp_path / "syn", lrs=(1e-4, 5e-4), seeds=(0, 1))
     spec = json.loads((sd / "study.json").read_text())
     spec["overrides"] = {"lrs": [1e-4, 5e-4], "seeds": [0, 1]}; spec["resolved"]["ref_lr"] = 5e-5   # a profile's ref_lr the overrides left out
-    (sd / "study.json").write_text(json.dumps(spec))
+    write_study_spec(sd, spec)
     nb = execute_notebooks(["report"], sd, {"profile": "synthetic", "study_dir": str(sd), "n_resamples": 200}, say=None)[0]
     page = render_html(sd, nb, profile="synthetic").read_text()
     title = re.search(r"<title>(.*?)</title>", page).group(1)
@@ -346,7 +347,7 @@ def test_a_notebook_whose_inputs_are_unchanged_is_reused_and_any_change_executes
     execute_notebooks(["lr_sweep"], sd, params, say=said.append, reuse=False)     # --reexecute
     assert "done in" in said[-1]
     spec = json.loads((sd / "study.json").read_text()); spec["resolved"]["note"] = "changed"
-    (sd / "study.json").write_text(json.dumps(spec))                              # the plan changed: its content is an input
+    write_study_spec(sd, spec)                                                    # the plan changed: its content is an input
     execute_notebooks(["lr_sweep"], sd, params, say=said.append)
     assert "done in" in said[-1]
     execute_notebooks(["lr_sweep"], sd, {**params, "jobs": 2}, say=said.append)   # another parameter's value: executed again

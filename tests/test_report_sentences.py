@@ -234,3 +234,14 @@ def test_perturbations_and_components_are_named_in_words(shared_study):
         assert "init_seed" not in text and "data_seed" not in text, text
     assert "head seed × data seed" in " ".join(a.df["component"])
     assert a.df.attrs.get("ci_method") or D.method_line(a.df)        # the interval method still travels with the table
+
+
+def test_the_drift_ratio_compares_groups_at_one_step():
+    "One group tracked to step 96, another stopped at step 2: the caption's ratio is at a step both tracked, never 96 against 2."
+    import matplotlib.pyplot as plt
+    s = pd.DataFrame({"lr": [5e-4] * 4 + [5e-5] * 2, "step": [0, 2, 48, 96, 0, 2], "drift": [0.0, 0.02, 0.4, 0.8, 0.0, 0.01]})
+    fig, _ = plt.subplots(); cap = S._drift_caption(s, "lr", fig); plt.close(fig)
+    assert "moves the probes 2.0x as far as" in cap and "at step 2;" in cap, cap            # 0.02 / 0.01 at step 2, not 0.8 / 0.01
+    disjoint = s.assign(step=[0, 4, 48, 96, 0, 2])                                        # no step after 0 tracked by both
+    fig, _ = plt.subplots(); cap = S._drift_caption(disjoint, "lr", fig); plt.close(fig)
+    assert "80.0x as far as" in cap and "(step 96 against step 2: no step tracked by every group)" in cap, cap

@@ -220,3 +220,18 @@ def test_early_stopping_figure_in_the_section(monkeypatch):
         if k == 0: assert win[:3].tolist() == [0, 0, 0] and gap > 0 and "Highest: selection by drift, last layer at 10%" in cap   # planted in drift
         else: assert win[-1] == 3 and gap < 0 and "above finishing all 8" in cap and "50% (random itself: no selection beats it)" in cap
         plt.close(f.fig)
+
+
+def test_an_auc_below_half_is_worded_as_the_reverse_direction():
+    "Failed runs that drift less (the within-rate AUC mirrored, as negated drift gives): never 'separates', the reverse way named."
+    sig = _study("within", seed=3)
+    wa, pooled, inc = ST.within_auc_table(ST.within_scores(sig)), ST.pooled_auc_table(sig), ST.incremental_value(sig)
+    rev = wa.copy(); m = rev["signal"] == "drift, last layer"
+    rev.loc[m, ["auc", "low", "high"]] = np.c_[1 - wa.loc[m, "auc"], 1 - wa.loc[m, "high"], 1 - wa.loc[m, "low"]]
+    w = _at(rev, 0.2)
+    assert w["auc"] < 0.1 and w["high"] < 0.5
+    text = ST.stability_answer(inc, rev, pooled, fraction=0.2)["text"]
+    assert "alone separates" not in text and "Drift at the last layer alone points the reverse way: lower in the failed than in the learned runs" in text
+    assert f"AUC {w['auc']:.2f} [{w['low']:.2f}, {w['high']:.2f}] ({1 - w['auc']:.2f} read as lower values marking failure)" in text
+    assert "Drift at the last layer alone separates failed from learned runs of the same rate (higher in the failed runs) with AUC" in \
+        ST.stability_answer(inc, wa, pooled, fraction=0.2)["text"]

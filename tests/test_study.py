@@ -248,3 +248,51 @@ def test_methods_written_in_their_own_cells_belong_to_their_class():
     attached = {"where", "groups", "common_steps", "stack", "labels", "runs", "all_runs", "failed", "design"}
     assert attached <= set(vars(S.RunSet)) | set(vars(S.Study)) and not attached & set(S.__all__)
     assert S.Study.runs.__qualname__ == "Study.runs" and S.RunSet.where.__qualname__ == "RunSet.where"
+
+
+def _runs_with_bad_ones(root: Path) -> Path:
+    "Two good runs, an incomplete one (no COMPLETE), a damaged one (a file changed) and one tracked from step 1 (no step-0 reference)."
+    import shutil
+    rng, probes = np.random.default_rng(0), [{"text": t} for t in "abcdef"]
+    for i, (name, steps) in enumerate((("good0", (0, 2)), ("good1", (0, 2)), ("from_step1", (1, 3)), ("damaged", (0, 2)))):
+        with RunWriter(root / name, {"lr": 1e-3, "seed": i}, probes) as w:
+            for s in steps: w.save_embeddings(s, {"mean": rng.normal(size=(2, 6, 4))})
+            w.log(step=2, train_loss=0.5)
+    shutil.copytree(root / "good1", root / "crashed"); (root / "crashed" / "COMPLETE").unlink()
+    f = next((root / "damaged" / "embeddings").glob("*.npy")); f.write_bytes(f.read_bytes()[:-8])   # truncated
+    return root
+
+
+def test_study_from_runs_names_every_folder_it_skips(tmp_path):
+    "Incomplete, damaged and no-step-0-reference folders are skipped, each named with the reason, in the spec and on the page."
+    from embvar_study.experiment_sections import section_runs_overview
+    root = _runs_with_bad_ones(tmp_path / "runs")
+    f = next((root / "damaged" / "embeddings").glob("*.npy"))
+    st = study_from_runs([root])
+    assert sorted(Path(r.path).name for r in st.runs("runs").runs) == ["good0", "good1"]
+    why = {Path(s["path"]).name: s["why"] for s in st.spec["skipped"]}
+    assert sorted(why) == ["crashed", "damaged", "from_step1"]
+    assert why["crashed"].startswith("incomplete: no COMPLETE marker")
+    assert why["damaged"].startswith("damaged: ") and f.name in why["damaged"]
+    assert why["from_step1"] == "its drift reference is step 1, not step 0 (the first step it tracked), so its drift from step 0 is not defined"
+    text = " ".join(str(x) for x in section_runs_overview(st))
+    assert "**2 runs** from 1 folder(s)" in text and "Skipped 3 run folder(s): " in text
+    for name, w in why.items(): assert f"`{(root / name).resolve()}` ({w})" in text
+
+
+def test_an_edited_failure_rule_is_refused_on_read_naming_the_field(tmp_path):
+    "study.json's failure rule changed from 0.05 to 0.45 behind the runs: load_study refuses, naming resolved.failure.delta."
+    import json as _json
+    from embvar_study.runs import CorruptRunError
+    from embvar_study.study_folder import write_study_spec
+    from embvar_study.synthetic import synthetic_study
+    study = synthetic_study(tmp_path / "s")
+    spec = _json.loads((study / "study.json").read_text())
+    write_study_spec(study, {**spec, "resolved": {**spec["resolved"], "failure": {"delta": 0.05, "diverge_factor": 10}}})
+    assert load_study(study).spec["resolved"]["failure"]["delta"] == 0.05
+    text = (study / "study.json").read_text()
+    (study / "study.json").write_text(text.replace('"delta": 0.05', '"delta": 0.45'))
+    with pytest.raises(CorruptRunError, match=r"study.json: field 'resolved.failure.delta' was edited after the study was planned"):
+        load_study(study)
+    (study / "study.json").write_text(text)                  # restored: read again
+    assert load_study(study).spec["resolved"]["failure"]["delta"] == 0.05

@@ -213,3 +213,48 @@ def test_the_plain_tracker_marks_divergence(tmp_path):
         assert t.diverged.startswith("training loss nan at step 3")
     run = load_run(tmp_path / "run")
     assert run.status == "diverged" and run.marker["diverged_because"] == t.diverged
+
+
+def test_a_tracker_started_after_step_0_records_its_own_reference(tmp_path):
+    "Driven from step 1 with every=2: step 1 is recorded as the reference (COMPLETE says so) and the live drift at step 2 is drift from it."
+    from embvar_study.runs import read_marker
+    from embvar_study.metrics import cosine_drift
+    model, tok = load_model_and_tokenizer("tiny-distilbert", num_labels=2, init_seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    batch = tok(TEXTS, padding=True, return_tensors="pt"); labels = torch.tensor(LABELS)
+    live = {}
+    with EmbeddingTracker(model, tok, PROBES, tmp_path / "run", every=2) as tracker:
+        for step in range(1, 5):
+            live[step] = tracker.step(step).get("embvar/drift")
+            loss = model(**batch, labels=labels).loss
+            loss.backward(); opt.step(); opt.zero_grad()
+    run = load_run(tmp_path / "run")
+    assert run.steps.tolist() == [1, 2, 4] and read_marker(tmp_path / "run")["reference_step"] == 1
+    E = run.embeddings(-1, "mean")
+    assert live[1] == 0.0 and live[3] is None
+    np.testing.assert_allclose([live[2], live[4]], np.asarray(cosine_drift(E[:1], E[1:])), rtol=1e-5)
+    assert live[2] > 0
+
+
+def test_the_alarm_stop_prints_one_console_line(tmp_path, capsys):
+    "A Trainer ended early by the alarm says so once, on the console: the step of how many, the rule's reason and the folder."
+    cb = EmbvarCallback(PROBES, tmp_path / "run", every=2, alarm={"threshold": 1e-4, "layer": -1, "start": 2}, stop=True)
+    t = lr_trainer(tmp_path / "t", [cb], 1e-3); t.train()
+    run = load_run(tmp_path / "run")
+    assert run.status == "stopped_by_alarm" and t.state.global_step == 2
+    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("embvar:")]
+    assert lines == [f"embvar: the alarm stopped training at step 2 of {t.state.max_steps}: {run.alarm['reason']} (run folder {tmp_path / 'run'})"]
+
+
+def test_a_crashed_run_keeps_the_history_rows_it_logged(tmp_path):
+    "Rows logged between tracked steps (buffered) are in history.csv after an exception ends the loop; the folder stays incomplete."
+    import pandas as pd
+    model, tok = load_model_and_tokenizer("tiny-distilbert", num_labels=2, init_seed=0)
+    with pytest.raises(RuntimeError, match="boom"):
+        with EmbeddingTracker(model, tok, PROBES, tmp_path / "run", every=4) as tracker:
+            tracker.step(0)
+            for step in (1, 2, 3): tracker.log(step, train_loss=1.0 / step)
+            raise RuntimeError("boom")
+    assert not (tmp_path / "run" / "COMPLETE").exists() and not list(tmp_path.glob("**/*.lock.json"))   # released
+    h = pd.read_csv(tmp_path / "run" / "history.csv")
+    assert h["step"].tolist() == [1, 2, 3] and np.allclose(h["train_loss"], [1.0, 0.5, 1 / 3])
