@@ -235,3 +235,8 @@ def _set_keys(argv: list[str]) -> set:
     from embvar_study.config import TrainConfig
     given = {b.split("=", 1)[0] for a, b in zip(argv, argv[1:]) if a == "--set"} | {a[6:].split("=", 1)[0] for a in argv if a.startswith("--set=")}
     return {*given, *PROFILE_KEYS, *TrainConfig.__dataclass_fields__}
+
+# %% ../nbs/22_cli.ipynb #cb0f8c1a
+def __getattr__(name: str):
+    "A name that moved from this module to another (`moved.MOVED`), with a DeprecationWarning."
+    from embvar_study.moved import moved_name; return moved_name(__name__, name)

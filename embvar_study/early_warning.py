@@ -492,3 +492,8 @@ def stability_signals(rs: RunSet,                # the stability experiment's ru
     t = pd.concat(rows, ignore_index=True)
     first = ["run_id", "lr", "seed", "chance", "failed", "failure_step"]
     return t[first + [c for c in t.columns if c not in first]]
+
+# %% ../nbs/18_early_warning.ipynb #43d35c34
+def __getattr__(name: str):
+    "A name that moved from this module to another (`moved.MOVED`), with a DeprecationWarning."
+    from embvar_study.moved import moved_name; return moved_name(__name__, name)

@@ -371,3 +371,8 @@ def load_runs(root: str | Path,       # a run folder, or a folder to search
              ) -> list[Run]:          # sorted by path
     "`load_run` of every complete run under `root`."
     return [load_run(p, verify=verify) for p in find_runs(root)]
+
+# %% ../nbs/08_runs.ipynb #65b70430
+def __getattr__(name: str):
+    "A name that moved from this module to another (`moved.MOVED`), with a DeprecationWarning."
+    from embvar_study.moved import moved_name; return moved_name(__name__, name)

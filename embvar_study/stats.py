@@ -411,3 +411,8 @@ def quantile_summary(values: ArrayLike,     # (..., n, ...) samples along `axis`
     out.update({k: as_scalar(v) for k, v in zip(keys, np.quantile(x, q, axis=ax))})
     out["max"] = as_scalar(x.max(axis=ax))
     return out
+
+# %% ../nbs/04_stats.ipynb #ccec6d1f
+def __getattr__(name: str):
+    "A name that moved from this module to another (`moved.MOVED`), with a DeprecationWarning."
+    from embvar_study.moved import moved_name; return moved_name(__name__, name)

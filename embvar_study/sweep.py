@@ -398,3 +398,8 @@ def run_sweep(name: str,              # experiment name: the manifest is <study_
         spec = None if (study_dir / STUDY_FILE).exists() else {"profile": None, "experiments": [name], "resolved": {"base": base}}
         return execute_plan(pd.DataFrame(rows), study_dir, executor=executor, jobs=jobs, runs_per_gpu=runs_per_gpu,
                             ray_options=ray_options, spec=spec, say=say)[name]
+
+# %% ../nbs/15_sweep.ipynb #c20693ff
+def __getattr__(name: str):
+    "A name that moved from this module to another (`moved.MOVED`), with a DeprecationWarning."
+    from embvar_study.moved import moved_name; return moved_name(__name__, name)

@@ -483,7 +483,8 @@ def _lightning_callback_class() -> type:
 _LAZY: dict = {}
 
 def __getattr__(name: str) -> object:
-    "`EmbvarLightningCallback` on first access (Lightning imported then); AttributeError for anything else."
-    if name != "EmbvarLightningCallback": raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    "`EmbvarLightningCallback` on first access (Lightning imported then); else a moved name (`moved.MOVED`)."
+    if name != "EmbvarLightningCallback":
+        from embvar_study.moved import moved_name; return moved_name(__name__, name)
     if name not in _LAZY: _LAZY[name] = _lightning_callback_class()
     return _LAZY[name]

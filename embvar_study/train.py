@@ -382,3 +382,8 @@ def _train_loop(cfg, model, tok, train_df, eval_df, tracker, device, progress, d
                   **({"diverged_because": reason} if reason else {}), divergence_rule=rule,
                   derived={**derived, "train_token_slots": slots, "train_truncated": int(train.n_truncated), "train_tokens": int(train.n_tokens)})
 
+
+# %% ../nbs/11_train.ipynb #1fbc1a28
+def __getattr__(name: str):
+    "A name that moved from this module to another (`moved.MOVED`), with a DeprecationWarning."
+    from embvar_study.moved import moved_name; return moved_name(__name__, name)
