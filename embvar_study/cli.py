@@ -70,13 +70,13 @@ def train_parser() -> argparse.ArgumentParser:
 # %% ../nbs/22_cli.ipynb #2ea79e97
 def train_main(argv: list[str]) -> Path:
     "`embvar train`: one run; prints what data were used and the run's verified status."
+    args = vars(train_parser().parse_args(fix_negatives(argv)))   # --help and bad flags answer before torch is imported
     from embvar_study.config import TrainConfig
     from embvar_study.train import train_run
     from embvar_study.runs import run_folder_state, verify_run
-    args = vars(train_parser().parse_args(fix_negatives(argv)))
     run_dir, wait, progress = folder_arg(args.pop("run_dir"), "run_dir"), args.pop("wait"), not args.pop("no_progress")
     if isinstance(args.get("alarm"), str):          # --alarm rule.json: a rule file (JSON on the command line is parsed already)
-        from embvar_study.tracking import alarm_rule
+        from embvar_study.config import alarm_rule
         args["alarm"] = alarm_rule(args["alarm"]).to_dict()
     cfg = TrainConfig.from_dict(args)
     t, done = time.perf_counter(), run_folder_state(run_dir, cfg.run_id()) == "complete"

@@ -213,3 +213,16 @@ def test_the_plain_tracker_marks_divergence(tmp_path):
         assert t.diverged.startswith("training loss nan at step 3")
     run = load_run(tmp_path / "run")
     assert run.status == "diverged" and run.marker["diverged_because"] == t.diverged
+
+
+def test_importing_tracking_imports_neither_transformers_nor_peft():
+    "`import embvar_study.tracking` (a plain loop's needs) leaves transformers and peft out; EmbvarCallback brings them."
+    import subprocess, sys
+    code = ("import sys, pickle\nimport embvar_study.tracking as t\n"
+            "print('before', sorted(m for m in ('transformers', 'peft') if m in sys.modules))\n"
+            "from embvar_study.tracking import EmbvarCallback\nfrom transformers import TrainerCallback\n"
+            "print('after', issubclass(EmbvarCallback, TrainerCallback), t.EmbvarCallback is EmbvarCallback,\n"
+            "      pickle.loads(pickle.dumps(EmbvarCallback)) is EmbvarCallback)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split("\n")[:2] == ["before []", "after True True True"], r.stdout
