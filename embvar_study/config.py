@@ -13,16 +13,14 @@ import numpy as np
 
 from .data import source_fingerprint, probes_fingerprint
 from .hub import HubUnavailableError
-from .models import model_fingerprint, default_poolings
+from .models import model_fingerprint, default_poolings, POOLINGS   # pooling names live beside the models
 from .storage import canonical_json, config_hash
 
 # %% auto #0
-__all__ = ['POOLINGS', 'PERTURB_KINDS', 'SCHEDULES', 'DIVERGENCE_FACTOR', 'CONFIG_RULES', 'LORA_FIELDS', 'CONFIG_REQUIRES',
-           'ALARM_SIGNALS', 'tracker_settings', 'divergence_reason', 'AlarmRule', 'alarm_rule', 'as_field',
-           'TrainConfig']
+__all__ = ['PERTURB_KINDS', 'SCHEDULES', 'DIVERGENCE_FACTOR', 'CONFIG_RULES', 'LORA_FIELDS', 'CONFIG_REQUIRES', 'ALARM_SIGNALS',
+           'tracker_settings', 'divergence_reason', 'AlarmRule', 'alarm_rule', 'as_field', 'TrainConfig']
 
 # %% ../nbs/09_config.ipynb #d1e2f301
-POOLINGS = ("mean", "cls", "max", "last")  # supported pooling names ("last": the last real token, for decoders); extract implements them
 PERTURB_KINDS = ("token_dropout", "typo", "mc_dropout")
 SCHEDULES = ("linear", "constant", "cosine")
 DIVERGENCE_FACTOR = 10  # a run diverges when its training loss is non-finite or above this multiple of its first step's loss

@@ -416,7 +416,7 @@ def heldout_chance(run: object,  # a finished `Run` (its config names the datase
                   ) -> float:    # the majority-class share of the run's held-out rows
     "The share of the run's held-out rows in their most common class (the accuracy of always answering it), rebuilt from the run's config."
     from embvar_study.config import TrainConfig
-    from embvar_study.train import prepare_data
+    from embvar_study.prepare import prepare_data
     cfg = {k: v for k, v in run.config.items() if k in TrainConfig.__dataclass_fields__}
     _, ev, _ = prepare_data(TrainConfig.from_dict(cfg))
     return float(ev["label"].value_counts(normalize=True).max())

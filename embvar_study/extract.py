@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
-from .config import POOLINGS   # the pooling names' one home (config is light: no torch)
+from .models import POOLINGS   # the pooling names' one home, beside the models
 from .kernels import choose_linear_kernel, linear_kernel
 
 if TYPE_CHECKING:

@@ -25,9 +25,10 @@ MOVED: dict[str, dict[str, str]] = {   # old module -> {name: its home now}
     "early_warning": {
         "stability_section": "experiment_sections", "stability_answer": "stability", "stability_finding": "stability"},
     "extract": {
-        "KERNEL_RULE": "kernels", "LINEAR_KERNELS": "kernels", "numerics_differ": "kernels",
+        "KERNEL_RULE": "kernels", "LINEAR_KERNELS": "kernels", "numerics_differ": "runs",
         "onednn_available": "kernels", "pinned_threads": "kernels", "resolve_device": "kernels",
-        "run_numerics": "kernels"},
+        "run_numerics": "runs"},
+    "kernels": {"numerics_differ": "runs", "run_numerics": "runs"},
     "metrics": {
         "rsa": "rsa", "INVARIANCES": "similarity", "MEASURES": "similarity", "Measure": "similarity",
         "cca": "similarity", "cknna": "similarity", "knn_indices": "similarity", "knn_overlap": "similarity",
@@ -81,7 +82,8 @@ MOVED: dict[str, dict[str, str]] = {   # old module -> {name: its home now}
         "write_study_spec": "study_folder", "synthetic_study": "synthetic"},
     "sweep": {"load_manifest": "study_folder"},
     "tracking": {"no_kv_cache": "extract"},
-    "train": {"CONFIG_RULES": "config", "PERTURB_KINDS": "config", "POOLINGS": "config", "run_numerics": "kernels"},
+    "train": {"CONFIG_RULES": "config", "PERTURB_KINDS": "config", "POOLINGS": "models", "split_sizes": "prepare",
+              "run_numerics": "runs"},
 }
 
 # %% ../nbs/00b_moved.ipynb #3ae47ffa

@@ -5,7 +5,6 @@
 # %% ../nbs/10_tracking.ipynb #d13d8a6a
 from __future__ import annotations
 import importlib
-import json  # noqa: F401 (used by the examples below)
 import math
 import pickle
 import sys
@@ -426,8 +425,6 @@ class _EmbvarCallbackMethods:   # EmbvarCallback's body; its base, transformers'
         self.tracker.close(status=status, steps_done=state.global_step, trainer_summary=self.summary)
 
 # %% ../nbs/10_tracking.ipynb #1cbce499
-_all_ = ["EmbvarCallback"]
-
 def _trainer_callback_class() -> type:
     "Build `EmbvarCallback`: the methods above on `transformers.TrainerCallback` (transformers imported only now)."
     from transformers import TrainerCallback
@@ -492,12 +489,10 @@ def _lightning_callback_class() -> type:
     return EmbvarLightningCallback
 
 # %% ../nbs/10_tracking.ipynb #c9d7a728
-_LAZY: dict = {}
+_all_ = ["EmbvarCallback"]   # in __all__, built on first access as EmbvarLightningCallback is
 _BUILDERS = {"EmbvarCallback": _trainer_callback_class, "EmbvarLightningCallback": _lightning_callback_class}
 
 def __getattr__(name: str) -> object:
-    "The callbacks on first access (transformers or Lightning imported then), built once; else a moved name (`moved.MOVED`)."
-    if name not in _BUILDERS:
-        from embvar_study.moved import moved_name; return moved_name(__name__, name)
-    if name not in _LAZY: _LAZY[name] = _BUILDERS[name]()
-    return _LAZY[name]
+    "The callbacks, built on first access (transformers or Lightning imported then); else a moved name (`moved.MOVED`)."
+    if name not in _BUILDERS: from embvar_study.moved import moved_name; return moved_name(__name__, name)
+    globals()[name] = cls = _BUILDERS[name](); return cls   # built once: the module holds it from now on
