@@ -4,7 +4,7 @@
 
 # %% ../nbs/11_train.ipynb #ff32e536
 from __future__ import annotations
-import inspect, math, os, shutil, tempfile, time, warnings
+import functools, inspect, math, os, shutil, tempfile, time, warnings
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -109,14 +109,19 @@ def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> to
     except (RuntimeError, TypeError, ValueError): return torch.optim.AdamW(groups, lr=lr, foreach=True)
 
 # %% ../nbs/11_train.ipynb #d1e2f310
+def _lr_factor(step: int, *, schedule: str, warmup: int, total: int) -> float:
+    "The peak rate's factor at `step`, as transformers' `get_*_schedule_with_warmup` computes it (to the bit)."
+    if step < warmup: return float(step) / float(max(1, warmup))
+    if schedule == "constant": return 1.0
+    if schedule == "linear": return max(0.0, float(total - step) / float(max(1, total - warmup)))
+    progress = float(step - warmup) / float(max(1, total - warmup))
+    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * progress)))   # half a cycle: transformers' default
+
 def make_schedule(optimizer: torch.optim.Optimizer, schedule: str, warmup: int, total: int) -> torch.optim.lr_scheduler.LRScheduler:
     "The learning-rate scheduler named `schedule` (linear, constant, cosine) with `warmup` linear warmup steps."
-    import transformers
-    make = {"linear": lambda: transformers.get_linear_schedule_with_warmup(optimizer, warmup, total),
-            "constant": lambda: transformers.get_constant_schedule_with_warmup(optimizer, warmup),
-            "cosine": lambda: transformers.get_cosine_schedule_with_warmup(optimizer, warmup, total)}
-    if schedule not in make: raise ValueError(f"schedule: expected one of {SCHEDULES}, got {schedule!r}")
-    return make[schedule]()
+    if schedule not in SCHEDULES: raise ValueError(f"schedule: expected one of {SCHEDULES}, got {schedule!r}")
+    factor = functools.partial(_lr_factor, schedule=schedule, warmup=warmup, total=total)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 # %% ../nbs/11_train.ipynb #c1a0b002
 def _check_writable(run_dir: Path) -> None:
