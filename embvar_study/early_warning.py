@@ -399,7 +399,7 @@ def apply_alarm(rule: AlarmRule | dict | float | str,  # anything `config.alarm_
                 run: object,                 # a finished run: a `Run` or a run folder path
                ) -> dict:                    # {"fired": bool, "step": int | None, "value": float | None}
     "Whether and at which tracked step `rule` fires on a finished run (the first active step whose signal is above the threshold)."
-    from embvar_study.tracking import alarm_rule
+    from embvar_study.config import alarm_rule
     from embvar_study.runs import load_run
     rule = alarm_rule(rule)
     if not hasattr(run, "embeddings"): run = load_run(run)

@@ -89,7 +89,7 @@ MOVED: dict[str, dict[str, str]] = {   # old module -> {name: its home now}
 # %% ../nbs/00b_moved.ipynb #3ae47ffa
 def moved_name(module: str,  # the old module's `__name__`, e.g. 'embvar_study.metrics'
                name: str,  # the attribute asked for
-              ):  # the object from its new home
+              ) -> object:  # the object from its new home
     "A name that moved out of `module`, from its new home (`MOVED`) with a DeprecationWarning; AttributeError if none."
     old = module.rsplit(".", 1)[-1]
     home = MOVED.get(old, {}).get(name)
