@@ -1,6 +1,8 @@
 """The package's import graph, read from the source with `ast`: no import cycle between its modules, and no module taking a
 private name (`_x`) from another (`from .m import _x`, `from embvar_study.m import _x`, or `m._x` on an imported module).
-Each failure lists what it found. No module is over 500 lines; the largest module's line count is printed (`pytest -s`)."""
+Each module imports only modules of its own layer or lower ones, by the README's layer table (read from nbs/index.ipynb,
+its one source), and every module is in one row. Each failure lists what it found. No module is over 500 lines; the
+largest module's line count is printed (`pytest -s`)."""
 import ast
 import json
 import re
