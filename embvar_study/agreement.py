@@ -236,3 +236,8 @@ def pooling_sensitivity(rs: RunSet,              # e.g. study.runs("seed_sweep")
     t = pd.concat([_pooling_rows(rs, p, first, last, n_resamples, seed) for p in poolings], ignore_index=True)
     t.attrs["ci_method"] = interval_method(len(rs)) + " (drift, per pooling and layer)"
     return t
+
+# %% ../nbs/19_agreement.ipynb #a2682dee
+def __getattr__(name: str):
+    "A name that moved from this module to another (`moved.MOVED`), with a DeprecationWarning."
+    from embvar_study.moved import moved_name; return moved_name(__name__, name)

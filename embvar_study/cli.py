@@ -43,10 +43,10 @@ TRAIN_GROUPS = {
     "lora (PEFT adapter; default: full fine-tuning)": ["lora_r", "lora_alpha", "lora_dropout", "lora_targets"],
 }
 
-def field_docs(cls) -> dict:  # field -> its comment
-    "The comment after each field of a dataclass, read from its source (what `--help` shows)."
-    import inspect
-    return {m.group(1): m.group(2).strip() for m in re.finditer(r"^\s+(\w+)\s*:[^=\n]*=[^#\n]*#\s*(.+)$", inspect.getsource(cls), re.M)}
+def field_docs(cls) -> dict:  # field -> its help text
+    "The help text declared on each field of a dataclass (`metadata['help']`: what `--help` shows); no source is read."
+    import dataclasses
+    return {f.name: f.metadata["help"] for f in dataclasses.fields(cls) if "help" in f.metadata}
 
 # %% ../nbs/22_cli.ipynb #edefd9e3
 def train_parser() -> argparse.ArgumentParser:
@@ -71,13 +71,13 @@ def train_parser() -> argparse.ArgumentParser:
 # %% ../nbs/22_cli.ipynb #2ea79e97
 def train_main(argv: list[str]) -> Path:
     "`embvar train`: one run; prints what data were used and the run's verified status."
+    args = vars(train_parser().parse_args(fix_negatives(argv)))   # --help and bad flags answer before torch is imported
     from embvar_study.config import TrainConfig
     from embvar_study.train import train_run
     from embvar_study.runs import run_folder_state, verify_run
-    args = vars(train_parser().parse_args(fix_negatives(argv)))
     run_dir, wait, progress = folder_arg(args.pop("run_dir"), "run_dir"), args.pop("wait"), not args.pop("no_progress")
     if isinstance(args.get("alarm"), str):          # --alarm rule.json: a rule file (JSON on the command line is parsed already)
-        from embvar_study.tracking import alarm_rule
+        from embvar_study.config import alarm_rule
         args["alarm"] = alarm_rule(args["alarm"]).to_dict()
     cfg = TrainConfig.from_dict(args)
     t, done = time.perf_counter(), run_folder_state(run_dir, cfg.run_id()) == "complete"
@@ -236,3 +236,8 @@ def _set_keys(argv: list[str]) -> set:
     from embvar_study.config import TrainConfig
     given = {b.split("=", 1)[0] for a, b in zip(argv, argv[1:]) if a == "--set"} | {a[6:].split("=", 1)[0] for a in argv if a.startswith("--set=")}
     return {*given, *PROFILE_KEYS, *TrainConfig.__dataclass_fields__}
+
+# %% ../nbs/22_cli.ipynb #cb0f8c1a
+def __getattr__(name: str):
+    "A name that moved from this module to another (`moved.MOVED`), with a DeprecationWarning."
+    from embvar_study.moved import moved_name; return moved_name(__name__, name)

@@ -13,16 +13,15 @@ import numpy as np
 
 from .data import SEED_MAX, is_seed, source_fingerprint, probes_fingerprint
 from .hub import HubUnavailableError
-from .models import model_fingerprint, default_poolings
+from .models import model_fingerprint, default_poolings, POOLINGS   # pooling names live beside the models
 from .storage import canonical_json, config_hash
 
 # %% auto #0
-__all__ = ['POOLINGS', 'PERTURB_KINDS', 'SCHEDULES', 'DIVERGENCE_FACTOR', 'CONFIG_RULES', 'LORA_FIELDS', 'CONFIG_REQUIRES',
+__all__ = ['PERTURB_KINDS', 'SCHEDULES', 'DIVERGENCE_FACTOR', 'CONFIG_RULES', 'LORA_FIELDS', 'CONFIG_REQUIRES',
            'MITIGATION_DEFAULTS', 'ALARM_SIGNALS', 'tracker_settings', 'divergence_reason', 'AlarmRule', 'alarm_rule',
            'as_field', 'TrainConfig']
 
 # %% ../nbs/09_config.ipynb #d1e2f301
-POOLINGS = ("mean", "cls", "max", "last")  # supported pooling names ("last": the last real token, for decoders); extract implements them
 PERTURB_KINDS = ("token_dropout", "typo", "mc_dropout")
 SCHEDULES = ("linear", "constant", "cosine")
 DIVERGENCE_FACTOR = 10  # a run diverges when its training loss is non-finite or above this multiple of its first step's loss
@@ -213,57 +212,80 @@ def _without_paths(d):
     return d
 
 # %% ../nbs/09_config.ipynb #3f757897
+def _field(default, help: str):   # help: what `embvar train --help` shows for the field
+    "A TrainConfig field: its default (a list copied for each config) and its help text, declared where the field is."
+    meta = {"help": help}
+    if isinstance(default, list): return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
 @dataclass
 class TrainConfig:
     "Every parameter of one fine-tuning run with tracking."
-    model: str = "distilbert-base-uncased"  # Hub id, local folder, or alias: minilm-offline, tiny-distilbert, tiny-bert, tiny-gpt2, tiny-llama
-    dataset: str = "imdb"  # Hub dataset id, a local .csv/.tsv/.jsonl/.json/.parquet file, or "bundled" (the offline mini-corpus)
-    text_col: str = "text"  # column holding the text
-    label_col: str = "label"  # column holding the label
-    split: str = "train"  # dataset split to draw train/eval subsets from (Hub datasets)
-    n_train: int | None = None  # training examples (stratified subset chosen by data_seed); None: all rows not held out
-    n_eval: int | None = None  # held-out examples for eval loss/accuracy (disjoint from training); None: eval_fraction of the rows
-    eval_fraction: float = 0.2  # share of the rows held out when n_eval is None
-    probes: str = "builtin"  # "builtin" probe set, a probe file, "heldout" (rows of the dataset set aside), or "heldout:SOURCE[:SPLIT]"
-    n_probes: int | None = None  # use this many probes (sampled with probe_seed); None keeps all
-    probe_seed: int = 0  # which probes are sampled (fixed across a sweep so runs share probes)
-    lr: float = 5e-5  # peak learning rate
-    schedule: str = "linear"  # learning rate after warmup: linear (decay to 0), constant, or cosine
-    epochs: int = 1  # passes over the training subset
-    max_steps: int | None = None  # stop after this many optimizer steps (overrides epochs when set)
-    batch_size: int = 16  # training batch size
-    max_length: int = 128  # tokens per training/eval example (longer ones are truncated)
-    warmup_ratio: float = 0.06  # share of steps with linear warmup
-    weight_decay: float = 0.01  # AdamW weight decay
-    max_grad_norm: float | None = 1.0  # gradient clipping (None: no clipping)
-    dropout: float | None = None  # probability of every dropout layer (hidden, attention, head); None: the model's own
-    label_smoothing: float = 0.0  # label smoothing of the training loss (the held-out loss stays plain cross-entropy)
-    ema_decay: float | None = None  # keep an exponential moving average of the weights with this decay (probe embeddings in embeddings_ema/); None: off
-    track_every: int = 10  # embed the probes at step 0 and every this many steps (and at the last step)
-    eval_every: int | None = None  # eval loss/accuracy every this many steps (None: with tracking)
-    poolings: list | None = None  # poolings stored at every tracked step; None: mean, cls, max (encoder) or mean, last, max (decoder)
-    probe_max_length: int = 128  # tokens per probe when embedding
-    embed_batch_size: int = 16  # texts per forward pass when embedding probes and evaluating (raise it on a GPU)
-    embed_dtype: str = "float32"  # dtype of stored embeddings: float32 or float16
-    seed: int = 0  # sets init_seed, data_seed and dropout_seed unless they are given
-    init_seed: int | None = None  # classification-head initialisation
-    data_seed: int | None = None  # shorthand: sets subset_seed and order_seed unless they are given
-    dropout_seed: int | None = None  # dropout masks during training
-    order_seed: int | None = None  # batch order (None: data_seed)
-    subset_seed: int | None = None  # which rows are trained on and held out (None: data_seed)
-    replicate: int = 0  # a label only: makes an otherwise identical config a separate run (the noise floor)
-    perturb_kinds: list = field(default_factory=list)  # input perturbations to embed: token_dropout, typo, mc_dropout
-    perturb_k: int = 8  # perturbed copies per probe
-    perturb_rate: float = 0.1  # perturbation strength (word drop / typo probability, ignored for mc_dropout)
-    perturb_at: str = "first_last"  # checkpoints where perturbations are embedded: first_last or all
-    device: str = "auto"  # auto (cuda if available), cpu, cuda, cuda:1 ...
-    precision: str = "auto"  # auto (bf16 autocast on cuda, fp32 on cpu), fp32, bf16
-    threads: int = 1  # torch intra-op threads of a CPU run, in any executor (CPU results differ in the last bits between counts); in the identity only when not 1
-    lora_r: int | None = None  # LoRA rank: train a LoRA adapter (PEFT) and the head, body frozen; None: full fine-tuning
-    lora_alpha: float | None = None  # LoRA scaling (the update is scaled by alpha / r); None: 2 x lora_r
-    lora_dropout: float | None = None  # dropout on the LoRA input; None: 0
-    lora_targets: list | None = None  # modules to adapt (e.g. query value); None: PEFT's default for the architecture
-    alarm: float | dict | str | None = None  # an alarm rule `alarm_rule` reads (a drift threshold, a rule dict or a rule JSON file): the run stops when it fires; in the identity only when set
+    model: str = _field("distilbert-base-uncased",
+        "Hub id, local folder, or alias: minilm-offline, tiny-distilbert, tiny-bert, tiny-gpt2, tiny-llama")
+    dataset: str = _field("imdb",
+        'Hub dataset id, a local .csv/.tsv/.jsonl/.json/.parquet file, or "bundled" (the offline mini-corpus)')
+    text_col: str = _field("text", "column holding the text")
+    label_col: str = _field("label", "column holding the label")
+    split: str = _field("train", "dataset split to draw train/eval subsets from (Hub datasets)")
+    n_train: int | None = _field(None,
+        "training examples (stratified subset chosen by data_seed); None: all rows not held out")
+    n_eval: int | None = _field(None,
+        "held-out examples for eval loss/accuracy (disjoint from training); None: eval_fraction of the rows")
+    eval_fraction: float = _field(0.2, "share of the rows held out when n_eval is None")
+    probes: str = _field("builtin",
+        '"builtin" probe set, a probe file, "heldout" (rows of the dataset set aside), or "heldout:SOURCE[:SPLIT]"')
+    n_probes: int | None = _field(None, "use this many probes (sampled with probe_seed); None keeps all")
+    probe_seed: int = _field(0, "which probes are sampled (fixed across a sweep so runs share probes)")
+    lr: float = _field(5e-5, "peak learning rate")
+    schedule: str = _field("linear", "learning rate after warmup: linear (decay to 0), constant, or cosine")
+    epochs: int = _field(1, "passes over the training subset")
+    max_steps: int | None = _field(None, "stop after this many optimizer steps (overrides epochs when set)")
+    batch_size: int = _field(16, "training batch size")
+    max_length: int = _field(128, "tokens per training/eval example (longer ones are truncated)")
+    warmup_ratio: float = _field(0.06, "share of steps with linear warmup")
+    weight_decay: float = _field(0.01, "AdamW weight decay")
+    max_grad_norm: float | None = _field(1.0, "gradient clipping (None: no clipping)")
+    dropout: float | None = _field(None,
+        "probability of every dropout layer (hidden, attention, head); None: the model's own")
+    label_smoothing: float = _field(0.0,
+        "label smoothing of the training loss (the held-out loss stays plain cross-entropy)")
+    ema_decay: float | None = _field(None,
+        "keep an exponential moving average of the weights with this decay (probe embeddings in embeddings_ema/); "
+        "None: off")
+    track_every: int = _field(10, "embed the probes at step 0 and every this many steps (and at the last step)")
+    eval_every: int | None = _field(None, "eval loss/accuracy every this many steps (None: with tracking)")
+    poolings: list | None = _field(None,
+        "poolings stored at every tracked step; None: mean, cls, max (encoder) or mean, last, max (decoder)")
+    probe_max_length: int = _field(128, "tokens per probe when embedding")
+    embed_batch_size: int = _field(16,
+        "texts per forward pass when embedding probes and evaluating (raise it on a GPU)")
+    embed_dtype: str = _field("float32", "dtype of stored embeddings: float32 or float16")
+    seed: int = _field(0, "sets init_seed, data_seed and dropout_seed unless they are given")
+    init_seed: int | None = _field(None, "classification-head initialisation")
+    data_seed: int | None = _field(None, "shorthand: sets subset_seed and order_seed unless they are given")
+    dropout_seed: int | None = _field(None, "dropout masks during training")
+    order_seed: int | None = _field(None, "batch order (None: data_seed)")
+    subset_seed: int | None = _field(None, "which rows are trained on and held out (None: data_seed)")
+    replicate: int = _field(0, "a label only: makes an otherwise identical config a separate run (the noise floor)")
+    perturb_kinds: list = _field([], "input perturbations to embed: token_dropout, typo, mc_dropout")
+    perturb_k: int = _field(8, "perturbed copies per probe")
+    perturb_rate: float = _field(0.1, "perturbation strength (word drop / typo probability, ignored for mc_dropout)")
+    perturb_at: str = _field("first_last", "checkpoints where perturbations are embedded: first_last or all")
+    device: str = _field("auto", "auto (cuda if available), cpu, cuda, cuda:1 ...")
+    precision: str = _field("auto", "auto (bf16 autocast on cuda, fp32 on cpu), fp32, bf16")
+    threads: int = _field(1,
+        "torch intra-op threads of a CPU run, in any executor (CPU results differ in the last bits between "
+        "counts); in the identity only when not 1")
+    lora_r: int | None = _field(None,
+        "LoRA rank: train a LoRA adapter (PEFT) and the head, body frozen; None: full fine-tuning")
+    lora_alpha: float | None = _field(None, "LoRA scaling (the update is scaled by alpha / r); None: 2 x lora_r")
+    lora_dropout: float | None = _field(None, "dropout on the LoRA input; None: 0")
+    lora_targets: list | None = _field(None,
+        "modules to adapt (e.g. query value); None: PEFT's default for the architecture")
+    alarm: float | dict | str | None = _field(None,
+        "an alarm rule `alarm_rule` reads (a drift threshold, a rule dict or a rule JSON file): the run stops"
+        " when it fires; in the identity only when set")
 
     def __post_init__(self):
         if isinstance(self.poolings, str): self.poolings = [self.poolings]

@@ -465,3 +465,8 @@ def probes_fingerprint(probes: str | os.PathLike, # "builtin", a probe file, or 
     missing = isinstance(probes, (str, os.PathLike)) and (os.sep in os.fspath(probes) or Path(os.fspath(probes)).suffix != "")
     raise ValueError(f"probes: {'no such file ' + repr(os.fspath(probes)) + '; ' if missing else ''}expected 'builtin', a probe file "
                      f"({', '.join(_TABLE_SUFFIXES)}) or 'heldout:SOURCE[:SPLIT]', got {probes!r}")
+
+# %% ../nbs/05_data.ipynb #1fefee3f
+def __getattr__(name: str):
+    "A name that moved from this module to another (`moved.MOVED`), with a DeprecationWarning."
+    from embvar_study.moved import moved_name; return moved_name(__name__, name)

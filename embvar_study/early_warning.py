@@ -399,7 +399,7 @@ def apply_alarm(rule: AlarmRule | dict | float | str,  # anything `config.alarm_
                 run: object,                 # a finished run: a `Run` or a run folder path
                ) -> dict:                    # {"fired": bool, "step": int | None, "value": float | None}
     "Whether and at which tracked step `rule` fires on a finished run (the first active step whose signal is above the threshold)."
-    from embvar_study.tracking import alarm_rule
+    from embvar_study.config import alarm_rule
     from embvar_study.runs import load_run
     rule = alarm_rule(rule)
     if not hasattr(run, "embeddings"): run = load_run(run)
@@ -416,7 +416,7 @@ def heldout_chance(run: object,  # a finished `Run` (its config names the datase
                   ) -> float:    # the majority-class share of the run's held-out rows
     "The share of the run's held-out rows in their most common class (the accuracy of always answering it), rebuilt from the run's config."
     from embvar_study.config import TrainConfig
-    from embvar_study.train import prepare_data
+    from embvar_study.prepare import prepare_data
     cfg = {k: v for k, v in run.config.items() if k in TrainConfig.__dataclass_fields__}
     _, ev, _ = prepare_data(TrainConfig.from_dict(cfg))
     return float(ev["label"].value_counts(normalize=True).max())
@@ -492,3 +492,8 @@ def stability_signals(rs: RunSet,                # the stability experiment's ru
     t = pd.concat(rows, ignore_index=True)
     first = ["run_id", "lr", "seed", "chance", "failed", "failure_step"]
     return t[first + [c for c in t.columns if c not in first]]
+
+# %% ../nbs/18_early_warning.ipynb #43d35c34
+def __getattr__(name: str):
+    "A name that moved from this module to another (`moved.MOVED`), with a DeprecationWarning."
+    from embvar_study.moved import moved_name; return moved_name(__name__, name)

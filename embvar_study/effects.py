@@ -15,7 +15,8 @@ from scipy.special import gammaln
 
 from .checks import ArrayLike, as_float_array, check_at_least
 from .stats import (SeedLike, CI, ALTERNATIVES, BOOT_METHODS, CHUNK_ELEMENTS, as_rng, as_sample, as_two_samples,
-                                as_scalar, check_callable, check_choice, check_confidence, check_n_resamples)
+                                as_scalar, check_callable, check_choice, check_confidence, check_n_resamples,
+                                NoInterval)
 
 # %% auto #0
 __all__ = ['PermutationResult', 'permutation_test', 'cohens_d', 'hedges_g', 'mean_difference_ci', 'difference_interval',
@@ -151,7 +152,7 @@ def difference_interval(a: ArrayLike,               # (S_a, ...) one value per s
     if min(na, nb) < 2:
         nan = as_scalar(np.full(est.shape, np.nan))
         return {"estimate": as_scalar(est), "low": nan, "high": nan, "se": nan, "df": nan, "pvalue": nan,
-                "note": f"no interval: {min(na, nb)} seed in a group (a difference over seeds needs at least 2 in each)"}
+                "note": NoInterval(f"{min(na, nb)} seed in a group (a difference over seeds needs at least 2 in each)")}
     if paired:
         se, df, kind = (x - y).std(axis=0, ddof=1) / math.sqrt(na), np.full(est.shape, na - 1.0), "paired"
     elif equal_var:
@@ -194,7 +195,7 @@ def standardized_difference_interval(d: ArrayLike,          # (...) Cohen's d (p
     x = np.asarray(d, dtype=np.float64)
     scale, df = (math.sqrt(n_a), n_a - 1) if paired else (math.sqrt(n_a * n_b / (n_a + n_b)), n_a + n_b - 2)
     nan = as_scalar(np.full(x.shape, np.nan))
-    if df < 1: return {"low": nan, "high": nan, "df": df, "note": f"no interval: {df} df (needs at least 2 seeds in each group)"}
+    if df < 1: return {"low": nan, "high": nan, "df": df, "note": NoInterval(f"{df} df (needs at least 2 seeds in each group)")}
     ok = np.isfinite(x)
     t = np.where(ok, x, 0.0) * scale
     lo = _nct_root(t, df, 0.5 + confidence / 2) / scale

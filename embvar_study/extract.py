@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
-from .config import POOLINGS   # the pooling names' one home (config is light: no torch)
+from .models import POOLINGS   # the pooling names' one home, beside the models
 from .data import check_seed
 from .kernels import choose_linear_kernel, linear_kernel
 
@@ -454,3 +454,8 @@ def embed_perturbed(model: PreTrainedModel,             # HF encoder or `...ForS
                          else _text_copies(embed, texts, kind, k, rate, seed))
     out = {p: np.ascontiguousarray(a[:, 0] if single_layer else a) for p, a in out.items()}
     return out[poolings[0]] if single_pool and not opts["return_dict"] else out
+
+# %% ../nbs/07_extract.ipynb #80fe783e
+def __getattr__(name: str):
+    "A name that moved from this module to another (`moved.MOVED`), with a DeprecationWarning."
+    from embvar_study.moved import moved_name; return moved_name(__name__, name)

@@ -7,17 +7,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from embvar_study.config import TrainConfig
-
 # %% auto #0
 __all__ = ['LINEAR_KERNELS', 'KERNEL_RULE', 'onednn_available', 'linear_kernel', 'choose_linear_kernel', 'resolve_device',
-           'pinned_threads', 'run_numerics', 'numerics_differ']
+           'pinned_threads']
 
 # %% ../nbs/07b_kernels.ipynb #6e9b07e0
 LINEAR_KERNELS = ("default", "onednn")   # F.linear (MKL sgemm on CPU) or oneDNN's fp32 linear
@@ -117,26 +112,7 @@ def pinned_threads(n: int | None,  # torch intra-op threads inside the block (No
     try: yield
     finally: torch.set_num_threads(old)
 
-# %% ../nbs/07b_kernels.ipynb #f14a32d1
-def run_numerics(config: TrainConfig | dict,  # the run's parameters
-                ) -> dict:  # {"device": type, "torch_threads": n, "linear_kernels": {"train": k, "inference": k}} (CPU), {"device": type} elsewhere
-    "What a run of `config` computes with on this machine, beyond its parameters: on a CPU its thread count and linear kernels."
-    from embvar_study.config import TrainConfig                     # (here, not at the top: kernels sits below config)
-    cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(config)
-    device = resolve_device(cfg.device)
-    if device.type != "cpu": return {"device": device.type}
-    return {"device": "cpu", "torch_threads": cfg.threads,
-            "linear_kernels": {m: choose_linear_kernel(m == "train")["kernel"] for m in ("train", "inference")}}
-
-# %% ../nbs/07b_kernels.ipynb #1d1a5e15
-def numerics_differ(run_dir: str | Path,          # a complete run folder
-                    config: TrainConfig | dict,   # the parameters a run would be computed with now
-                   ) -> str:  # '' when the same; else what the folder recorded vs what this machine would use, in words
-    "Was the run in `run_dir` computed with other numerics (device type, CPU threads, linear kernels) than a run of `config` here?"
-    from embvar_study.runs import read_marker
-    d = read_marker(run_dir).get("derived", {})
-    now = run_numerics(config)
-    then = {"device": str(d.get("device_used", now["device"])).split(":")[0], "torch_threads": d.get("torch_threads", now.get("torch_threads")),
-            "linear_kernels": {m: (v or {}).get("kernel") for m, v in d.get("linear_kernels", {}).items()} or now.get("linear_kernels")}
-    diff = [f"{k} {then[k]} (now {now[k]})" for k in now if then.get(k) != now[k]]
-    return "; ".join(diff)
+# %% ../nbs/07b_kernels.ipynb #e7e9f5a0
+def __getattr__(name: str):
+    "A name that moved from this module to another (`moved.MOVED`), with a DeprecationWarning."
+    from embvar_study.moved import moved_name; return moved_name(__name__, name)

@@ -408,3 +408,8 @@ def class_variance(X: ArrayLike,  # (..., N, d) embeddings
     with np.errstate(divide="ignore", invalid="ignore"):
         return dict(intra=intra, intra_weighted=per_class @ w, inter=inter, total=out[..., -1], ratio=intra / inter,
                     per_class=per_class, classes=classes, counts=counts)
+
+# %% ../nbs/02_metrics.ipynb #d7e1315b
+def __getattr__(name: str):
+    "A name that moved from this module to another (`moved.MOVED`), with a DeprecationWarning."
+    from embvar_study.moved import moved_name; return moved_name(__name__, name)

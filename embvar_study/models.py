@@ -20,9 +20,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 # %% auto #0
-__all__ = ['TINY_SPECIAL_TOKENS', 'TINY_MAX_LENGTH', 'TINY_BODY_SEED', 'MODEL_ALIASES', 'DECODER_TYPES', 'DROPOUT_CONFIG_KEYS',
-           'tiny_vocab', 'tiny_tokenizer_dir', 'tiny_tokenizer', 'minilm_folder', 'resolve_model',
-           'head_parameter_names', 'is_decoder', 'model_is_decoder', 'model_depth', 'default_poolings',
+__all__ = ['TINY_SPECIAL_TOKENS', 'TINY_MAX_LENGTH', 'TINY_BODY_SEED', 'MODEL_ALIASES', 'DECODER_TYPES', 'POOLINGS',
+           'DROPOUT_CONFIG_KEYS', 'tiny_vocab', 'tiny_tokenizer_dir', 'tiny_tokenizer', 'minilm_folder',
+           'resolve_model', 'head_parameter_names', 'is_decoder', 'model_is_decoder', 'model_depth', 'default_poolings',
            'load_model_and_tokenizer', 'set_dropout', 'apply_lora', 'lora_summary', 'parameter_counts', 'model_summary',
            'model_fingerprint']
 
@@ -267,6 +267,8 @@ def model_depth(name: str | os.PathLike, # alias, model folder, or Hub id
     return n
 
 # %% ../nbs/06_models.ipynb #74452595
+POOLINGS = ("mean", "cls", "max", "last")  # pooling names ("last": the last real token, for decoders); extract implements them
+
 def default_poolings(name: str | os.PathLike, # alias, model folder, or Hub id
                     ) -> list[str]:           # ["mean", "cls", "max"] for an encoder, ["mean", "last", "max"] for a decoder
     "The poolings a run stores when none are given: the sentence token of the architecture (cls or last), mean and max."

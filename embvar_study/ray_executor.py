@@ -431,7 +431,7 @@ def alarm_stopper(alarm: object = None,  # None: stop on the reported `embvar/al
                   ) -> Callable[[str, dict], bool]:  # for `ray.tune.RunConfig(stop=...)`: (trial_id, result) -> stop?
     "A Ray Tune stopper: a trial stops at its first result where the tracker's alarm fired, or where `alarm` fires on the reported drift."
     if alarm is None: return lambda trial_id, result: float(result.get("embvar/alarm", 0.0)) >= 1.0
-    from embvar_study.tracking import alarm_rule
+    from embvar_study.config import alarm_rule
     rule = alarm_rule(alarm)
     if rule.signal == "drift" and rule.layer != -1 and rule.layer < 0:
         raise ValueError(f"alarm.layer: the stopper reads embvar/drift (layer -1) or embvar/drift/layer_K (K >= 0), got {rule.layer}")

@@ -364,3 +364,8 @@ def render_html(study_dir: str | Path, report: str | Path, appendix: list[str | 
             f'<details class="contents"><summary>Contents</summary><nav class="toc" aria-label="Contents"><ol>{"".join(toc)}</ol></nav></details>'
             f'{doc_body}</main></body></html>')
     return atomic_write_bytes(Path(study_dir) / "report.html", page.encode("utf-8"))
+
+# %% ../nbs/21_report.ipynb #1376a5c3
+def __getattr__(name: str):
+    "A name that moved from this module to another (`moved.MOVED`), with a DeprecationWarning."
+    from embvar_study.moved import moved_name; return moved_name(__name__, name)

@@ -9,6 +9,7 @@ import io
 import json
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -16,10 +17,13 @@ import pandas as pd
 from .storage import method_of
 from .digests import fresh_sha256
 
+if TYPE_CHECKING:
+    from embvar_study.config import TrainConfig
+
 # %% auto #0
 __all__ = ['POOLING_NAME', 'WEIGHTS', 'IncompleteRunError', 'CorruptRunError', 'is_hidden', 'run_folder_state', 'step_file',
            'safe_path', 'read_marker', 'damaged_files', 'verify_run', 'Run', 'load_run', 'predictions', 'is_complete',
-           'find_runs', 'load_runs']
+           'find_runs', 'load_runs', 'run_numerics', 'numerics_differ']
 
 # %% ../nbs/08_runs.ipynb #d49bf750
 class IncompleteRunError(ValueError):
@@ -407,3 +411,32 @@ def load_runs(root: str | Path,       # a run folder, or a folder to search
              ) -> list[Run]:          # sorted by path
     "`load_run` of every complete run under `root`."
     return [load_run(p, verify=verify) for p in find_runs(root)]
+
+# %% ../nbs/08_runs.ipynb #f14a32d1
+def run_numerics(config: TrainConfig | dict,  # the run's parameters
+                ) -> dict:  # {"device": type, "torch_threads": n, "linear_kernels": {"train": k, "inference": k}} (CPU), {"device": type} elsewhere
+    "What a run of `config` computes with on this machine, beyond its parameters: on a CPU its thread count and linear kernels."
+    from embvar_study.config import TrainConfig
+    from embvar_study.kernels import resolve_device, choose_linear_kernel   # torch, imported when asked
+    cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_dict(config)
+    device = resolve_device(cfg.device)
+    if device.type != "cpu": return {"device": device.type}
+    return {"device": "cpu", "torch_threads": cfg.threads,
+            "linear_kernels": {m: choose_linear_kernel(m == "train")["kernel"] for m in ("train", "inference")}}
+
+# %% ../nbs/08_runs.ipynb #1d1a5e15
+def numerics_differ(run_dir: str | Path,          # a complete run folder
+                    config: TrainConfig | dict,   # the parameters a run would be computed with now
+                   ) -> str:  # '' when the same; else what the folder recorded vs what this machine would use, in words
+    "Was the run in `run_dir` computed with other numerics (device type, CPU threads, linear kernels) than a run of `config` here?"
+    d = read_marker(run_dir).get("derived", {})
+    now = run_numerics(config)
+    then = {"device": str(d.get("device_used", now["device"])).split(":")[0], "torch_threads": d.get("torch_threads", now.get("torch_threads")),
+            "linear_kernels": {m: (v or {}).get("kernel") for m, v in d.get("linear_kernels", {}).items()} or now.get("linear_kernels")}
+    diff = [f"{k} {then[k]} (now {now[k]})" for k in now if then.get(k) != now[k]]
+    return "; ".join(diff)
+
+# %% ../nbs/08_runs.ipynb #65b70430
+def __getattr__(name: str):
+    "A name that moved from this module to another (`moved.MOVED`), with a DeprecationWarning."
+    from embvar_study.moved import moved_name; return moved_name(__name__, name)

@@ -402,3 +402,8 @@ def linear_r2(X: ArrayLike,  # (..., N, dx) predictors
              ) -> Array:  # (...) share of Y's total variance explained, in [0, 1]
     "R^2 of the least-squares linear regression (with intercept) of Y on X, pooled over Y's dimensions (ReSi)."
     return per_pair(_r2_pair, X, Y, 2, "linear_r2")
+
+# %% ../nbs/02a_similarity.ipynb #350d5e5e
+def __getattr__(name: str):
+    "A name that moved from this module to another (`moved.MOVED`), with a DeprecationWarning."
+    from embvar_study.moved import moved_name; return moved_name(__name__, name)

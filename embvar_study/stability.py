@@ -349,3 +349,8 @@ def stability_finding(study: object, *, pooling: str = "mean") -> dict:  # text,
     "The computed answer as a key finding (text, value: the increment, ci, verdict)."
     a = stability_tables(study, pooling=pooling)["answer"]
     return {k: a[k] for k in ("text", "value", "ci", "verdict")}
+
+# %% ../nbs/18a_stability.ipynb #39f32434
+def __getattr__(name: str):
+    "A name that moved from this module to another (`moved.MOVED`), with a DeprecationWarning."
+    from embvar_study.moved import moved_name; return moved_name(__name__, name)

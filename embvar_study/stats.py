@@ -20,8 +20,8 @@ SeedLike = Union[None, int, np.random.SeedSequence, np.random.Generator]   # any
 # %% auto #0
 __all__ = ['SeedLike', 'CHUNK_ELEMENTS', 'BOOT_METHODS', 'ALTERNATIVES', 'INTERVAL_METHOD', 'check_confidence',
            'check_n_resamples', 'check_choice', 'as_rng', 'check_callable', 'as_sample', 'as_two_samples', 'as_scalar',
-           'CI', 'bootstrap_ci', 'cluster_bootstrap_ci', 'interval_method', 'seed_interval', 'JackknifeResult',
-           'jackknife', 'quantile_summary']
+           'CI', 'bootstrap_ci', 'cluster_bootstrap_ci', 'NoInterval', 'interval_method', 'seed_interval',
+           'JackknifeResult', 'jackknife', 'quantile_summary']
 
 # %% ../nbs/04_stats.ipynb #af0e6ff8
 CHUNK_ELEMENTS = 2**21
@@ -303,12 +303,19 @@ def cluster_bootstrap_ci(values: ArrayLike,            # (n_clusters, n_items), 
     low, high, se = _intervals(boot[None], estimate, method, confidence, loo)
     return CI(float(estimate[0]), float(low[0]), float(high[0]), confidence, method, n_resamples, float(se[0]))
 
+# %% ../nbs/04_stats.ipynb #1ca0e3b5
+class NoInterval(str):
+    "An interval that cannot be given, as a value with its `reason`; as text 'no interval: REASON' (what tables show)."
+    def __new__(cls, reason: str):
+        self = super().__new__(cls, f"no interval: {reason}"); self.reason = str(reason); return self
+    def __getnewargs__(self) -> tuple: return (self.reason,)   # pickle and copy rebuild it from the reason
+
 # %% ../nbs/04_stats.ipynb #1a538c28
 def interval_method(n_seeds: int,              # seeds (clusters) behind the interval
                     confidence: float = 0.95,  # nominal coverage
-                   ) -> str:                   # one line to print under a table
+                   ) -> str:                   # one line to print under a table (a NoInterval when refused)
     "How an interval over seeds was made, in words (or why there is none)."
-    if n_seeds < 2: return f"no interval: {n_seeds} seed (an interval over seeds needs at least 2)"
+    if n_seeds < 2: return NoInterval(f"{n_seeds} seed (an interval over seeds needs at least 2)")
     return f"{100 * check_confidence(confidence):g}% t interval over {n_seeds} seeds ({n_seeds - 1} df)"
 
 # %% ../nbs/04_stats.ipynb #5a6594c9
@@ -411,3 +418,8 @@ def quantile_summary(values: ArrayLike,     # (..., n, ...) samples along `axis`
     out.update({k: as_scalar(v) for k, v in zip(keys, np.quantile(x, q, axis=ax))})
     out["max"] = as_scalar(x.max(axis=ax))
     return out
+
+# %% ../nbs/04_stats.ipynb #ccec6d1f
+def __getattr__(name: str):
+    "A name that moved from this module to another (`moved.MOVED`), with a DeprecationWarning."
+    from embvar_study.moved import moved_name; return moved_name(__name__, name)

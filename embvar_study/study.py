@@ -451,3 +451,8 @@ def study_from_runs(run_dirs: list[str | Path],   # run folders, or folders to s
             "skipped": [{"path": str(Path(p).resolve()), "why": why} for p, why in skipped]}   # named on the console and the page
     return Study(Path(run_dirs[0]), spec, {"runs": pd.DataFrame(rows)}, runs)
 
+
+# %% ../nbs/14_study.ipynb #d0d26afa
+def __getattr__(name: str):
+    "A name that moved from this module to another (`moved.MOVED`), with a DeprecationWarning."
+    from embvar_study.moved import moved_name; return moved_name(__name__, name)

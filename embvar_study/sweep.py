@@ -207,7 +207,7 @@ def check_plan_data(configs: list[dict]) -> None:
     "Load the local data of every distinct data setting among `configs` once; the first problem raises its one-line error."
     if not configs: return                        # nothing to run: no torch import (each experiment notebook calls this)
     from embvar_study.data import is_file_source
-    from embvar_study.train import prepare_data
+    from embvar_study.prepare import prepare_data   # torch-free: not the training stack
     seen = set()
     for c in configs:
         key = json.dumps([c.get(k) for k in _DATA_FIELDS], sort_keys=True, default=str)
@@ -245,7 +245,7 @@ def _label(row: dict) -> str:
 def _say_other_numerics(kept: list[str], configs: dict, study_dir: Path, say: Callable[[str], None]) -> None:
     "One line naming the kept runs computed with other numerics (threads, kernels, device) than a run here would use."
     if not kept: return
-    from embvar_study.kernels import numerics_differ     # torch only: not the training stack
+    from embvar_study.runs import numerics_differ     # not the training stack
     other = {rid: why for rid in kept if (why := numerics_differ(study_dir / "runs" / rid, configs[rid]))}
     if other:
         say(f"{len(other)} of the {len(kept)} runs on disk were computed with other numerics than this machine uses now "
@@ -406,3 +406,8 @@ def run_sweep(name: str,              # experiment name: the manifest is <study_
         spec = None if (study_dir / STUDY_FILE).exists() else {"profile": None, "experiments": [name], "resolved": {"base": base}}
         return execute_plan(pd.DataFrame(rows), study_dir, executor=executor, jobs=jobs, runs_per_gpu=runs_per_gpu,
                             ray_options=ray_options, spec=spec, say=say)[name]
+
+# %% ../nbs/15_sweep.ipynb #c20693ff
+def __getattr__(name: str):
+    "A name that moved from this module to another (`moved.MOVED`), with a DeprecationWarning."
+    from embvar_study.moved import moved_name; return moved_name(__name__, name)

@@ -5,19 +5,20 @@
 # %% ../nbs/10_tracking.ipynb #d13d8a6a
 from __future__ import annotations
 import importlib
-import json  # noqa: F401 (used by the examples below)
 import math
 import pickle
 import sys
 import time
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import torch
-from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
-from transformers.trainer_callback import CallbackHandler
+if TYPE_CHECKING:   # transformers imports peft: imported when EmbvarCallback is first used, not with this module
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+    from transformers.trainer_callback import CallbackHandler
 
 from .extract import embed_texts, saved_layers
 from .metrics import cosine_drift
@@ -332,6 +333,7 @@ def trainer_config(args: TrainingArguments) -> dict:  # JSON-serialisable subset
 # %% ../nbs/10_tracking.ipynb #c77184ab
 def _calling_handler(cb: TrainerCallback) -> CallbackHandler | None:
     "The `CallbackHandler` dispatching the current event to `cb`, found on the call stack; None if there is none."
+    from transformers.trainer_callback import CallbackHandler
     f = sys._getframe(1)
     while f is not None:
         h = f.f_locals.get("self")
@@ -356,7 +358,7 @@ def _check_tracker_kwargs(every, kwargs: dict) -> None:
                      kwargs.get("batch_size", 16), kwargs.get("dtype", "float32"))
 
 # %% ../nbs/10_tracking.ipynb #f30287ad
-class EmbvarCallback(TrainerCallback):
+class _EmbvarCallbackMethods:   # EmbvarCallback's body; its base, transformers' TrainerCallback, is added on first use
     "A `transformers.TrainerCallback` that tracks the probes' hidden states into a run folder during `Trainer.train`."
     def __init__(self, probes, run_dir: str | Path, every: int = 10, *, config: dict | None = None,
                  alarm=None,            # an alarm rule (see `alarm_rule`), checked at every tracked step
@@ -428,6 +430,13 @@ class EmbvarCallback(TrainerCallback):
                   "stopped_by_alarm" if self.stop and self.tracker.alarm_fired else "completed")
         self.tracker.close(status=status, steps_done=state.global_step, trainer_summary=self.summary)
 
+# %% ../nbs/10_tracking.ipynb #1cbce499
+def _trainer_callback_class() -> type:
+    "Build `EmbvarCallback`: the methods above on `transformers.TrainerCallback` (transformers imported only now)."
+    from transformers import TrainerCallback
+    return type("EmbvarCallback", (_EmbvarCallbackMethods, TrainerCallback),
+                {"__module__": __name__, "__qualname__": "EmbvarCallback", "__doc__": _EmbvarCallbackMethods.__doc__})
+
 # %% ../nbs/10_tracking.ipynb #3a8475ce
 def _lightning_callback_class() -> type:
     "Build `EmbvarLightningCallback` on `pytorch_lightning.Callback` (imported only now)."
@@ -486,10 +495,10 @@ def _lightning_callback_class() -> type:
     return EmbvarLightningCallback
 
 # %% ../nbs/10_tracking.ipynb #c9d7a728
-_LAZY: dict = {}
+_all_ = ["EmbvarCallback"]   # in __all__, built on first access as EmbvarLightningCallback is
+_BUILDERS = {"EmbvarCallback": _trainer_callback_class, "EmbvarLightningCallback": _lightning_callback_class}
 
 def __getattr__(name: str) -> object:
-    "`EmbvarLightningCallback` on first access (Lightning imported then); AttributeError for anything else."
-    if name != "EmbvarLightningCallback": raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    if name not in _LAZY: _LAZY[name] = _lightning_callback_class()
-    return _LAZY[name]
+    "The callbacks, built on first access (transformers or Lightning imported then); else a moved name (`moved.MOVED`)."
+    if name not in _BUILDERS: from embvar_study.moved import moved_name; return moved_name(__name__, name)
+    globals()[name] = cls = _BUILDERS[name](); return cls   # built once: the module holds it from now on

@@ -4,89 +4,25 @@
 
 # %% ../nbs/11_train.ipynb #ff32e536
 from __future__ import annotations
-import contextlib, inspect, math, os, re, shutil, tempfile, time, warnings
+import functools, inspect, math, os, shutil, tempfile, time, warnings
 from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
-import pandas as pd
 import torch
 
 from .config import TrainConfig, SCHEDULES, DIVERGENCE_FACTOR, as_field
-from .data import load_texts, train_eval_split, load_probes, parse_heldout
+from .prepare import prepare_data
 from .models import load_model_and_tokenizer, model_summary, apply_lora, model_depth, set_dropout
 from .extract import embed_perturbed, count_truncated, position_limit, length_groups
-from .kernels import linear_kernel, choose_linear_kernel, resolve_device, pinned_threads, numerics_differ
-from .runs import run_folder_state, verify_run, CorruptRunError, step_file
+from .kernels import linear_kernel, choose_linear_kernel, resolve_device, pinned_threads
+from .runs import run_folder_state, verify_run, CorruptRunError, numerics_differ, step_file
 from .storage import FolderLock
 from .tracking import EmbeddingTracker, NonFiniteEmbeddings, alarm_rule
 
 # %% auto #0
-__all__ = ['STEP0_CACHE', 'split_sizes', 'prepare_data', 'Batches', 'evaluate', 'forward_backward', 'make_optimizer',
-           'make_schedule', 'WeightAverage', 'check_before_work', 'train_run', 'save_predictions']
-
-# %% ../nbs/11_train.ipynb #d1e2f302
-def split_sizes(cfg: TrainConfig, n_rows: int) -> tuple[int, int]:  # (n_train, n_eval)
-    "Training and held-out sizes of `cfg` for a dataset of `n_rows` rows (None sizes filled from eval_fraction)."
-    n_eval = cfg.n_eval if cfg.n_eval is not None else max(1, round(cfg.eval_fraction * n_rows))
-    if cfg.n_train is not None and cfg.n_eval is None: n_eval = min(n_eval, n_rows - cfg.n_train)
-    n_train = cfg.n_train if cfg.n_train is not None else n_rows - n_eval
-    if n_train < 1 or n_eval < 1 or n_train + n_eval > n_rows:
-        rows = f"{n_rows} rows in {cfg.dataset!r}"
-        if cfg.n_eval is None:   # the one size given is n_train (or none: a dataset too small to split)
-            raise ValueError(f"n_train: expected at most {n_rows - 1} ({rows}; at least 1 is kept for evaluation), got {cfg.n_train}")
-        if cfg.n_train is None:
-            raise ValueError(f"n_eval: expected at most {n_rows - 1} ({rows}; at least 1 is kept for training), got {cfg.n_eval}")
-        raise ValueError(f"n_train: n_train + n_eval = {cfg.n_train} + {cfg.n_eval} is more than the {rows}; ask for fewer")
-    return n_train, n_eval
-
-# %% ../nbs/11_train.ipynb #de899925
-def _probe_source(cfg: TrainConfig, train_texts) -> pd.DataFrame:
-    if cfg.probes.startswith("heldout:"):
-        source, split = parse_heldout(cfg.probes, dataset=cfg.dataset)
-        rows = load_texts(source, split=split, text_col=cfg.text_col, label_col=cfg.label_col)
-        return load_probes(rows, n=cfg.n_probes, seed=cfg.probe_seed, exclude=train_texts)
-    return load_probes(cfg.probes, n=cfg.n_probes, seed=cfg.probe_seed, exclude=train_texts)
-
-# %% ../nbs/11_train.ipynb #df945573
-def _drop_leaked(train_df: pd.DataFrame, eval_df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
-    "The evaluation rows whose text is not also a training text (exact duplicates leak), and how many were removed (said once)."
-    dup = eval_df["text"].isin(set(train_df["text"])).to_numpy()
-    if dup.all():
-        raise ValueError(f"n_eval: all {len(eval_df)} evaluation examples also occur (as exact duplicates) in the training subset; "
-                         "remove the duplicate rows from the dataset")
-    if dup.any():
-        warnings.warn(f"removed {int(dup.sum())} of {len(eval_df)} evaluation examples whose text also occurs in the training subset "
-                      f"(exact duplicates): the held-out metrics use the other {int((~dup).sum())}", stacklevel=3)
-    return eval_df[~dup], int(dup.sum())
-
-# %% ../nbs/11_train.ipynb #30b0250a
-@contextlib.contextmanager
-def _n_probes(cfg: TrainConfig):
-    "`load_probes`'s `n: expected at most K probes` is about the run's n_probes: said so, with the probe source."
-    try: yield
-    except ValueError as e:
-        m = re.match(r"^(?:probes: )?n: (.*)$", str(e), re.S)
-        if not m: raise
-        raise ValueError(f"n_probes: {m.group(1)} in probes={cfg.probes!r}") from None
-
-# %% ../nbs/11_train.ipynb #61a5e5a6
-def prepare_data(cfg: TrainConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:  # (train, eval, probes)
-    "Stratified train/eval subsets chosen by subset_seed (data_seed unless given), probes by probe_seed; facts for COMPLETE in `train.attrs`."
-    with as_field("dataset"): df = load_texts(cfg.dataset, split=cfg.split, text_col=cfg.text_col, label_col=cfg.label_col)
-    facts = {"n_labels": int(df["label"].nunique()), "label_names": list(df.attrs.get("label_names", []))}
-    probes = None
-    if cfg.probes == "heldout":   # a fixed partition of the dataset, set aside before any run's subsets are drawn
-        with _n_probes(cfg): probes = load_probes(df, n=cfg.n_probes or max(1, len(df) // 5), seed=cfg.probe_seed)
-        df = df[~df["text"].isin(set(probes["text"]))].reset_index(drop=True)
-    n_train, n_eval = split_sizes(cfg, len(df))
-    train_df, eval_df = train_eval_split(df, n_train, n_eval, seed=cfg.seeds()["subset_seed"])
-    eval_df, n_dup = _drop_leaked(train_df, eval_df)
-    train_df.attrs.update(facts, n_rows=len(df), eval_duplicates_removed=n_dup)   # classes of the dataset; leaked rows removed
-    train_df.attrs["derived"] = {"eval_duplicates_removed": n_dup}   # for COMPLETE's derived facts
-    if probes is None:
-        with _n_probes(cfg), as_field("probes"): probes = _probe_source(cfg, set(train_df["text"]))
-    return train_df, eval_df, probes
+__all__ = ['STEP0_CACHE', 'Batches', 'evaluate', 'forward_backward', 'make_optimizer', 'make_schedule', 'WeightAverage',
+           'check_before_work', 'train_run', 'save_predictions']
 
 # %% ../nbs/11_train.ipynb #d1e2f305
 class Batches:
@@ -188,14 +124,19 @@ def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> to
     except (RuntimeError, TypeError, ValueError): return torch.optim.AdamW(groups, lr=lr, foreach=True)
 
 # %% ../nbs/11_train.ipynb #d1e2f310
+def _lr_factor(step: int, *, schedule: str, warmup: int, total: int) -> float:
+    "The peak rate's factor at `step`, as transformers' `get_*_schedule_with_warmup` computes it (to the bit)."
+    if step < warmup: return float(step) / float(max(1, warmup))
+    if schedule == "constant": return 1.0
+    if schedule == "linear": return max(0.0, float(total - step) / float(max(1, total - warmup)))
+    progress = float(step - warmup) / float(max(1, total - warmup))
+    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * progress)))   # half a cycle: transformers' default
+
 def make_schedule(optimizer: torch.optim.Optimizer, schedule: str, warmup: int, total: int) -> torch.optim.lr_scheduler.LRScheduler:
     "The learning-rate scheduler named `schedule` (linear, constant, cosine) with `warmup` linear warmup steps."
-    import transformers
-    make = {"linear": lambda: transformers.get_linear_schedule_with_warmup(optimizer, warmup, total),
-            "constant": lambda: transformers.get_constant_schedule_with_warmup(optimizer, warmup),
-            "cosine": lambda: transformers.get_cosine_schedule_with_warmup(optimizer, warmup, total)}
-    if schedule not in make: raise ValueError(f"schedule: expected one of {SCHEDULES}, got {schedule!r}")
-    return make[schedule]()
+    if schedule not in SCHEDULES: raise ValueError(f"schedule: expected one of {SCHEDULES}, got {schedule!r}")
+    factor = functools.partial(_lr_factor, schedule=schedule, warmup=warmup, total=total)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 # %% ../nbs/11_train.ipynb #22977712
 class WeightAverage:
@@ -453,3 +394,8 @@ def _train_loop(cfg, model, tok, train_df, eval_df, tracker, device, progress, d
                   **({"ema": {"decay": ema.decay, "steps": sorted(ema.steps)}} if ema is not None else {}),
                   derived={**derived, "train_token_slots": slots, "train_truncated": int(train.n_truncated), "train_tokens": int(train.n_tokens)})
 
+
+# %% ../nbs/11_train.ipynb #1fbc1a28
+def __getattr__(name: str):
+    "A name that moved from this module to another (`moved.MOVED`), with a DeprecationWarning."
+    from embvar_study.moved import moved_name; return moved_name(__name__, name)

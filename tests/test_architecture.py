@@ -1,7 +1,11 @@
 """The package's import graph, read from the source with `ast`: no import cycle between its modules, and no module taking a
 private name (`_x`) from another (`from .m import _x`, `from embvar_study.m import _x`, or `m._x` on an imported module).
-Each failure lists what it found. No module is over 500 lines; the largest module's line count is printed (`pytest -s`)."""
+Each module imports only modules of its own layer or lower ones, by the README's layer table (read from nbs/index.ipynb,
+its one source), and every module is in one row. Each failure lists what it found. No module is over 500 lines; the
+largest module's line count is printed (`pytest -s`)."""
 import ast
+import json
+import re
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "embvar_study"
@@ -121,16 +125,65 @@ def test_the_allow_lists_hold_only_what_is_still_there():
     assert not stale and not stale_cycles, f"allow-list entries no longer in the code (delete them): {stale} {stale_cycles}"
 
 
-REPORT_LAYER = {"display", "findings", "sections", "experiment_sections", "report"}   # the README's report layer
-INTERFACE = {"cli", "cli_args", "cli_report", "compare"}                             # above it
+INDEX = PKG.parent / "nbs" / "index.ipynb"   # the README's Architecture table comes from here (one source)
 
 
-def test_nothing_below_the_report_layer_imports_it():
-    "Data flows one way: no module of the numerics ... findings layers imports a report-layer module (the README's Architecture)."
+def layer_table(markdown: str, nbs: Path) -> list[tuple[str, list[str]]]:
+    """The layers of the table in `markdown` (`| layer | notebooks | job |` rows, lowest first) as (layer, modules): each
+    backticked numbered notebook (`02_metrics`) named by the module its `#| default_exp` exports."""
+    rows = [r for r in markdown.splitlines() if r.startswith("| ") and not r.startswith(("| layer ", "|---"))]
+    out = []
+    for r in rows:
+        layer, notebooks = (c.strip() for c in r.strip().strip("|").split("|")[:2])
+        mods = []
+        for nb in re.findall(r"`(\d\d[a-z]?_\w+)`", notebooks):
+            m = re.search(r"#\|\s*default_exp\s+(\w+)", (nbs / f"{nb}.ipynb").read_text(encoding="utf-8"))
+            assert m, f"{nb}.ipynb (in the layer table) exports no module"
+            mods.append(m.group(1))
+        out.append((layer, mods))
+    return out
+
+
+def layers() -> list[tuple[str, list[str]]]:
+    "The README's layer table, read from nbs/index.ipynb's Architecture cell."
+    cells = json.loads(INDEX.read_text(encoding="utf-8"))["cells"]
+    md = next("".join(c["source"]) for c in cells if c["cell_type"] == "markdown" and "| layer |" in "".join(c["source"]))
+    return layer_table(md, INDEX.parent)
+
+
+def upward(g: dict[str, set[str]], table: list[tuple[str, list[str]]]) -> list[tuple[str, str, str, str]]:
+    "Imports from a module to one of a higher layer: (module, its layer, the module imported, that one's layer)."
+    rank = {m: i for i, (_, ms) in enumerate(table) for m in ms}
+    return sorted((m, table[rank[m]][0], d, table[rank[d]][0]) for m, ds in g.items() for d in ds
+                  if m in rank and d in rank and rank[d] > rank[m])
+
+
+def test_the_layer_reader_finds_what_it_should(tmp_path):
+    "The table reader and the rule, on planted notebooks: a low module importing a high one is found, the reverse is not."
+    for nb, mod in (("00_low", "low"), ("01a_mid", "mid"), ("02_high", "high")):
+        (tmp_path / f"{nb}.ipynb").write_text(json.dumps({"cells": [{"source": [f"#| default_exp {mod}"]}]}))
+    md = ("| layer | notebooks | job |\n|---|---|---|\n| base | `00_low`, `01a_mid` | x |\n"
+          "| top | `02_high`; templates in `nbs/experiments/` | y |\n")
+    table = layer_table(md, tmp_path)
+    assert table == [("base", ["low", "mid"]), ("top", ["high"])]
+    assert upward({"low": {"mid", "high"}, "high": {"low"}, "mid": set()}, table) == [("low", "base", "high", "top")]
+
+
+def test_every_module_is_in_one_layer():
+    "Every module of the package is in exactly one row of the README's layer table, and every module named there exists."
+    named = [m for _, ms in layers() for m in ms]
+    mods = set(modules())
+    twice = sorted({m for m in named if named.count(m) > 1})
+    assert not twice and set(named) == mods, (f"in two rows: {twice}; in no row of nbs/index.ipynb's layer table: "
+                                              f"{sorted(mods - set(named))}; named but gone: {sorted(set(named) - mods)}")
+
+
+def test_imports_go_to_the_same_layer_or_below():
+    "Data flows one way: a module imports only modules of its own layer or of a lower one (the README's table)."
     g, _ = graph()
-    assert REPORT_LAYER | INTERFACE <= set(g), f"layer lists name modules that are gone: {sorted((REPORT_LAYER | INTERFACE) - set(g))}"
-    found = {m: sorted(d & REPORT_LAYER) for m, d in g.items() if m not in REPORT_LAYER | INTERFACE and d & REPORT_LAYER}
-    assert not found, "modules below the report layer importing it: " + "; ".join(f"{m} imports {', '.join(d)}" for m, d in found.items())
+    found = upward(g, layers())
+    assert not found, f"{len(found)} import(s) up the layer table: " + "; ".join(
+        f"{m} ({lm}) imports {d} ({ld})" for m, lm, d, ld in found)
 
 
 MAX_LINES = 500   # issue 32: no module over ~500 lines (the generated _modidx excepted)

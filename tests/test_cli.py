@@ -318,3 +318,36 @@ def test_only_report_refuses_a_study_json_edited_after_the_runs(tmp_path):
                     "content hash differs from the one written with it); the runs followed the plan as written: restore study.json, "
                     "or run the study into a new folder"), line
     assert not (study / "report.html").exists() and not (study / "notebooks").exists()
+
+
+HEAVY = ("torch", "transformers", "peft")   # what `--help` must not import (issue 41: the CLI answers at once)
+
+
+def modules_after(code: str) -> tuple[list[str], str]:
+    "Run `code` in a fresh interpreter; (the HEAVY modules then in sys.modules, its stdout)."
+    probe = f"{code}\nimport sys\nprint('HEAVY=' + ','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert r.returncode == 0 and "HEAVY=" in r.stdout, r.stderr[-2000:]
+    return [m for m in r.stdout.rsplit("HEAVY=", 1)[1].strip().split(",") if m], r.stdout
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["report", "--help"], ["compare", "--help"],
+                                  ["verify", "--help"], ["train", "--lr"]])
+def test_help_imports_no_torch(argv):
+    "Every command's help, and a flag error, answers without importing torch, transformers or peft (modules, not seconds)."
+    heavy, out = modules_after(f"from embvar_study.cli import main\ntry: main({argv!r})\nexcept SystemExit: pass")
+    assert heavy == [], f"embvar {' '.join(argv)} imported {heavy}"
+    if argv[-1] == "--help": assert "usage: embvar" in out, out[:500]
+
+
+def test_train_help_shows_every_field_with_its_help():
+    "`embvar train --help` lists every TrainConfig field in a group, each with the help declared on the field."
+    import dataclasses
+    from embvar_study.cli import TRAIN_GROUPS, train_parser
+    grouped = [n for names in TRAIN_GROUPS.values() for n in names]
+    assert sorted(grouped) == sorted(f.name for f in dataclasses.fields(TrainConfig))
+    helps = {a.dest: a.help for a in train_parser()._actions}
+    blank = [n for n in grouped if not helps[n] or helps[n] == n]
+    assert not blank, f"fields without help text: {blank}"
+    assert helps["lr"] == "peak learning rate" and helps["replicate"].startswith("a label only")

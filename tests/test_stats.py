@@ -463,3 +463,25 @@ def test_every_interval_refuses_a_confidence_outside_0_1_in_one_line_naming_it(c
     with pytest.raises(ValueError) as e: call(bad)
     msg = str(e.value)
     assert msg == f"confidence: expected a number strictly between 0 and 1 (e.g. 0.95), got {bad!r}" and "\n" not in msg
+
+
+def test_a_refused_interval_is_a_value_that_reads_as_before():
+    """NoInterval (issue 41, item 1): the refusals of seed_interval and the two-group intervals are values with a reason;
+    their text, and the line a table shows under it, are the words they always were."""
+    import pickle
+    import pandas as pd
+    from embvar_study.display import method_line
+    notes = {"seed": stats.seed_interval(np.array([[0.3, 0.4]]))["note"],
+             "difference": effects.difference_interval(np.array([0.1]), np.array([0.2, 0.3]))["note"],
+             "standardized": effects.standardized_difference_interval(0.5, 1, 1)["note"]}
+    before = {"seed": "no interval: 1 seed (an interval over seeds needs at least 2)",
+              "difference": "no interval: 1 seed in a group (a difference over seeds needs at least 2 in each)",
+              "standardized": "no interval: 0 df (needs at least 2 seeds in each group)"}
+    assert {k: (type(v), str(v)) for k, v in notes.items()} == {k: (stats.NoInterval, v) for k, v in before.items()}
+    assert notes["seed"].reason == "1 seed (an interval over seeds needs at least 2)"
+    t = pd.DataFrame({"drift": [0.35], "ci_low": [np.nan], "ci_high": [np.nan]}); t.attrs["ci_method"] = notes["seed"]
+    back = pickle.loads(pickle.dumps(t))                      # a cached table keeps the value
+    assert isinstance(back.attrs["ci_method"], stats.NoInterval) and back.attrs["ci_method"].reason == notes["seed"].reason
+    assert method_line(back) == "Intervals: " + before["seed"]
+    given = stats.seed_interval(np.array([[0.3], [0.4]]))["note"]   # an interval that is given is plain words
+    assert not isinstance(given, stats.NoInterval) and given == "95% t interval over 2 seeds (1 df)"

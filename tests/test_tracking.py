@@ -258,3 +258,16 @@ def test_a_crashed_run_keeps_the_history_rows_it_logged(tmp_path):
     assert not (tmp_path / "run" / "COMPLETE").exists() and not list(tmp_path.glob("**/*.lock.json"))   # released
     h = pd.read_csv(tmp_path / "run" / "history.csv")
     assert h["step"].tolist() == [1, 2, 3] and np.allclose(h["train_loss"], [1.0, 0.5, 1 / 3])
+
+
+def test_importing_tracking_imports_neither_transformers_nor_peft():
+    "`import embvar_study.tracking` (a plain loop's needs) leaves transformers and peft out; EmbvarCallback brings them."
+    import subprocess, sys
+    code = ("import sys, pickle\nimport embvar_study.tracking as t\n"
+            "print('before', sorted(m for m in ('transformers', 'peft') if m in sys.modules))\n"
+            "from embvar_study.tracking import EmbvarCallback\nfrom transformers import TrainerCallback\n"
+            "print('after', issubclass(EmbvarCallback, TrainerCallback), t.EmbvarCallback is EmbvarCallback,\n"
+            "      pickle.loads(pickle.dumps(EmbvarCallback)) is EmbvarCallback)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split("\n")[:2] == ["before []", "after True True True"], r.stdout

@@ -565,3 +565,30 @@ def test_training_steps_count_their_token_slots(tmp_path):
     assert set(run.marker["derived"]["linear_kernels"]) == {"train", "inference"}
     assert run.marker["derived"]["eval_duplicates_removed"] == 0       # the bundled corpus has no text in both subsets
     assert run.marker["divergence_rule"]["first_loss"] > 0
+
+
+@pytest.mark.parametrize("schedule", ["linear", "constant", "cosine"])
+@pytest.mark.parametrize("warmup,total", [(0, 1), (0, 7), (2, 10), (3, 3), (5, 40)])
+def test_schedules_are_transformers_own_to_the_bit(schedule, warmup, total):
+    "make_schedule's factors (torch's LambdaLR, no transformers) equal transformers' get_*_schedule_with_warmup exactly."
+    transformers = pytest.importorskip("transformers")
+    theirs = {"linear": lambda o: transformers.get_linear_schedule_with_warmup(o, warmup, total),
+              "constant": lambda o: transformers.get_constant_schedule_with_warmup(o, warmup),
+              "cosine": lambda o: transformers.get_cosine_schedule_with_warmup(o, warmup, total)}[schedule]
+    def factors(make):
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=3e-4); s = make(opt); out = []
+        for _ in range(total + 2): out.append(s.get_last_lr()[0]); opt.step(); s.step()
+        return out
+    assert factors(lambda o: train_mod.make_schedule(o, schedule, warmup, total)) == factors(theirs)
+
+
+def test_a_full_fine_tuning_run_imports_no_peft(tmp_path):
+    "peft is imported for LoRA runs only: a full fine-tuning run, start to COMPLETE, leaves it out of sys.modules."
+    code = (f"import sys\nfrom embvar_study.config import TrainConfig\nfrom embvar_study.train import train_run\n"
+            f"train_run(TrainConfig(**{dict(TINY, max_steps=2)!r}), {str(tmp_path / 'run')!r}, progress=False)\n"
+            "print('peft' in sys.modules, 'transformers' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "False True", r.stdout
+    assert is_complete(tmp_path / "run")
