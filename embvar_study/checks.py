@@ -9,8 +9,8 @@ import numpy as np
 if TYPE_CHECKING: import torch   # for the type hints only: never imported at run time
 
 # %% auto #0
-__all__ = ['ArrayLike', 'Array', 'fmt_shape', 'shape_str', 'is_tensor', 'check_real', 'check_rank', 'check_finite',
-           'as_float_array', 'check_same_shape', 'check_at_least', 'check_nonzero_rows']
+__all__ = ['ArrayLike', 'Array', 'fmt_shape', 'shape_str', 'is_tensor', 'is_int', 'is_real', 'check_real', 'check_rank',
+           'check_finite', 'as_float_array', 'check_same_shape', 'check_at_least', 'check_nonzero_rows']
 
 # %% ../nbs/00_checks.ipynb #5eb28cdd
 ArrayLike = Union[np.ndarray, Sequence, "torch.Tensor"]   # what the numerical functions accept
@@ -27,6 +27,13 @@ def is_tensor(x: object) -> bool:  # True for a torch tensor (any device, dtype 
     "Whether `x` is a torch tensor, decided without importing torch."
     mod = type(x).__module__
     return (mod == "torch" or mod.startswith("torch.")) and hasattr(x, "detach")
+
+# %% ../nbs/00_checks.ipynb #0ae1ba4d
+def is_int(v) -> bool: return isinstance(v, (int, np.integer)) and not isinstance(v, bool)   # int or numpy integer, not bool
+
+# %% ../nbs/00_checks.ipynb #d2d5e032
+def is_real(v) -> bool:   # int, float or numpy number, not bool (NaN and inf included)
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
 
 # %% ../nbs/00_checks.ipynb #179c9a9c
 def check_real(x: Array,   # numpy array or torch tensor

@@ -20,6 +20,7 @@ if TYPE_CHECKING:   # transformers imports peft: imported when EmbvarCallback is
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
     from transformers.trainer_callback import CallbackHandler
 
+from .checks import is_int, is_real
 from .extract import embed_texts, saved_layers
 from .metrics import cosine_drift
 from .run_writer import RunWriter
@@ -47,12 +48,6 @@ def probe_table(probes: list[str] | pd.DataFrame | str | Path) -> pd.DataFrame: 
 # %% ../nbs/10_tracking.ipynb #3a4d9dba
 class NonFiniteEmbeddings(ValueError):
     "The probe embeddings at a checkpoint contain NaN or inf (the model diverged)."
-
-# %% ../nbs/10_tracking.ipynb #ba2e92ac
-def _is_int(v) -> bool: return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-# %% ../nbs/10_tracking.ipynb #3cce2d2e
-def _is_real(v) -> bool: return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
 
 # %% ../nbs/10_tracking.ipynb #13ce565c
 def _check_live(live, alarm) -> bool:
@@ -153,7 +148,7 @@ class EmbeddingTracker:
         pools = self.settings["poolings"]
         pooling = pools[0] if pooling is None else pooling
         if pooling not in pools: raise ValueError(f"drift_pooling: expected one of the tracked poolings {pools}, got {pooling!r}")
-        if not _is_int(layer): raise ValueError(f"drift_layer: expected an int (saved-layer index), got {layer!r}")
+        if not is_int(layer): raise ValueError(f"drift_layer: expected an int (saved-layer index), got {layer!r}")
         rule = None if alarm is None else alarm_rule(alarm)
         if rule is not None and rule.pooling not in pools:
             raise ValueError(f"alarm.pooling: expected one of the tracked poolings {pools}, got {rule.pooling!r}")
@@ -240,11 +235,11 @@ class EmbeddingTracker:
     def _check_divergence(self, step: int, row: dict) -> str:
         "Why the row shows divergence ('' if not): `config.divergence_reason` on `train_loss`, or a non-finite `grad_norm`."
         loss, gn = row.get("train_loss"), row.get("grad_norm")
-        if _is_real(loss):
+        if is_real(loss):
             why = divergence_reason(step, loss, self._first_loss)
             if self._first_loss is None and math.isfinite(loss): self._first_loss = float(loss)
             if why: return why
-        if _is_real(gn) and not math.isfinite(gn): return f"non-finite gradient norm at step {step}"
+        if is_real(gn) and not math.isfinite(gn): return f"non-finite gradient norm at step {step}"
         return ""
 
     def save_array(self, relpath: str, array: np.ndarray) -> Path:
