@@ -260,7 +260,7 @@ def test_increment_matches_incremental_value():
     lrs = np.array([4e-4, 5e-4, 6e-4])[g]
     sig = pd.DataFrame({"run_id": [f"r{i:03d}" for i in range(y.size)], "lr": lrs, "seed": seeds, "failed": y, "fraction": 0.2, "step": 8,
                         "drift_0": 0.0, "drift_1": D[0], "train_loss": T[0, :, 0], "grad_norm": T[0, :, 1], "eval_acc": T[0, :, 2], "eval_loss": T[0, :, 3]})
-    r = incremental_value(sig).iloc[0]
+    r = incremental_value(sig, ridges=(1.0,)).iloc[0]                    # one penalty: the nested choice is the simulation's
     assert r["diff"] == pytest.approx(d[0], abs=1e-9) and r["low"] == pytest.approx(lo[0], abs=1e-9)
 
 
