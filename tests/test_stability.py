@@ -239,3 +239,37 @@ def test_early_stopping_figure_in_the_section(monkeypatch):
         if k == 0: assert win[:3].tolist() == [0, 0, 0] and gap > 0 and "Highest: selection by drift, last layer at 10%" in cap   # planted in drift
         else: assert win[-1] == 3 and gap < 0 and "above finishing all 8" in cap and "50% (random itself: no selection beats it)" in cap
         plt.close(f.fig)
+
+
+# --- the runs as a benchmark (issue 40 item 5): signals_table and score_signal
+def test_signals_table_round_trip_and_drift_reproduces_the_section(tmp_path):
+    sig = _study("within", seed=7)
+    tab = ST.signals_table(sig)
+    assert list(tab.columns[:6]) == ["run_id", "lr", "seed", "outcome", "fraction", "step"]
+    assert set(tab["outcome"]) == {0, 1} and (tab["outcome"] == sig["failed"].astype(int)).all()
+    assert all(pd.api.types.is_numeric_dtype(tab[c]) for c in tab.columns if c != "run_id")        # numbers only (the id a hash)
+    tab.to_csv(tmp_path / "signals.csv", index=False); back = pd.read_csv(tmp_path / "signals.csv")  # as a user reads it
+    sc = ST.score_signal(back, "drift_3")
+    assert list(sc.columns[:8]) == ["fraction", "step", "auc", "ci_low", "ci_high", "increment", "increment_low", "increment_high"]
+    wa = ST.within_auc_table(ST.within_scores(sig)); d = wa[wa["signal"] == "drift, last layer"].sort_values("fraction")
+    assert np.allclose(sc["auc"], d["auc"]) and np.allclose(sc["ci_low"], d["low"]) and np.allclose(sc["ci_high"], d["high"])
+    inc = ST.incremental_value(sig)
+    assert np.allclose(sc["increment"], inc["diff"]) and np.allclose(sc["increment_low"], inc["low"])
+    assert (sc["refused"] == inc["refused"]).all()
+    # a function of one fraction's rows (no outcome column given to it) scores the same as the column
+    seen = []
+    f = lambda t: (seen.append("outcome" in t or "failed" in t), t["drift_3"].to_numpy())[1]
+    assert np.allclose(ST.score_signal(back, f, increment=False)["auc"], sc["auc"]) and not any(seen)
+    with pytest.raises(ValueError, match="^signal: expected a column"): ST.score_signal(back, "nope")
+    with pytest.raises(ValueError, match="^signal: expected one score per row"): ST.score_signal(back, lambda t: np.zeros(3))
+    with pytest.raises(ValueError, match="^table: expected a stability.signals_table"): ST.score_signal(back.drop(columns="outcome"), "drift_3")
+
+
+def test_a_noise_signal_interval_covers_half():
+    "A pure-noise column's within-rate AUC interval covers 0.5 near its nominal 95% at 14 seeds x 3 mixed rates (600 intervals)."
+    tab = ST.signals_table(_study("rate", seed=8, n_seeds=14, lrs=(4e-4, 5e-4, 6e-4), p_fail=(0.25, 0.5, 0.75)))
+    rng, hits, n = np.random.default_rng(0), 0, 0
+    for _ in range(150):
+        sc = ST.score_signal(tab.assign(noise=rng.normal(size=len(tab))), "noise", increment=False)
+        hits += int(((sc["ci_low"] < 0.5) & (sc["ci_high"] > 0.5)).sum()); n += len(sc)
+    assert n == 600 and 0.92 <= hits / n <= 0.985, hits / n

@@ -3,6 +3,8 @@ failed, none failed, one mixed rate, ...) and any signals (noise, planted, tied,
 the analysis renders or is refused with a one-line reason. Synthetic signal tables drawn by hypothesis, no training:
 the study's run loading is replaced by the drawn table, the rest is the real `stability_tables` and section."""
 import re
+
+import pytest
 from unittest import mock
 
 import numpy as np
@@ -94,3 +96,21 @@ def test_the_reported_crashes_render():
         assert sum(isinstance(i, Table) for i in items) >= 3
         ws = ST.within_scores(_signals(len(fails[0]), fails, "planted", 0))
         assert ws["chosen"].str.contains("no pair on the other seeds").any()          # the default, said where it was used
+
+
+def test_a_section_of_an_experiment_never_run_is_left_out(tmp_path):
+    "A page lists only the sections its experiments produce: an experiment the study never ran is NotRun, shown as not applicable (the page drops it), not 'not computed'."
+    import nbformat
+    from embvar_study.study import load_study
+    from embvar_study.study_folder import NotRun, NotComputed
+    from embvar_study.synthetic import synthetic_study
+    from embvar_study import sections as S, report as R
+    study = load_study(synthetic_study(tmp_path / "syn"))
+    with pytest.raises(NotRun, match="stability experiment was not run"): study.runs("stability")
+    assert [str(i) for i in S.section_items(lambda s: s.runs("stability"), study)] == [S.NOT_APPLICABLE]
+    items = S.section_items(lambda s: (_ for _ in ()).throw(NotComputed("too few runs")), study)
+    assert isinstance(items[0], S.NotComputedNote) and items[0].reason == "too few runs"      # a real gap is still listed
+    out = lambda meta: nbformat.v4.new_output("display_data", {"text/html": "<p></p>"}, metadata={"embvar": meta})
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("## Never run"), nbformat.v4.new_code_cell(outputs=[out({"not_applicable": True})]),
+                                         nbformat.v4.new_markdown_cell("## Too few"), nbformat.v4.new_code_cell(outputs=[out({"not_computed": "too few runs"})])])
+    assert R.take_not_computed(nb) == [("Too few", "too few runs")] and nb.cells == []
