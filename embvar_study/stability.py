@@ -4,7 +4,7 @@
 
 # %% ../nbs/18a_stability.ipynb #1fe319a6
 from __future__ import annotations
-import math
+import math, warnings
 from typing import Callable
 
 import numpy as np
@@ -220,8 +220,12 @@ def incremental_value(sig: pd.DataFrame,       # stability_signals(...)
                       *,
                       confidence: float = 0.95, # nominal coverage
                       ridges: tuple[float, ...] = RIDGES,  # the penalties one is chosen among inside each training fold
+                      ridge: float | None = None,  # deprecated: one fixed penalty, the same as ridges=(ridge,)
                      ) -> pd.DataFrame:        # fraction, step, auc_base, auc_full, diff, se, low, high, failed, learned, seeds, best_single, best_single_auc, ridge_base, ridge_full, refused
     "Drift's incremental value over the learning rate, the trainer's and the field's signals at every fraction: stratified AUC of the cross-validated full model minus the base model's, with its band; refused (the reason in `refused`) where the base model scores below its best single signal."
+    if ridge is not None:
+        warnings.warn("incremental_value(ridge=...) is deprecated: pass ridges=(ridge,) (the penalty is chosen inside the training folds)", DeprecationWarning, stacklevel=2)
+        ridges = (float(ridge),)
     m = mixed_runs(sig)
     if not len(m): raise NotComputed("no learning rate has both failed and successful runs: drift's increment within rates is undefined")
     layer, z = _drift_layers(m)[-1], float(ndtri((1 + confidence) / 2))
@@ -409,7 +413,7 @@ def stability_analysis(sig: pd.DataFrame,       # stability_signals(...) (or sig
             "curves": _attempt(outcome_drift, sig)}
 
 def _study_signals(study: object, pooling: str = "mean") -> tuple[pd.DataFrame, dict, list[str]]:  # sig, failure rule, notes
-    rs = study.runs("stability", min_runs=4, diverged=True)
+    rs = study.runs("stability", min_runs=2, diverged=True)              # 2 runs: each table is computed or refused by itself
     failure = (study.spec.get("resolved") or {}).get("failure")
     if not failure: raise NotComputed("study.json records no failure rule (resolved.failure): the stability profile fixes it before the runs")
     fractions, skipped = tracked_fractions(rs)
