@@ -456,8 +456,8 @@ def score_signal(table: pd.DataFrame,          # signals_table(...) or pd.read_c
                  confidence: float = 0.95,     # nominal coverage
                  increment: bool = True,       # also the increment over the model without drift (nested cross-validation: slower)
                  ridges: tuple[float, ...] = RIDGES,
-                ) -> pd.DataFrame:             # fraction, step, auc, ci_low, ci_high, increment, increment_low, increment_high, failed, learned, refused
-    "A signal's stratified AUC for failure at every fraction over the rates with both outcomes, with its interval, and its increment over the learning rate, the trainer's and the field's signals (the model without drift), with its test band; `refused` says why an increment is not read."
+                ) -> pd.DataFrame:             # fraction, step, auc, ci_low, ci_high, increment, increment_low, increment_high, failed, learned, refused, no_interval
+    "A signal's stratified AUC for failure at every fraction over the rates with both outcomes, with its interval, and its increment over the learning rate, the trainer's and the field's signals (the model without drift), with its test band; `refused` says why an increment is not read, `no_interval` why an AUC has no interval."
     sig = signals_frame(table)
     if isinstance(signal, str) and signal not in sig: raise ValueError(f"signal: expected a column of the table or a function, got {signal!r}")
     if not (isinstance(signal, str) or callable(signal)): raise ValueError(f"signal: expected a column name or a function, got {type(signal).__name__}")
@@ -470,12 +470,14 @@ def score_signal(table: pd.DataFrame,          # signals_table(...) or pd.read_c
         if x.shape != (len(t),): raise ValueError(f"signal: expected one score per row ({len(t)},), got shape {x.shape}")
         if not np.isfinite(x).all(): notes.append(f"{f:.0%} of training: the signal is not finite for every run, left out"); continue
         a, lo, hi = (float(v) for v in stratified_auc_ci(x, y, lr, confidence)); n1, n0 = stratum_sizes(y, lr)
-        if min(n1.sum(), n0.sum()) < STRATIFIED_MIN_PER_CLASS: lo, hi = math.nan, math.nan
+        few = min(n1.sum(), n0.sum()) < STRATIFIED_MIN_PER_CLASS
+        if few: lo, hi = math.nan, math.nan
         r = _increment(t, x, z, ridges) if increment else None
         why = "not computed (increment=False)" if not increment else "a signal of the model without drift is missing" if r is None else r["refused"]
         rows.append({"fraction": float(f), "step": int(t["step"].max()), "auc": a, "ci_low": lo, "ci_high": hi,
                      **{k: (r[v] if r else math.nan) for k, v in (("increment", "diff"), ("increment_low", "low"), ("increment_high", "high"))},
-                     "failed": int(n1.sum()), "learned": int(n0.sum()), "refused": why})
+                     "failed": int(n1.sum()), "learned": int(n0.sum()), "refused": why,
+                     "no_interval": f"fewer than {STRATIFIED_MIN_PER_CLASS} failed or learned runs in the mixed rates" if few else ""})
     if not rows: raise NotComputed("; ".join(notes))
     out = pd.DataFrame(rows); out.attrs["notes"] = notes
     return out

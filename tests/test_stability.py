@@ -273,3 +273,5 @@ def test_a_noise_signal_interval_covers_half():
         sc = ST.score_signal(tab.assign(noise=rng.normal(size=len(tab))), "noise", increment=False)
         hits += int(((sc["ci_low"] < 0.5) & (sc["ci_high"] > 0.5)).sum()); n += len(sc)
     assert n == 600 and 0.92 <= hits / n <= 0.985, hits / n
+    few = ST.score_signal(ST.signals_table(_study("rate", seed=8, n_seeds=4, lrs=(5e-4,), p_fail=(0.5,))), "drift_3", increment=False)
+    assert few["ci_low"].isna().all() and (few["no_interval"] == "fewer than 6 failed or learned runs in the mixed rates").all()   # said, not a bare NaN
