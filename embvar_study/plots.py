@@ -285,7 +285,7 @@ def plot_within_auc(wa: pd.DataFrame,                 # stability.within_auc_tab
                     ls="-" if s.startswith("drift") else "--", capsize=2, label=s)
     ax.axhline(0.5, color="k", ls=":", lw=1); ax.set_xticks(fr); ax.set_xticklabels([f"{f:.0%}" for f in fr]); ax.set_ylim(0, 1.02)
     ax.set(xlabel="fraction of training", ylabel="within-rate AUC for failure (95% interval)", title="Which signal separates failed from learned seeds of a rate")
-    ax.legend(frameon=False, fontsize=7, ncol=2, loc="lower left")
+    ax.legend(frameon=False, fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.14))   # below: never over a point
     if axes.shape[1] > 1:
         b = axes[0, 1]; cp = palette(curves["lr"])
         for (lr, o), t in curves.groupby(["lr", "outcome"], sort=True):
