@@ -173,12 +173,14 @@ def _inner_ridge(X: np.ndarray, y: np.ndarray, seeds: np.ndarray, ridges: tuple[
         loss += np.logaddexp(0, np.where(y[te], -z, z)).sum(-1)
     return float(r[int(np.argmin(loss))])
 
-def _cv_logistic(X: np.ndarray, y: np.ndarray, seeds: np.ndarray, ridges: tuple[float, ...] = RIDGES) -> tuple[np.ndarray, np.ndarray]:
+def _cv_logistic(X: np.ndarray, y: np.ndarray, seeds: np.ndarray, ridges: tuple[float, ...] = RIDGES,
+                 choose_on: np.ndarray | None = None,  # (n, q) the columns the penalty is chosen on (default X): the base model's, so nested models share it
+                ) -> tuple[np.ndarray, np.ndarray]:
     "(n,) out-of-seed linear scores, (n,) the penalty each was fitted with, chosen inside its training fold (nested leave-one-seed-out)."
-    score, chosen = np.zeros(len(y)), np.zeros(len(y))
+    score, chosen, C = np.zeros(len(y)), np.zeros(len(y)), X if choose_on is None else choose_on
     for s in np.unique(seeds):
         te, tr = seeds == s, seeds != s
-        r = _inner_ridge(X[tr], y[tr], seeds[tr], ridges)
+        r = _inner_ridge(C[tr], y[tr], seeds[tr], ridges)
         score[te], chosen[te] = _fit_predict(X, y, tr, te, np.array([r]))[0], r
     return score, chosen
 
@@ -204,7 +206,7 @@ def _increment(t: pd.DataFrame,        # one fraction's rows of the mixed rates,
     if not (np.isfinite(base).all() and np.isfinite(added).all()): return None
     rates = (lr[:, None] == np.unique(lr)[None, 1:]).astype(float)                # one indicator per rate after the first
     base = np.column_stack([rates, base]); full = np.column_stack([base, added])
-    (a, ra), (b, rb) = _cv_logistic(full, y, seeds, ridges), _cv_logistic(base, y, seeds, ridges)
+    (a, ra), (b, rb) = _cv_logistic(full, y, seeds, ridges, choose_on=base), _cv_logistic(base, y, seeds, ridges)   # one penalty per fold for both
     d, v = stratified_delong(a, b, y, lr); se = float(np.sqrt(v)); n1, n0 = stratum_sizes(y, lr)
     ok = min(n1.sum(), n0.sum()) >= STRATIFIED_MIN_PER_CLASS
     single = _single_aucs(t, y, lr, seeds); best = max(single, key=single.get) if single else ""
