@@ -48,7 +48,7 @@ install: $(VENV)/.installed
 report: install
 	$(BIN)/embvar report --profile $(PROFILE) --out $(STUDY_DIR) $(if $(DATASET),--set dataset=$(DATASET)) $(REPORT_ARGS)
 	@rm -rf $(REPORT_DIR).new && mkdir -p $(REPORT_DIR).new
-	@for f in report.html figures; do if [ -e $(STUDY_DIR)/$$f ]; then cp -R $(STUDY_DIR)/$$f $(REPORT_DIR).new/; fi; done
+	@for f in report.html figures signals.csv; do if [ -e $(STUDY_DIR)/$$f ]; then cp -R $(STUDY_DIR)/$$f $(REPORT_DIR).new/; fi; done
 	@rm -rf $(REPORT_DIR) && mv $(REPORT_DIR).new $(REPORT_DIR)
 	@echo "published $(REPORT_DIR)/report.html (study folder: $(STUDY_DIR))"
 

@@ -103,16 +103,17 @@ def stratified_delong(a: ArrayLike,        # (..., n) first score per run
 # %% ../nbs/04b_auc.ipynb #4d62bbb0
 def logistic_fit(X: ArrayLike,        # (..., n, p) standardised features (a batch of designs)
                  y: ArrayLike,        # (..., n) or (n,) 0/1 outcome
-                 ridge: float = 1.0,  # L2 penalty on the weights (the intercept unpenalised)
+                 ridge: ArrayLike = 1.0,  # L2 penalty on the weights (the intercept unpenalised): a number, or one per design (...)
                  iters: int = 50,     # Newton steps at most
                 ) -> np.ndarray:      # (..., p + 1) intercept, weights
-    "Ridge-penalised logistic regression by Newton's method, vectorised over leading batch axes."
+    "Ridge-penalised logistic regression by Newton's method, vectorised over leading batch axes (and over penalties)."
     X = as_float_array(X, "X", dims="(..., n, p) features"); Y = np.broadcast_to(np.asarray(y, np.float64), X.shape[:-1])
     A = np.concatenate([np.ones(X.shape[:-1] + (1,)), X], -1); p1 = A.shape[-1]
-    P = np.diag([0.0] + [float(ridge)] * (p1 - 1)); w = np.zeros(X.shape[:-2] + (p1,))
+    r = np.broadcast_to(np.asarray(ridge, np.float64), X.shape[:-2])
+    P = r[..., None, None] * np.diag([0.0] + [1.0] * (p1 - 1)); w = np.zeros(X.shape[:-2] + (p1,))
     for _ in range(iters):
         pr = 1 / (1 + np.exp(-np.clip(np.einsum("...np,...p->...n", A, w), -30, 30)))
-        grad = np.einsum("...np,...n->...p", A, pr - Y) + w @ P
+        grad = np.einsum("...np,...n->...p", A, pr - Y) + np.einsum("...p,...pq->...q", w, P)
         H = np.einsum("...np,...n,...nq->...pq", A, pr * (1 - pr), A) + P + 1e-9 * np.eye(p1)
         step = np.linalg.solve(H, grad[..., None])[..., 0]; w = w - step
         if np.abs(step).max() < 1e-10: break

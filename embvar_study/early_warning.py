@@ -17,6 +17,7 @@ from .checks import as_float_array
 from .metrics import cosine_drift, drift_curve
 from .stats import check_confidence, check_n_resamples
 from .auc import AUC_MIN_PER_CLASS, auc_score_interval
+from .spectra import effective_rank
 from .study import RunSet
 from .study_folder import NotComputed
 
@@ -452,23 +453,27 @@ def run_signals(run: object,                     # a finished `Run`
                 fractions: tuple[float, ...] = STABILITY_FRACTIONS,  # fractions f of its planned steps
                 pooling: str = "mean",           # stored pooling of the drift signals
                 window: int = 3,                 # logged steps averaged for the training loss and gradient norm
-               ) -> pd.DataFrame:                # one row per fraction: fraction, step, drift_0..drift_L, velocity, train_loss, grad_norm, eval_acc, eval_loss
-    "Every signal of one run at step k = floor(f x planned steps) for each f: drift from step 0 of every layer and the last layer's drift velocity at the last tracked step <= k, training loss and gradient norm averaged over the last `window` logged steps <= k, held-out accuracy and loss at the last evaluation in [1, k]."
+               ) -> pd.DataFrame:                # one row per fraction: fraction, step, drift_0..drift_L, velocity, train_loss, grad_norm, eval_acc, eval_loss, loss_decay, effective_rank
+    "Every signal of one run at step k = floor(f x planned steps) for each f: drift from step 0 of every layer and the last layer's drift velocity at the last tracked step <= k, training loss and gradient norm averaged over the last `window` logged steps <= k, held-out accuracy and loss at the last evaluation in [1, k], the loss decay 1 - that training loss / the mean of the first `window` logged (TuneAhead) and the effective rank of the last layer's probe embeddings at the drift's step (RankMe)."
     total = int(run.marker.get("total_steps") or run.history["step"].max())
     f = np.asarray(fractions, float)
     if f.ndim != 1 or not f.size or ((f <= 0) | (f > 1)).any(): raise ValueError(f"fractions: expected fractions in (0, 1], got {fractions!r}")
     k = np.floor(f * total).astype(np.int64)
     steps = np.asarray(run.steps, np.int64)
-    D = drift_curve(np.moveaxis(run.embeddings_all_layers(pooling), 1, 0))            # (L+1, T) drift of every layer
+    A = run.embeddings_all_layers(pooling); D = drift_curve(np.moveaxis(A, 1, 0))     # (T, L+1, N, d) -> (L+1, T) drift of every layer
     i = _at_or_before(steps, k)
     if (i < 1).any(): raise ValueError(f"fractions: no tracked step after 0 at or before step {int(k[i < 1][0])} ({total} planned steps); track more often")
     vel = (D[-1, i] - D[-1, i - 1]) / (steps[i] - steps[i - 1])
     h = _history(run.history); ev = h.dropna(subset=["eval_acc"]) if "eval_acc" in h else h.iloc[:0]
     ev = ev[ev["step"] >= 1]; j = _at_or_before(ev["step"].to_numpy(np.int64), k)
     at = lambda c: np.where(j >= 0, ev[c].to_numpy(float)[np.maximum(j, 0)] if len(ev) else np.nan, np.nan)
+    tl = h.dropna(subset=["train_loss"]) if "train_loss" in h else h.iloc[:0]; tl = tl.loc[tl["step"] >= 1, "train_loss"].to_numpy(float)[:window]
+    loss = _window_mean(h, "train_loss", k, window); decay = 1 - loss / tl.mean() if tl.size else np.full(k.shape, np.nan)
+    try: rank = np.asarray(effective_rank(A[i, -1]), float)                            # (F,) RankMe's effective rank of the last layer's probes
+    except ValueError: rank = np.full(k.shape, np.nan)                                # identical probe rows (a collapse): no rank, noted downstream
     out = pd.DataFrame({"fraction": f, "step": k, "total_steps": total, **{f"drift_{l}": D[l, i] for l in range(len(D))}, "velocity": vel,
-                        "train_loss": _window_mean(h, "train_loss", k, window), "grad_norm": _window_mean(h, "grad_norm", k, window),
-                        "eval_acc": at("eval_acc"), "eval_loss": at("eval_loss")})
+                        "train_loss": loss, "grad_norm": _window_mean(h, "grad_norm", k, window), "eval_acc": at("eval_acc"),
+                        "eval_loss": at("eval_loss"), "loss_decay": decay, "effective_rank": rank})
     return out
 
 # %% ../nbs/18_early_warning.ipynb #d7ff0584

@@ -19,7 +19,7 @@ from .words import format_lr, value_label
 __all__ = ['CANONICAL_LRS', 'FIXED_COLOURS', 'SCHEDULE_STYLES', 'group_label', 'palette', 'tracked_ticks', 'spread',
            'log_if_spread', 'plot_drift_and_loss', 'plot_layer_heatmaps', 'plot_seed_variance', 'colour_range',
            'plot_matrices', 'plot_spectra', 'plot_perturbation', 'plot_mitigation', 'plot_schedule',
-           'plot_early_stopping']
+           'plot_early_stopping', 'plot_within_auc']
 
 # %% ../nbs/20_plots.ipynb #e1ec5063
 def group_label(by: str, value: object) -> str:
@@ -267,4 +267,32 @@ def plot_early_stopping(es: pd.DataFrame,                  # stability.early_sto
     kept = f"start {int(per['t'].iloc[0])} seeds, finish the best {int(per['p'].iloc[0])}" if len(per) else ""
     ax.set(xlabel="fraction of training at which the seeds are selected", ylabel="expected best final held-out accuracy", title=kept)
     ax.legend(frameon=False, fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))   # outside: never over a line
+    return fig
+
+# %% ../nbs/20_plots.ipynb #b40pl002
+def plot_within_auc(wa: pd.DataFrame,                 # stability.within_auc_table: fraction, signal, auc, low, high
+                    curves: pd.DataFrame | None = None,  # stability.outcome_drift: lr, fraction, outcome, drift, runs
+                   ) -> plt.Figure:
+    "Each signal's within-rate AUC against the fraction of training with its interval (signals side by side at each fraction, drift solid, the others dashed), 0.5 dotted; beside it the failed and learned drift curves of the mixed rates."
+    sigs = list(dict.fromkeys(wa["signal"])); pal = palette(sigs); n = len(sigs)
+    fig, axes = plt.subplots(1, 2 if curves is not None and len(curves) else 1, figsize=(11 if curves is not None else 7.2, 4), dpi=80,
+                             constrained_layout=True, squeeze=False)
+    ax = axes[0, 0]; fr = np.sort(wa["fraction"].unique()); gap = np.diff(fr).min() if len(fr) > 1 else 0.1
+    for j, s in enumerate(sigs):
+        t = wa[wa["signal"] == s].sort_values("fraction"); x = t["fraction"].to_numpy(float) + (j - (n - 1) / 2) * 0.6 * gap / max(n, 1)
+        err = np.vstack([t["auc"] - t["low"], t["high"] - t["auc"]]).astype(float)
+        ax.errorbar(x, t["auc"], yerr=np.where(np.isfinite(err), err, 0), color=pal[s], marker="o", ms=4, lw=1.6 if s.startswith("drift") else 1.0,
+                    ls="-" if s.startswith("drift") else "--", capsize=2, label=s)
+    ax.axhline(0.5, color="k", ls=":", lw=1); ax.set_xticks(fr); ax.set_xticklabels([f"{f:.0%}" for f in fr]); ax.set_ylim(0, 1.02)
+    ax.set(xlabel="fraction of training", ylabel="within-rate AUC for failure (95% interval)", title="Which signal separates failed from learned seeds of a rate")
+    ax.legend(frameon=False, fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.14))   # below: never over a point
+    if axes.shape[1] > 1:
+        b = axes[0, 1]; cp = palette(curves["lr"])
+        for (lr, o), t in curves.groupby(["lr", "outcome"], sort=True):
+            t = t.sort_values("fraction")
+            b.plot(t["fraction"], t["drift"], color=cp[lr], ls="-" if o == "failed" else "--", marker="o", ms=3,
+                   label=f"{format_lr(lr)} {o} ({int(t['runs'].iloc[0])})")
+        b.set_xticks(fr); b.set_xticklabels([f"{f:.0%}" for f in fr])
+        b.set(xlabel="fraction of training", ylabel="drift at the last layer (mean over runs)", title="Failed (solid) and learned (dashed) runs of the mixed rates")
+        b.legend(frameon=False, fontsize=7)
     return fig

@@ -17,7 +17,7 @@ from .display import PAGE_CSS
 __all__ = ['SHARED_TEMPLATE', 'RENDER_PACKAGES', 'project_root', 'resolve_study_dir', 'template_dir', 'template_for',
            'check_templates', 'experiment_runs', 'code_inputs', 'study_inputs', 'notebook_inputs', 'NotebookFailed',
            'recorded_inputs', 'execute_notebooks', 'notebook_state', 'take_title', 'take_shown', 'split_lead',
-           'doc_title', 'take_not_computed', 'render_html']
+           'doc_title', 'take_not_computed', 'write_signals', 'render_html']
 
 # %% ../nbs/21_report.ipynb #53249755
 def project_root() -> Path | None:
@@ -327,9 +327,23 @@ def _study_title(study_dir: Path, profile: str) -> str:
     spec = json.loads(f.read_text())
     return study_description(spec) if spec.get("profile") == profile else profile
 
+# %% ../nbs/21_report.ipynb #b40ws002
+def write_signals(study_dir: str | Path,  # a study folder
+                 ) -> Path | None:        # <study_dir>/signals.csv, or None when the study ran no stability experiment
+    "Write the stability runs' signal table beside the page (`stability.signals_table`), atomically; nothing for a study without the stability experiment or a folder of runs."
+    from embvar_study.study import load_study
+    from embvar_study.study_folder import NotComputed
+    from embvar_study import stability as ST
+    try:
+        study = load_study(study_dir)
+        if "stability" not in study.experiments: return None
+        table = ST.signals_table(study)
+    except NotComputed: return None
+    return atomic_write_bytes(Path(study_dir) / "signals.csv", table.to_csv(index=False).encode("utf-8"))
+
 # %% ../nbs/21_report.ipynb #70ccd47a
 def render_html(study_dir: str | Path, report: str | Path, appendix: list[str | Path] = (), *, profile: str = "") -> Path:
-    "Compose the executed report notebook and experiment notebooks into <study_dir>/report.html: title, the answer (conclusions and headline figure), the header and contents folded, the rest; no network."
+    "Compose the executed report notebook and experiment notebooks into <study_dir>/report.html: title, the answer (conclusions and headline figure), the header and contents folded, the rest; no network; for a stability study, signals.csv beside it (`write_signals`)."
     for nb in [report, *appendix]:       # only what papermill finished: never a half-executed or missing notebook
         state = notebook_state(nb)
         if state != "finished":
@@ -363,7 +377,9 @@ def render_html(study_dir: str | Path, report: str | Path, appendix: list[str | 
             f'<header class="doc"><h1>{html.escape(full_title)}</h1></header><main>{lead}{about}'   # the answer first; who and what, folded
             f'<details class="contents"><summary>Contents</summary><nav class="toc" aria-label="Contents"><ol>{"".join(toc)}</ol></nav></details>'
             f'{doc_body}</main></body></html>')
-    return atomic_write_bytes(Path(study_dir) / "report.html", page.encode("utf-8"))
+    dest = atomic_write_bytes(Path(study_dir) / "report.html", page.encode("utf-8"))
+    write_signals(study_dir)                              # the stability runs as a benchmark, beside the page
+    return dest
 
 # %% ../nbs/21_report.ipynb #1376a5c3
 def __getattr__(name: str):

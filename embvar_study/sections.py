@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from .study import Study, arm_names
-from .study_folder import NotComputed
+from .study_folder import NotComputed, NotRun
 from .storage import package_version, git_info
 from .words import (format_lr, format_value, format_sci, value_label, plain_column, plural, per_run, percent, span_words,
                     study_description, probes_used, lora_words)
@@ -47,10 +47,11 @@ class NotComputedNote(RawHTML):
 
 # %% ../nbs/20b_sections.ipynb #9dbfb0b7
 def section_items(section: Callable | object, *args, **kwargs) -> list:  # items to display
-    "A section's items (or a ready value); `NotComputed` becomes a note; a note first when it left diverged runs out."
+    "A section's items (or a ready value); `NotComputed` becomes a note, `NotRun` (an experiment the study never ran) the not-applicable mark; a note first when it left diverged runs out."
     study = args[0] if args and isinstance(args[0], Study) else None
     if study is not None: study.left_out = set()
     try: out = section(*args, **kwargs) if callable(section) else section
+    except NotRun: out = RawHTML(NOT_APPLICABLE)                   # an experiment this study never ran: left out, not listed
     except NotComputed as e: out = NotComputedNote(str(e))
     items = [i for i in (out if isinstance(out, (list, tuple)) else [out]) if i is not None]
     if study is not None and study.left_out and getattr(section, "__name__", "") != "findings":   # findings say it themselves
@@ -229,7 +230,7 @@ def section_seed_variance(study: Study, **o) -> list:
             k = f"all seeds, lr {format_lr(lr)}"; disp[k] = A.dispersion_over_training(g, o["layer"], o["pooling"]); cols[k] = pal[lr]
     if not disp:
         if not study.has("lr_sweep") and not study.has("seed_sweep"):
-            raise NotComputed(f"neither the seed_sweep nor the lr_sweep experiment was run in this study (run: {', '.join(study.experiments) or 'none'})")
+            raise NotRun(f"neither the seed_sweep nor the lr_sweep experiment was run in this study (run: {', '.join(study.experiments) or 'none'})")
         raise NotComputed("no group of at least 2 runs that differ only in seeds")
     last = pd.DataFrame([{"runs": k, **v.iloc[-1].to_dict()} for k, v in disp.items()])
     last["removed_by_alignment"] = 1 - last["aligned_dispersion"] / last["raw_dispersion"]

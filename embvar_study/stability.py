@@ -4,7 +4,8 @@
 
 # %% ../nbs/18a_stability.ipynb #1fe319a6
 from __future__ import annotations
-import math
+import math, warnings
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -15,21 +16,27 @@ from .auc import logistic_fit, stratified_auc, stratified_auc_ci, stratified_del
 from .study_folder import NotComputed
 
 # %% auto #0
-__all__ = ['WITHIN_SIGNALS', 'DRIFT_NAMES', 'TRAINER_NAMES', 'PRIMARY_FRACTION', 'NONE_MARGIN', 'STRATIFIED_MIN_PER_CLASS',
-           'INCREMENT_BAND_METHOD', 'EARLY_STOP_SELECTIONS', 'EARLY_STOP_CI_METHOD', 'mixed_runs', 'outcome_counts',
-           'within_scores', 'within_auc_table', 'pooled_auc_table', 'incremental_value', 'decide', 'dodge_best',
+__all__ = ['WITHIN_SIGNALS', 'DRIFT_NAMES', 'TRAINER_NAMES', 'FIELD_NAMES', 'BASE_NAMES', 'PRIMARY_FRACTION', 'NONE_MARGIN',
+           'STRATIFIED_MIN_PER_CLASS', 'RIDGES', 'INCREMENT_BAND_METHOD', 'EARLY_STOP_SELECTIONS',
+           'EARLY_STOP_CI_METHOD', 'SIGNAL_ID_COLUMNS', 'mixed_runs', 'outcome_counts', 'within_scores',
+           'within_auc_table', 'pooled_auc_table', 'outcome_drift', 'incremental_value', 'decide', 'dodge_best',
            'early_stopping_table', 'false_stops', 'alarm_cost', 'stability_answer', 'tracked_fractions',
-           'stability_tables', 'stability_finding']
+           'stability_analysis', 'stability_tables', 'stability_finding', 'signals_table', 'signals_frame',
+           'score_signal']
 
 # %% ../nbs/18a_stability.ipynb #472945d4
 WITHIN_SIGNALS = {"drift, last layer": ("drift_last", 1), "drift, best layer": ("drift_best", 1), "drift velocity": ("velocity", 1),
                   "training loss": ("train_loss", 1), "gradient norm": ("grad_norm", 0), "held-out loss": ("eval_loss", 1),
-                  "held-out accuracy": ("eval_acc", -1)}   # name -> (column, direction)
+                  "held-out accuracy": ("eval_acc", -1), "loss decay": ("loss_decay", -1),
+                  "effective rank": ("effective_rank", 0)}   # name -> (column, direction)
 DRIFT_NAMES = ("drift, last layer", "drift, best layer", "drift velocity")
 TRAINER_NAMES = ("training loss", "gradient norm", "held-out loss", "held-out accuracy")
+FIELD_NAMES = ("loss decay", "effective rank")   # the field's early signals (TuneAhead's loss decay, RankMe's effective rank)
+BASE_NAMES = TRAINER_NAMES + FIELD_NAMES           # the model without drift: the rate and these signals
 PRIMARY_FRACTION = 0.2    # the fraction the computed answer is read at, fixed before the runs (Dodge et al.: 20-30% of training)
 NONE_MARGIN = 0.05        # "adds none": the increment's interval lies inside +-NONE_MARGIN (AUC units)
 STRATIFIED_MIN_PER_CLASS = 6   # fewer failed (or successful) runs in the mixed rates: no interval (tests/test_coverage.py)
+RIDGES = (0.1, 1.0, 10.0, 100.0)   # the logistic models' penalties; one is chosen inside each training fold (inner leave-one-seed-out)
 INCREMENT_BAND_METHOD = ("the increment's band is a test, not a confidence interval: d +- 1.96 SE (stratified paired DeLong); simulated at 14 seeds x 3 "
                          "rates (tests/test_coverage.py), with no increment it contains 0 in 96.0% of studies and says 'adds information' in 2.2%, "
                          "at an increment of 0.05 it says 'adds none' in 3.0%; with an increment it covers it in only 82% (the SE leaves out "
@@ -71,28 +78,32 @@ def within_scores(sig: pd.DataFrame,   # stability_signals(...) (all runs; only 
     layers, out, notes = _drift_layers(m), [], []
     for f, t in m.groupby("fraction", sort=True):
         t = t.sort_values("run_id", kind="stable"); y, lr, seeds = t["failed"].to_numpy(bool), t["lr"].to_numpy(float), t["seed"].to_numpy()
-        cols = {"drift_last": t[layers[-1]].to_numpy(float), **{c: t[c].to_numpy(float) for c in ("velocity", *TRAINER_SIGNALS)}}
         for name, (col, d) in WITHIN_SIGNALS.items():
-            X = t[layers].to_numpy(float) if col == "drift_best" else cols[col]
+            src = layers if col == "drift_best" else layers[-1] if col == "drift_last" else col
+            if col not in ("drift_best", "drift_last") and col not in t: notes.append(f"{name}: not in the signal table"); continue
+            X = t[src].to_numpy(float)
             if not np.isfinite(X).all(): notes.append(f"{name} at {f:.0%} of training: not available for every run"); continue
             score, chosen = (d * X, np.full(len(t), "")) if X.ndim == 1 and d else _chosen_on_other_seeds(X, y, lr, seeds, layers)
             out.append(t[["run_id", "lr", "seed", "failed", "final_acc", "step", "total_steps"]].assign(fraction=f, signal=name, score=score, chosen=chosen))
-    res = pd.concat(out, ignore_index=True); res.attrs["notes"] = notes
+    if not out: raise NotComputed("no signal is available for every run of the mixed rates at any fraction")
+    res = pd.concat(out, ignore_index=True); res.attrs["notes"] = list(dict.fromkeys(notes))
     return res
 
 # %% ../nbs/18a_stability.ipynb #b2dba2c8
 def _chosen_on_other_seeds(X: np.ndarray, y: np.ndarray, lr: np.ndarray, seeds: np.ndarray, layers: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    "(n,) score, (n,) choice: a (n,) signal's direction, or the best column of a (n, L) drift table, chosen on the other seeds."
+    "(n,) score, (n,) choice: a (n,) signal's direction, or the best column of a (n, L) drift table, chosen on the other seeds; where the other seeds hold no (failed, learned) pair of one rate, the default (higher = failed, the last layer), said in the choice."
     score, chosen = np.zeros(len(y)), np.empty(len(y), object)
     for s in np.unique(seeds):
         te, tr = seeds == s, seeds != s
         if X.ndim == 1:
             a = stratified_auc(X[tr], y[tr], lr[tr]); sign = -1.0 if a < 0.5 else 1.0
-            score[te], chosen[te] = sign * X[te], "higher" if sign > 0 else "lower"
+            score[te], chosen[te] = sign * X[te], ("higher" if sign > 0 else "lower") + ("" if np.isfinite(a) else " (no pair on the other seeds)")
         else:
             mu, sd = X[tr].mean(0), X[tr].std(0); sd[sd == 0] = 1
-            a = stratified_auc(((X[tr] - mu) / sd).T, y[tr], lr[tr])      # (L,) higher = failed, by definition
-            k = int(np.nanargmax(a)); score[te], chosen[te] = (X[te, k] - mu[k]) / sd[k], layers[k].replace("drift_", "layer ")
+            a = stratified_auc(((X[tr] - mu) / sd).T, y[tr], lr[tr])      # (L,) higher = failed, by definition; NaN without a pair
+            k = int(np.nanargmax(a)) if np.isfinite(a).any() else X.shape[1] - 1
+            score[te] = (X[te, k] - mu[k]) / sd[k]
+            chosen[te] = layers[k].replace("drift_", "layer ") + ("" if np.isfinite(a).any() else " (no pair on the other seeds)")
     return score, chosen
 
 # %% ../nbs/18a_stability.ipynb #b95fdcc5
@@ -113,7 +124,7 @@ def within_auc_table(ws: pd.DataFrame,        # within_scores(...)
         a, lo, hi = (float(v) for v in stratified_auc_ci(s["score"].to_numpy(float), y, g, confidence)); n1, n0 = stratum_sizes(y, g)
         ok = min(n1.sum(), n0.sum()) >= STRATIFIED_MIN_PER_CLASS
         if not ok: lo, hi = math.nan, math.nan
-        trainer = name in TRAINER_NAMES
+        trainer = name in BASE_NAMES
         read = ("below chance: not compared" if trainer and a < 0.5 else
                 "failed runs drift less" if not trainer and ok and hi < 0.5 else
                 "separates within rates" if ok and lo > 0.5 else "interval covers 0.5" if ok else "no interval (too few runs)")
@@ -135,39 +146,95 @@ def pooled_auc_table(sig: pd.DataFrame,       # stability_signals(...) (every ru
                          "failed": r.n_failed, "learned": r.n_ok})
     return pd.DataFrame(rows)
 
+# %% ../nbs/18a_stability.ipynb #b40od001
+def outcome_drift(sig: pd.DataFrame,   # stability_signals(...)
+                 ) -> pd.DataFrame:    # lr, fraction, outcome ('failed' / 'learned'), drift (mean at the last layer), runs
+    "The mean drift at the last layer of the failed and of the learned runs of every rate with both outcomes, at every fraction (the answer figure's right panel)."
+    m = mixed_runs(sig)
+    if not len(m): raise NotComputed("no learning rate has both failed and successful runs: no failed and learned drift curves")
+    g = m.assign(outcome=np.where(m["failed"], "failed", "learned")).groupby(["lr", "fraction", "outcome"])[_drift_layers(m)[-1]]
+    return g.agg(drift="mean", runs="size").reset_index()
+
 # %% ../nbs/18a_stability.ipynb #51b22538
-def _cv_logistic(X: np.ndarray, y: np.ndarray, seeds: np.ndarray, ridge: float = 1.0) -> np.ndarray:  # (n,) out-of-seed linear scores
-    score = np.zeros(len(y))
+def _fit_predict(X: np.ndarray, y: np.ndarray, tr: np.ndarray, te: np.ndarray, ridge: np.ndarray) -> np.ndarray:  # (R, n_te) linear scores
+    "Standardise on the training rows, fit one ridge logistic model per penalty in `ridge` (R,), score the test rows."
+    mu, sd = X[tr].mean(0), X[tr].std(0); sd[sd == 0] = 1
+    Z = (X[tr] - mu) / sd; w = logistic_fit(np.broadcast_to(Z, (len(ridge),) + Z.shape), y[tr].astype(float), ridge)   # (R, p + 1)
+    return w[:, :1] + np.einsum("np,rp->rn", (X[te] - mu) / sd, w[:, 1:])
+
+def _inner_ridge(X: np.ndarray, y: np.ndarray, seeds: np.ndarray, ridges: tuple[float, ...] = RIDGES) -> float:
+    "The penalty with the least held-out log-loss, leaving one seed of the training fold out at a time (1.0 when the fold has one seed)."
+    u = np.unique(seeds)
+    if len(u) < 2: return 1.0
+    loss, r = np.zeros(len(ridges)), np.asarray(ridges, float)
+    for s in u:
+        te, tr = seeds == s, seeds != s
+        z = _fit_predict(X, y, tr, te, r)                                   # (R, n_te)
+        loss += np.logaddexp(0, np.where(y[te], -z, z)).sum(-1)
+    return float(r[int(np.argmin(loss))])
+
+def _cv_logistic(X: np.ndarray, y: np.ndarray, seeds: np.ndarray, ridges: tuple[float, ...] = RIDGES,
+                 choose_on: np.ndarray | None = None,  # (n, q) the columns the penalty is chosen on (default X): the base model's, so nested models share it
+                ) -> tuple[np.ndarray, np.ndarray]:
+    "(n,) out-of-seed linear scores, (n,) the penalty each was fitted with, chosen inside its training fold (nested leave-one-seed-out)."
+    score, chosen, C = np.zeros(len(y)), np.zeros(len(y)), X if choose_on is None else choose_on
     for s in np.unique(seeds):
         te, tr = seeds == s, seeds != s
-        mu, sd = X[tr].mean(0), X[tr].std(0); sd[sd == 0] = 1
-        w = logistic_fit((X[tr] - mu) / sd, y[tr].astype(float), ridge)
-        score[te] = w[0] + ((X[te] - mu) / sd) @ w[1:]
-    return score
+        r = _inner_ridge(C[tr], y[tr], seeds[tr], ridges)
+        score[te], chosen[te] = _fit_predict(X, y, tr, te, np.array([r]))[0], r
+    return score, chosen
 
 # %% ../nbs/18a_stability.ipynb #fd3e4d7b
+def _single_aucs(t: pd.DataFrame, y: np.ndarray, lr: np.ndarray, seeds: np.ndarray) -> dict[str, float]:  # base signal -> stratified AUC
+    "The stratified AUC of every signal of the model without drift, alone, oriented as in `within_scores`."
+    out = {}
+    for name in BASE_NAMES:
+        col, d = WITHIN_SIGNALS[name]
+        x = t[col].to_numpy(float) if col in t else np.full(len(t), np.nan)
+        if not np.isfinite(x).all(): continue
+        out[name] = float(stratified_auc(d * x if d else _chosen_on_other_seeds(x, y, lr, seeds, [])[0], y, lr))
+    return out
+
+def _increment(t: pd.DataFrame,        # one fraction's rows of the mixed rates, sorted by run_id
+               added: np.ndarray,      # (n,) the signal added to the model without drift
+               z: float,               # the band's normal quantile
+               ridges: tuple[float, ...] = RIDGES,
+              ) -> dict | None:        # one row of `incremental_value`, None when a base signal is missing
+    y, lr, seeds = t["failed"].to_numpy(bool), t["lr"].to_numpy(float), t["seed"].to_numpy()
+    cols = [WITHIN_SIGNALS[n][0] for n in BASE_NAMES if WITHIN_SIGNALS[n][0] in t]
+    base = t[cols].to_numpy(float)
+    if not (np.isfinite(base).all() and np.isfinite(added).all()): return None
+    rates = (lr[:, None] == np.unique(lr)[None, 1:]).astype(float)                # one indicator per rate after the first
+    base = np.column_stack([rates, base]); full = np.column_stack([base, added])
+    (a, ra), (b, rb) = _cv_logistic(full, y, seeds, ridges, choose_on=base), _cv_logistic(base, y, seeds, ridges)   # one penalty per fold for both
+    d, v = stratified_delong(a, b, y, lr); se = float(np.sqrt(v)); n1, n0 = stratum_sizes(y, lr)
+    ok = min(n1.sum(), n0.sum()) >= STRATIFIED_MIN_PER_CLASS
+    single = _single_aucs(t, y, lr, seeds); best = max(single, key=single.get) if single else ""
+    ab = float(stratified_auc(b, y, lr))
+    refused = (f"the model without drift (stratified AUC {ab:.2f}) scores below its best single signal, {best} ({single[best]:.2f}), "
+               f"so part of any increment would be the baseline's handicap" if best and ab < single[best] else "")
+    return {"fraction": float(t["fraction"].iloc[0]), "step": int(t["step"].max()), "auc_base": ab, "auc_full": float(stratified_auc(a, y, lr)),
+            "diff": float(d), "se": se, "low": float(d - z * se) if ok else math.nan, "high": float(d + z * se) if ok else math.nan,
+            "failed": int(n1.sum()), "learned": int(n0.sum()), "seeds": int(len(np.unique(seeds))), "best_single": best,
+            "best_single_auc": single.get(best, math.nan), "ridge_base": float(np.median(rb)), "ridge_full": float(np.median(ra)), "refused": refused}
+
 def incremental_value(sig: pd.DataFrame,       # stability_signals(...)
                       *,
                       confidence: float = 0.95, # nominal coverage
-                      ridge: float = 1.0,      # L2 penalty of both logistic models (standardised columns)
-                     ) -> pd.DataFrame:        # fraction, step, auc_base, auc_full, diff, se, low, high, failed, learned, seeds
-    "Drift's incremental value over the learning rate and the trainer's signals at every fraction: stratified AUC of the cross-validated full model minus the base model's, with its interval."
+                      ridges: tuple[float, ...] = RIDGES,  # the penalties one is chosen among inside each training fold
+                      ridge: float | None = None,  # deprecated: one fixed penalty, the same as ridges=(ridge,)
+                     ) -> pd.DataFrame:        # fraction, step, auc_base, auc_full, diff, se, low, high, failed, learned, seeds, best_single, best_single_auc, ridge_base, ridge_full, refused
+    "Drift's incremental value over the learning rate, the trainer's and the field's signals at every fraction: stratified AUC of the cross-validated full model minus the base model's, with its band; refused (the reason in `refused`) where the base model scores below its best single signal."
+    if ridge is not None:
+        warnings.warn("incremental_value(ridge=...) is deprecated: pass ridges=(ridge,) (the penalty is chosen inside the training folds)", DeprecationWarning, stacklevel=2)
+        ridges = (float(ridge),)
     m = mixed_runs(sig)
     if not len(m): raise NotComputed("no learning rate has both failed and successful runs: drift's increment within rates is undefined")
-    layer, rows, z = _drift_layers(m)[-1], [], float(ndtri((1 + confidence) / 2))
-    for f, t in m.groupby("fraction", sort=True):
-        t = t.sort_values("run_id", kind="stable"); y, lr, seeds = t["failed"].to_numpy(bool), t["lr"].to_numpy(float), t["seed"].to_numpy()
-        trainer = t[list(TRAINER_SIGNALS)].to_numpy(float)
-        if not np.isfinite(trainer).all(): continue
-        rates = (lr[:, None] == np.unique(lr)[None, 1:]).astype(float)                # one indicator per rate after the first
-        base = np.column_stack([rates, trainer]); full = np.column_stack([base, t[layer].to_numpy(float)])
-        a, b = _cv_logistic(full, y, seeds, ridge), _cv_logistic(base, y, seeds, ridge)
-        d, v = stratified_delong(a, b, y, lr); se = float(np.sqrt(v)); n1, n0 = stratum_sizes(y, lr)
-        ok = min(n1.sum(), n0.sum()) >= STRATIFIED_MIN_PER_CLASS
-        rows.append({"fraction": f, "step": int(t["step"].max()), "auc_base": float(stratified_auc(b, y, lr)), "auc_full": float(stratified_auc(a, y, lr)),
-                     "diff": float(d), "se": se, "low": float(d - z * se) if ok else math.nan, "high": float(d + z * se) if ok else math.nan,
-                     "failed": int(n1.sum()), "learned": int(n0.sum()), "seeds": int(len(np.unique(seeds)))})
-    if not rows: raise NotComputed("no fraction has every trainer's signal for every run")
+    layer, z = _drift_layers(m)[-1], float(ndtri((1 + confidence) / 2))
+    rows = [_increment(t, t[layer].to_numpy(float), z, ridges) for _, t in
+            ((f, t.sort_values("run_id", kind="stable")) for f, t in m.groupby("fraction", sort=True))]
+    rows = [r for r in rows if r is not None]
+    if not rows: raise NotComputed("no fraction has every signal of the model without drift for every run")
     return pd.DataFrame(rows)
 
 # %% ../nbs/18a_stability.ipynb #a0484c20
@@ -267,7 +334,7 @@ def alarm_cost(sig: pd.DataFrame,       # stability_signals(...) (every run)
         rate = np.log10(t["lr"].to_numpy(float)) + 1e-6 * rng.random((n_orders, len(t)))   # the rate, seeds in random order within it
         base = false_stops(rate, y, need)
         for name, (col, d) in WITHIN_SIGNALS.items():
-            if col == "drift_best" or d == 0: continue                     # chosen on other seeds: not a fixed alarm
+            if col == "drift_best" or d == 0 or (col != "drift_last" and col not in t): continue   # chosen on other seeds: not a fixed alarm
             x = d * t[layer if col == "drift_last" else col].to_numpy(float)
             if not np.isfinite(x).all(): continue
             bad = int(false_stops(x, y, need)); p = float((base <= bad).mean())
@@ -292,29 +359,34 @@ def _auc_sentence(signal: str, auc: float, lo: float, hi: float) -> str:
 
 # %% ../nbs/18a_stability.ipynb #8a6fd83a
 def stability_answer(inc: pd.DataFrame,       # incremental_value(...)
-                     wa: pd.DataFrame,        # within_auc_table(...)
-                     pooled: pd.DataFrame,    # pooled_auc_table(...)
+                     wa: pd.DataFrame | None = None,      # within_auc_table(...), or None when not computed
+                     pooled: pd.DataFrame | None = None,  # pooled_auc_table(...), or None when not computed
                      *,
                      fraction: float = PRIMARY_FRACTION,  # the fraction the answer is read at (fixed before the runs)
                      margin: float = NONE_MARGIN,
                     ) -> dict:                # text, verdict, value, ci, seeds_needed
-    "Does drift add anything beyond the learning rate? The computed answer at `fraction`, every number from the tables."
+    "Does drift add anything beyond the learning rate? The computed answer at `fraction`, every number from the tables; 'refused' when the model without drift scores below its best single signal."
     r = inc[np.isclose(inc["fraction"], fraction)]
-    if not len(r): raise NotComputed(f"no incremental value at {fraction:.0%} of training")
-    r = r.iloc[0]; d = decide(r["diff"], r["low"], r["high"], r["se"], int(r["seeds"]), margin)
-    w = wa[np.isclose(wa["fraction"], fraction) & (wa["signal"] == "drift, last layer")].iloc[0]
-    p = pooled[np.isclose(pooled["fraction"], fraction)].set_index("signal")
-    lead = {"adds information": "Drift adds information beyond the learning rate and the trainer's signals",
-            "adds none": f"Drift adds no information beyond the learning rate and the trainer's signals (the increment's interval lies inside ±{margin:g}" + (" or below 0)" if r["high"] < 0 else ")"),
-            "undecided": "Whether drift adds information beyond the learning rate and the trainer's signals is undecided",
-            "no interval": "Whether drift adds information beyond the learning rate and the trainer's signals is not decided (too few runs for an interval)"}[d["verdict"]]
-    text = (f"{lead}: at {fraction:.0%} of training (step {int(r['step'])}), within the learning rates where both outcomes occur "
+    if not len(r): raise NotComputed(f"no incremental value at {fraction:.0%} of training (the fractions analysed: {', '.join(f'{f:.0%}' for f in inc['fraction'])})")
+    r = r.iloc[0]; why = str(r.get("refused", "") or "")
+    d = {"verdict": "refused", "seeds_needed": None, "for": None} if why else decide(r["diff"], r["low"], r["high"], r["se"], int(r["seeds"]), margin)
+    what = "the learning rate, the trainer's and the field's signals"
+    lead = {"adds information": f"Drift adds information beyond {what}",
+            "adds none": f"Drift adds no information beyond {what} (the increment's interval lies inside ±{margin:g}" + (" or below 0)" if r["high"] < 0 else ")"),
+            "undecided": f"Whether drift adds information beyond {what} is undecided",
+            "no interval": f"Whether drift adds information beyond {what} is not decided (too few runs for an interval)",
+            "refused": f"Drift's increment beyond {what} is refused: {why}"}[d["verdict"]]
+    text = (f"{lead}. At {fraction:.0%} of training (step {int(r['step'])}), within the learning rates where both outcomes occur "
             f"({int(r['failed'])} failed and {int(r['learned'])} learned runs, {int(r['seeds'])} seeds), the cross-validated model with drift has stratified AUC "
             f"{r['auc_full']:.2f} against {r['auc_base']:.2f} without it: increment {r['diff']:+.2f}, test band {_iv(r['low'], r['high'])}.")
     if d["seeds_needed"]: text += f" A decision ({d['for']}) would need at least {d['seeds_needed']} seeds per learning rate (80% power at the observed increment), against {int(r['seeds'])} here."
-    text += (f" {_auc_sentence('Drift at the last layer alone', w['auc'], w['low'], w['high'])}; "
-             f"pooled over rates its AUC is {p.loc['drift, last layer', 'auc']:.2f} {_iv(p.loc['drift, last layer', 'low'], p.loc['drift, last layer', 'high'])}, "
-             f"the learning rate's alone {p.loc['learning rate (known before training)', 'auc']:.2f} {_iv(p.loc['learning rate (known before training)', 'low'], p.loc['learning rate (known before training)', 'high'])}.")
+    w = wa[np.isclose(wa["fraction"], fraction) & (wa["signal"] == "drift, last layer")] if wa is not None else wa
+    if w is not None and len(w): text += f" {_auc_sentence('Drift at the last layer alone', *w[['auc', 'low', 'high']].iloc[0])}."
+    p = pooled[np.isclose(pooled["fraction"], fraction)].set_index("signal") if pooled is not None else None
+    if p is not None and len(p):
+        lr_ = "learning rate (known before training)"
+        text += (f" Pooled over rates its AUC is {p.loc['drift, last layer', 'auc']:.2f} {_iv(p.loc['drift, last layer', 'low'], p.loc['drift, last layer', 'high'])}, "
+                 f"the learning rate's alone {p.loc[lr_, 'auc']:.2f} {_iv(p.loc[lr_, 'low'], p.loc[lr_, 'high'])}.")
     return {"text": text, "verdict": d["verdict"], "value": float(r["diff"]), "ci": (float(r["low"]), float(r["high"])), "seeds_needed": d["seeds_needed"]}
 
 # %% ../nbs/18a_stability.ipynb #8fe00e82
@@ -333,22 +405,95 @@ def tracked_fractions(rs: object,                                # the stability
     return kept, notes
 
 # %% ../nbs/18a_stability.ipynb #2972bb44
-def stability_tables(study: object, *, pooling: str = "mean") -> dict:  # sig, counts, within, pooled, increment, early, alarm, answer
-    "Every table of the stability analysis from a study's stability runs, with the failure rule recorded in study.json."
-    rs = study.runs("stability", min_runs=4, diverged=True)
+def _attempt(fn, *args, **kw) -> object:  # fn's value, or the NotComputed it raised (a refusal is a value with its reason)
+    try: return fn(*args, **kw)
+    except NotComputed as e: return e
+
+def stability_analysis(sig: pd.DataFrame,       # stability_signals(...) (or signals_frame of a signals table)
+                       failure: dict,           # the failure rule recorded before the runs
+                       notes: list[str] = (),   # notes from reading the runs (fractions left out)
+                       *, n_draws: int = 2000,  # early stopping's random sets of seeds
+                      ) -> dict:                # sig, failure, counts, within, notes, pooled, increment, early, alarm, answer, curves
+    "Every table of the stability analysis from a signal table; a table that cannot be computed for this outcome pattern is its `NotComputed` (with the reason) instead, never an exception."
+    ws = _attempt(within_scores, sig)
+    wa = ws if isinstance(ws, NotComputed) else _attempt(within_auc_table, ws)
+    pooled, inc = _attempt(pooled_auc_table, sig), _attempt(incremental_value, sig)
+    ok = lambda x: None if isinstance(x, NotComputed) else x
+    answer = inc if isinstance(inc, NotComputed) else _attempt(stability_answer, inc, ok(wa), ok(pooled))
+    return {"sig": sig, "failure": failure, "counts": outcome_counts(sig), "within": wa, "pooled": pooled, "increment": inc,
+            "notes": [*notes, *(ws.attrs.get("notes", []) if ok(ws) is not None else [])], "answer": answer,
+            "early": _attempt(early_stopping_table, sig, n_draws=n_draws), "alarm": _attempt(alarm_cost, sig),
+            "curves": _attempt(outcome_drift, sig)}
+
+def _study_signals(study: object, pooling: str = "mean") -> tuple[pd.DataFrame, dict, list[str]]:  # sig, failure rule, notes
+    rs = study.runs("stability", min_runs=2, diverged=True)              # 2 runs: each table is computed or refused by itself
     failure = (study.spec.get("resolved") or {}).get("failure")
     if not failure: raise NotComputed("study.json records no failure rule (resolved.failure): the stability profile fixes it before the runs")
     fractions, skipped = tracked_fractions(rs)
-    sig = stability_signals(rs, failure, pooling=pooling, fractions=fractions)
-    ws = within_scores(sig); wa = within_auc_table(ws); pooled = pooled_auc_table(sig); inc = incremental_value(sig)
-    return {"sig": sig, "failure": failure, "counts": outcome_counts(sig), "within": wa, "notes": skipped + ws.attrs.get("notes", []), "pooled": pooled,
-            "increment": inc, "early": early_stopping_table(sig), "alarm": alarm_cost(sig), "answer": stability_answer(inc, wa, pooled)}
+    return stability_signals(rs, failure, pooling=pooling, fractions=fractions), failure, skipped
+
+def stability_tables(study: object, *, pooling: str = "mean") -> dict:  # stability_analysis(...) of the study's stability runs
+    "Every table of the stability analysis from a study's stability runs, with the failure rule recorded in study.json (`stability_analysis`)."
+    return stability_analysis(*_study_signals(study, pooling))
 
 # %% ../nbs/18a_stability.ipynb #1e283dd4
 def stability_finding(study: object, *, pooling: str = "mean") -> dict:  # text, value, ci, verdict
-    "The computed answer as a key finding (text, value: the increment, ci, verdict)."
+    "The computed answer as a key finding (text, value: the increment, ci, verdict); NotComputed with the reason when there is none."
     a = stability_tables(study, pooling=pooling)["answer"]
+    if isinstance(a, NotComputed): raise a
     return {k: a[k] for k in ("text", "value", "ci", "verdict")}
+
+# %% ../nbs/18a_stability.ipynb #b40bm002
+SIGNAL_ID_COLUMNS = ("run_id", "lr", "seed", "outcome", "fraction", "step", "total_steps", "chance", "final_acc", "failure_step")
+
+def signals_table(study: object,           # a loaded study with the stability experiment, or a stability_signals(...) table
+                  *, pooling: str = "mean",
+                 ) -> pd.DataFrame:        # one row per run and fraction: SIGNAL_ID_COLUMNS, then drift_0..drift_L, velocity and the base signals
+    "The stability runs as a benchmark table: every run's signals at every tracked fraction with its outcome (1 = failed), numbers only."
+    sig = study if isinstance(study, pd.DataFrame) else _study_signals(study, pooling)[0]
+    t = sig.assign(outcome=sig["failed"].astype(int)).drop(columns="failed")
+    first = [c for c in SIGNAL_ID_COLUMNS if c in t]
+    return t[first + [c for c in t.columns if c not in first]].reset_index(drop=True)
+
+def signals_frame(table: pd.DataFrame) -> pd.DataFrame:  # the stability_signals form of a signals_table (failed: bool)
+    "A `signals_table` (or its CSV read back) as the analysis reads it, checked."
+    miss = [c for c in ("run_id", "lr", "seed", "outcome", "fraction", "step") if not isinstance(table, pd.DataFrame) or c not in table]
+    if miss: raise ValueError(f"table: expected a stability.signals_table (columns run_id, lr, seed, outcome, fraction, step and the signals), missing {miss}")
+    if not table["outcome"].isin([0, 1]).all(): raise ValueError(f"table: expected outcome 0 (learned) or 1 (failed), got {sorted(set(table['outcome']))[:5]}")
+    return table.assign(failed=table["outcome"].astype(bool)).drop(columns="outcome")
+
+# %% ../nbs/18a_stability.ipynb #b40bm003
+def score_signal(table: pd.DataFrame,          # signals_table(...) or pd.read_csv of signals.csv
+                 signal: str | Callable[[pd.DataFrame], np.ndarray],  # a column (higher = failed), or f(one fraction's rows, no outcome) -> (n,) scores
+                 *,
+                 confidence: float = 0.95,     # nominal coverage
+                 increment: bool = True,       # also the increment over the model without drift (nested cross-validation: slower)
+                 ridges: tuple[float, ...] = RIDGES,
+                ) -> pd.DataFrame:             # fraction, step, auc, ci_low, ci_high, increment, increment_low, increment_high, failed, learned, refused, no_interval
+    "A signal's stratified AUC for failure at every fraction over the rates with both outcomes, with its interval, and its increment over the learning rate, the trainer's and the field's signals (the model without drift), with its test band; `refused` says why an increment is not read, `no_interval` why an AUC has no interval."
+    sig = signals_frame(table)
+    if isinstance(signal, str) and signal not in sig: raise ValueError(f"signal: expected a column of the table or a function, got {signal!r}")
+    if not (isinstance(signal, str) or callable(signal)): raise ValueError(f"signal: expected a column name or a function, got {type(signal).__name__}")
+    m = mixed_runs(sig)
+    if not len(m): raise NotComputed("no learning rate has both failed and learned runs: a within-rate AUC has no pair")
+    z, rows, notes = float(ndtri((1 + confidence) / 2)), [], []
+    for f, t in m.groupby("fraction", sort=True):
+        t = t.sort_values("run_id", kind="stable"); y, lr = t["failed"].to_numpy(bool), t["lr"].to_numpy(float)
+        x = np.asarray(t[signal] if isinstance(signal, str) else signal(t.drop(columns="failed")), float)
+        if x.shape != (len(t),): raise ValueError(f"signal: expected one score per row ({len(t)},), got shape {x.shape}")
+        if not np.isfinite(x).all(): notes.append(f"{f:.0%} of training: the signal is not finite for every run, left out"); continue
+        a, lo, hi = (float(v) for v in stratified_auc_ci(x, y, lr, confidence)); n1, n0 = stratum_sizes(y, lr)
+        few = min(n1.sum(), n0.sum()) < STRATIFIED_MIN_PER_CLASS
+        if few: lo, hi = math.nan, math.nan
+        r = _increment(t, x, z, ridges) if increment else None
+        why = "not computed (increment=False)" if not increment else "a signal of the model without drift is missing" if r is None else r["refused"]
+        rows.append({"fraction": float(f), "step": int(t["step"].max()), "auc": a, "ci_low": lo, "ci_high": hi,
+                     **{k: (r[v] if r else math.nan) for k, v in (("increment", "diff"), ("increment_low", "low"), ("increment_high", "high"))},
+                     "failed": int(n1.sum()), "learned": int(n0.sum()), "refused": why,
+                     "no_interval": f"fewer than {STRATIFIED_MIN_PER_CLASS} failed or learned runs in the mixed rates" if few else ""})
+    if not rows: raise NotComputed("; ".join(notes))
+    out = pd.DataFrame(rows); out.attrs["notes"] = notes
+    return out
 
 # %% ../nbs/18a_stability.ipynb #39f32434
 def __getattr__(name: str):

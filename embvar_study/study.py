@@ -12,7 +12,7 @@ import pandas as pd
 
 from .runs import Run, load_run, CorruptRunError, damaged_files
 from .storage import method_of
-from .study_folder import NotComputed, MANIFEST_COLUMNS, read_study_spec, load_manifest
+from .study_folder import NotComputed, NotRun, MANIFEST_COLUMNS, read_study_spec, load_manifest
 
 # %% auto #0
 __all__ = ['DESIGN_COLUMNS', 'GROUP_FIELDS', 'EXPERIMENT_FACTORS', 'DONE_STATUSES', 'config_value', 'RunSet', 'split_fields',
@@ -300,7 +300,7 @@ def runs(self: Study,
         ) -> RunSet:
     "The distinct complete runs of `experiment` (and `factor`), diverged runs left out unless asked for; `NotComputed` when too few."
     if experiment not in self.manifests:
-        raise NotComputed(f"the {experiment} experiment was not run in this study (run: {', '.join(self.experiments) or 'none'})")
+        raise NotRun(f"the {experiment} experiment was not run in this study (run: {', '.join(self.experiments) or 'none'})")
     m = self.manifests[experiment]
     if factor is not None: m = m[m["factor"] == factor]
     rs = RunSet(_manifest_table(m, experiment, self._runs), self._runs).where(**where)

@@ -14,13 +14,16 @@ from .runs import CorruptRunError
 from .storage import atomic_write_json, atomic_write_text, canonical_json, FolderLock
 
 # %% auto #0
-__all__ = ['SPEC_FIELDS', 'STUDY_FILE', 'RUNS_REPORT_MARK', 'MANIFEST_COLUMNS', 'NotComputed', 'study_lock', 'spec_digests',
-           'write_study_spec', 'read_study_spec', 'check_out_folder', 'manifest_path', 'write_manifest',
+__all__ = ['SPEC_FIELDS', 'STUDY_FILE', 'RUNS_REPORT_MARK', 'MANIFEST_COLUMNS', 'NotComputed', 'NotRun', 'study_lock',
+           'spec_digests', 'write_study_spec', 'read_study_spec', 'check_out_folder', 'manifest_path', 'write_manifest',
            'load_manifest']
 
 # %% ../nbs/14a_study_folder.ipynb #19b2c9c2
 class NotComputed(Exception):
     "A part of the study that cannot be computed from what was run; the message says why, for a reader."
+
+class NotRun(NotComputed):
+    "An experiment this study never ran: the parts that need it do not apply here (a page leaves them out rather than listing them as not computed)."
 
 # %% ../nbs/14a_study_folder.ipynb #1d0289aa
 _HELD: set = set()   # study folders whose lock this process holds (the lock is re-entrant within a process)
@@ -125,7 +128,7 @@ def load_manifest(study_dir: str | Path, experiment: str) -> pd.DataFrame:
     p = manifest_path(study_dir, experiment)
     if not p.exists():
         have = sorted(q.stem for q in (Path(study_dir) / "sweeps").glob("*.csv"))
-        raise NotComputed(f"the {experiment} experiment was not run in this study (experiments run: {', '.join(have) or 'none'})")
+        raise NotRun(f"the {experiment} experiment was not run in this study (experiments run: {', '.join(have) or 'none'})")
     m = pd.read_csv(p, keep_default_na=False, dtype={"run_id": str})
     missing = [c for c in MANIFEST_COLUMNS if c not in m]
     if missing: raise CorruptRunError(f"{p}: expected the columns {MANIFEST_COLUMNS}, missing {missing}")

@@ -194,9 +194,10 @@ def test_a_study_with_lr_extended_but_no_seed_sweep_renders(tmp_path):
     nb = execute_notebooks(["report"], sd, {"profile": "synthetic", "study_dir": str(sd), "n_resamples": 200}, say=None)[0]
     page = render_html(sd, nb).read_text()
     assert "Traceback" not in page
-    assert "the seed_sweep experiment was not run in this study" in page                # in the one Not computed list
-    nc = page[page.index('<h2 id="Not-computed"'):page.index('<h2 id="Appendix"')]        # the list comes before the Appendix
-    assert 'class="not-computed"' not in page and nc.count("<li>") >= 3                   # one line each, no box
+    assert "was not run in this study" not in page          # an experiment never run: its sections are left off, not listed (issue 40)
+    if '<h2 id="Not-computed"' in page:                                                  # what is listed comes before the Appendix, one line each
+        assert page.index('<h2 id="Not-computed"') < page.index('<h2 id="Appendix"')
+    assert 'class="not-computed"' not in page                                            # no box
     start = page.index('<h2 id="Drift-as-an-early-warning"'); ew = page[start:page.index("<h2", start + 5)]
     assert "Threshold" in ew and "fallback" in ew and "Not computed" not in ew.split("AUC")[0]
 

@@ -72,11 +72,13 @@ from embvar_study import experiment_sections as XS
 from embvar_study.auc import stratified_auc
 
 
-def _study(kind: str, *, seed: int, n_seeds: int = 16, lrs=(1e-4, 6e-4, 8e-4, 1e-3), p_fail=(0.0, 0.4, 0.5, 0.6)) -> pd.DataFrame:
+def _study(kind: str, *, seed: int, n_seeds: int = 16, lrs=(1e-4, 6e-4, 8e-4, 1e-3), p_fail=(0.0, 0.4, 0.5, 0.6),
+           shared: float = 0.0) -> pd.DataFrame:
     """A signal table of len(lrs) x n_seeds runs. 'within': drift higher in a failed run than in a learned run of the same
     rate (and rising with the rate); 'rate': drift rises with the rate only, independent of the outcome within a rate;
-    'loss': failure planted in the held-out loss only. The other trainer's signals are noise."""
-    rng = np.random.default_rng(seed); rows = []
+    'loss': failure planted in the held-out loss only. The other trainer's and the field's signals are noise, plus, with
+    `shared` > 0, one common factor that is `shared` SDs higher in a failed run (every base signal weakly informative)."""
+    rng, r2 = np.random.default_rng(seed), np.random.default_rng(seed + 1000); rows = []   # r2: the field's signals and the common factor
     for i, (lr, p) in enumerate(zip(lrs, p_fail)):
         fail = rng.permutation(np.arange(n_seeds) < round(p * n_seeds))
         for s in range(n_seeds):
@@ -84,6 +86,9 @@ def _study(kind: str, *, seed: int, n_seeds: int = 16, lrs=(1e-4, 6e-4, 8e-4, 1e
                 v = {f"drift_{l}": 0.1 * f + rng.normal(0, 0.02) for l in range(4)}
                 v.update(velocity=rng.normal(), train_loss=rng.normal(0.69, 0.02), grad_norm=rng.normal(1, 0.1),
                          eval_acc=rng.normal(0.55, 0.03), eval_loss=rng.normal(0.69, 0.01))
+                u = r2.normal() + shared * fail[s]                           # the base signals' common factor, in their SDs
+                v.update(loss_decay=r2.normal(0.1, 0.02) - 0.02 * u, effective_rank=r2.normal(20, 1) - u)
+                v.update(train_loss=v["train_loss"] + 0.02 * u, grad_norm=v["grad_norm"] + 0.1 * u, eval_acc=v["eval_acc"] - 0.03 * u, eval_loss=v["eval_loss"] + 0.01 * u)
                 v["drift_3"] += 0.05 * i                                     # drift rises with the rate: the pooled AUC is high
                 if kind == "within": v["drift_3"] += 0.06 * fail[s]
                 if kind == "loss": v["eval_loss"] += 0.02 * fail[s]
@@ -96,7 +101,7 @@ def _at(t, f, col="signal", name="drift, last layer"): return t[np.isclose(t["fr
 
 
 def test_within_rate_failure_in_drift_is_recovered():
-    sig = _study("within", seed=3)
+    sig = _study("within", seed=3, shared=1.0)
     wa = ST.within_auc_table(ST.within_scores(sig))
     for f in STABILITY_FRACTIONS:
         r = _at(wa, f)
@@ -105,8 +110,14 @@ def test_within_rate_failure_in_drift_is_recovered():
         b = _at(wa, f, name="drift, best layer")
         assert b["auc"] >= 0.9
     inc = ST.incremental_value(sig)
-    assert (inc["low"] > 0).all(), inc                                      # drift adds to noise trainer's signals
+    assert (inc["low"] > 0).all(), inc                                      # drift adds to weak base signals ...
+    # ... but the cross-validated model without drift scores below its best single signal: the increment is refused, said why
+    single = ST.within_auc_table(ST.within_scores(sig)).query("signal in @ST.BASE_NAMES").groupby("fraction")["auc"].max()
+    assert (inc["auc_base"].to_numpy() < single.to_numpy()).all() and np.allclose(inc["best_single_auc"], single)
     ans = ST.stability_answer(inc, wa, ST.pooled_auc_table(sig))
+    assert ans["verdict"] == "refused" and "scores below its best single signal" in ans["text"], ans
+    ok = inc.assign(refused="")                                             # the same rows with a baseline at least its best signal
+    ans = ST.stability_answer(ok, wa, ST.pooled_auc_table(sig))
     assert ans["verdict"] == "adds information" and ans["text"].startswith("Drift adds information")
     es = ST.early_stopping_table(sig, n_draws=500).set_index(["fraction", "selection"])
     d, r, a = es.loc[(0.2, "drift, last layer")], es.loc[(0.2, "at random")], es.loc[(0.2, "all t finished")]
@@ -129,7 +140,7 @@ def test_drift_that_tracks_the_rate_only():
         w = _at(wa, f)
         assert w["low"] < 0.5 < w["high"], w                                # within rates it does not
     ans = ST.stability_answer(ST.incremental_value(sig), wa, pooled)
-    assert ans["verdict"] in ("adds none", "undecided"), ans
+    assert ans["verdict"] in ("adds none", "undecided", "refused"), ans
     # the drift alarm is the learning rate in disguise: it stops no fewer successful runs than the rate alone
     ac = ST.alarm_cost(sig)
     a = ac[ac["signal"] == "drift, last layer"]
@@ -161,24 +172,32 @@ def test_direction_is_never_flipped_to_below_chance():
 
 def _tables(sig):  # what stability_tables returns, from a synthetic signal table (no study folder)
     from embvar_study.sweep import STABILITY_FAILURE
-    ws = ST.within_scores(sig); wa = ST.within_auc_table(ws); pooled = ST.pooled_auc_table(sig); inc = ST.incremental_value(sig)
-    return {"sig": sig, "failure": STABILITY_FAILURE, "counts": ST.outcome_counts(sig), "within": wa, "notes": [], "pooled": pooled,
-            "increment": inc, "early": ST.early_stopping_table(sig, n_draws=200), "alarm": ST.alarm_cost(sig), "answer": ST.stability_answer(inc, wa, pooled)}
+    return ST.stability_analysis(sig, STABILITY_FAILURE, n_draws=200)
 
 
 def test_stability_section_from_tables(monkeypatch):
-    "The section's sentences and tables come from the tables: the verdict, the counts and the answer's numbers change with the data."
-    from embvar_study.display import Table
+    """The section opens with the answer figure and the computed answer; its sentences and tables come from the tables
+    (the verdict, the counts and the answer's numbers change with the data); the full AUC tables are in the appendix."""
+    from embvar_study.display import Table, Figure
     out = {}
     for kind in ("within", "rate"):
         T = _tables(_study(kind, seed=3))
         monkeypatch.setattr(ST, "stability_tables", lambda study, pooling="mean", T=T: T)
         items = XS.stability_section(object())
+        assert isinstance(items[0], Figure) and items[0].name == "within_auc"
+        assert items[1] == "**Does drift add anything beyond the learning rate?** " + T["answer"]["text"]
+        ax = items[0].fig.axes[0]; wa = T["within"]
+        for j, s in enumerate(dict.fromkeys(wa["signal"])):                  # each errorbar line is the table's AUCs of one signal
+            assert np.allclose(ax.containers[j].lines[0].get_ydata(), wa[wa["signal"] == s].sort_values("fraction")["auc"])
+        r = wa[np.isclose(wa["fraction"], 0.2)].sort_values("auc", ascending=False).iloc[0]
+        assert f"At 20% the highest is {r['signal']} ({r['auc']:.2f})" in items[0].alt
         assert sum(isinstance(i, Table) for i in items) == 6
         text = "\n".join(i for i in items if isinstance(i, str))
-        assert T["answer"]["text"] in text and "No interval: " in text and "of 64 runs failed" in text
+        assert "No interval: " in text and "of 64 runs failed" in text and "not computed" not in text
+        app = items.index("**Appendix: every signal's AUC.**")
+        assert [i.caption.split(" ")[0] for i in items[app:] if isinstance(i, Table)] == ["Stratified", "Pooled"]
         out[kind] = T["answer"]["verdict"]
-    assert out["within"] == "adds information" and out["rate"] != "adds information"
+    assert out["within"] == "refused" and out["rate"] != "adds information"
 
 
 def test_early_stopping_figure_in_the_section(monkeypatch):
@@ -193,8 +212,8 @@ def test_early_stopping_figure_in_the_section(monkeypatch):
             es.loc[es["selection"] == "all t finished", "expected_best"] = 0.6; T = {**T, "early": es}
         monkeypatch.setattr(ST, "stability_tables", lambda study, pooling="mean", T=T: T)
         items = XS.stability_section(object())
-        figs = [i for i, x in enumerate(items) if isinstance(x, Figure)]
-        assert len(figs) == 1 and items[figs[0]].name == "early_stopping"
+        figs = [i for i, x in enumerate(items) if isinstance(x, Figure) and x.name == "early_stopping"]
+        assert len(figs) == 1
         nxt = items[figs[0] + 1]
         assert isinstance(nxt, Table) and nxt.caption.startswith("Dodge et al.'s early stopping")       # placed right before the table
         f = items[figs[0]]; ax = f.fig.axes[0]
@@ -235,3 +254,39 @@ def test_an_auc_below_half_is_worded_as_the_reverse_direction():
     assert f"AUC {w['auc']:.2f} [{w['low']:.2f}, {w['high']:.2f}] ({1 - w['auc']:.2f} read as lower values marking failure)" in text
     assert "Drift at the last layer alone separates failed from learned runs of the same rate (higher in the failed runs) with AUC" in \
         ST.stability_answer(inc, wa, pooled, fraction=0.2)["text"]
+
+
+# --- the runs as a benchmark (issue 40 item 5): signals_table and score_signal
+def test_signals_table_round_trip_and_drift_reproduces_the_section(tmp_path):
+    sig = _study("within", seed=7)
+    tab = ST.signals_table(sig)
+    assert list(tab.columns[:6]) == ["run_id", "lr", "seed", "outcome", "fraction", "step"]
+    assert set(tab["outcome"]) == {0, 1} and (tab["outcome"] == sig["failed"].astype(int)).all()
+    assert all(pd.api.types.is_numeric_dtype(tab[c]) for c in tab.columns if c != "run_id")        # numbers only (the id a hash)
+    tab.to_csv(tmp_path / "signals.csv", index=False); back = pd.read_csv(tmp_path / "signals.csv")  # as a user reads it
+    sc = ST.score_signal(back, "drift_3")
+    assert list(sc.columns[:8]) == ["fraction", "step", "auc", "ci_low", "ci_high", "increment", "increment_low", "increment_high"]
+    wa = ST.within_auc_table(ST.within_scores(sig)); d = wa[wa["signal"] == "drift, last layer"].sort_values("fraction")
+    assert np.allclose(sc["auc"], d["auc"]) and np.allclose(sc["ci_low"], d["low"]) and np.allclose(sc["ci_high"], d["high"])
+    inc = ST.incremental_value(sig)
+    assert np.allclose(sc["increment"], inc["diff"]) and np.allclose(sc["increment_low"], inc["low"])
+    assert (sc["refused"] == inc["refused"]).all()
+    # a function of one fraction's rows (no outcome column given to it) scores the same as the column
+    seen = []
+    f = lambda t: (seen.append("outcome" in t or "failed" in t), t["drift_3"].to_numpy())[1]
+    assert np.allclose(ST.score_signal(back, f, increment=False)["auc"], sc["auc"]) and not any(seen)
+    with pytest.raises(ValueError, match="^signal: expected a column"): ST.score_signal(back, "nope")
+    with pytest.raises(ValueError, match="^signal: expected one score per row"): ST.score_signal(back, lambda t: np.zeros(3))
+    with pytest.raises(ValueError, match="^table: expected a stability.signals_table"): ST.score_signal(back.drop(columns="outcome"), "drift_3")
+
+
+def test_a_noise_signal_interval_covers_half():
+    "A pure-noise column's within-rate AUC interval covers 0.5 near its nominal 95% at 14 seeds x 3 mixed rates (600 intervals)."
+    tab = ST.signals_table(_study("rate", seed=8, n_seeds=14, lrs=(4e-4, 5e-4, 6e-4), p_fail=(0.25, 0.5, 0.75)))
+    rng, hits, n = np.random.default_rng(0), 0, 0
+    for _ in range(150):
+        sc = ST.score_signal(tab.assign(noise=rng.normal(size=len(tab))), "noise", increment=False)
+        hits += int(((sc["ci_low"] < 0.5) & (sc["ci_high"] > 0.5)).sum()); n += len(sc)
+    assert n == 600 and 0.92 <= hits / n <= 0.985, hits / n
+    few = ST.score_signal(ST.signals_table(_study("rate", seed=8, n_seeds=4, lrs=(5e-4,), p_fail=(0.5,))), "drift_3", increment=False)
+    assert few["ci_low"].isna().all() and (few["no_interval"] == "fewer than 6 failed or learned runs in the mixed rates").all()   # said, not a bare NaN
