@@ -20,6 +20,7 @@ from .auc import AUC_MIN_PER_CLASS, auc_score_interval
 from .spectra import effective_rank
 from .study import RunSet
 from .study_folder import NotComputed
+from .config import ALARM_SIGNALS, AlarmRule, alarm_rule   # the alarm rules' home (torch-free)
 
 # %% auto #0
 __all__ = ['STABILITY_FRACTIONS', 'TRAINER_SIGNALS', 'replicate_distances', 'seed_distances', 'DriftThreshold', 'drift_threshold',
@@ -341,12 +342,8 @@ def outcome_auc_table(table: pd.DataFrame,        # early_warning_table(...)
     return t
 
 # %% ../nbs/18_early_warning.ipynb #2399c15f
-from typing import TYPE_CHECKING
-if TYPE_CHECKING: from embvar_study.tracking import AlarmRule   # tracking loads transformers: imported when used
-
 def _signal_curve(run, signal: str, layer: int, pooling: str) -> tuple[np.ndarray, np.ndarray]:  # (T',) steps, (T',) values
     "The live alarm signal of a finished run at its tracked steps (what `EmbeddingTracker` computes while it runs)."
-    from embvar_study.tracking import ALARM_SIGNALS
     if signal not in ALARM_SIGNALS: raise ValueError(f"signal: expected one of {ALARM_SIGNALS}, got {signal!r}")
     steps, d = np.asarray(run.steps, np.int64), np.asarray(drift_curve(run.embeddings(layer, pooling)), np.float64)
     if signal == "drift": return steps, d
@@ -373,9 +370,8 @@ def fit_alarm(runs: RunSet,                  # finished runs with both outcomes,
               layer: int = -1, pooling: str = "mean",  # the watched layer and pooling
               failed: ArrayLike | None = None,  # (n_runs,) bool outcome per run; None: `final_outcome(history, **rule_kw)`
               **rule_kw: float,              # chance, delta, loss_delta, window, rule: the failure rule of `final_outcome`
-             ) -> "AlarmRule":
+             ) -> AlarmRule:
     "A threshold rule on the live drift signal that stops `recall` of the failed runs by step `at`, calibrated on `runs`."
-    from embvar_study.tracking import AlarmRule
     if isinstance(at, bool) or not isinstance(at, (int, np.integer)) or at < 1: raise ValueError(f"at: expected an int >= 1, got {at!r}")
     if isinstance(recall, bool) or not isinstance(recall, (int, float)) or not 0 < recall <= 1: raise ValueError(f"recall: expected a number in (0, 1], got {recall!r}")
     rs = _check_runs(runs, 2, "fit_alarm")
@@ -400,7 +396,6 @@ def apply_alarm(rule: AlarmRule | dict | float | str,  # anything `config.alarm_
                 run: object,                 # a finished run: a `Run` or a run folder path
                ) -> dict:                    # {"fired": bool, "step": int | None, "value": float | None}
     "Whether and at which tracked step `rule` fires on a finished run (the first active step whose signal is above the threshold)."
-    from embvar_study.config import alarm_rule
     from embvar_study.runs import load_run
     rule = alarm_rule(rule)
     if not hasattr(run, "embeddings"): run = load_run(run)

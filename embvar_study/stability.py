@@ -496,6 +496,5 @@ def score_signal(table: pd.DataFrame,          # signals_table(...) or pd.read_c
     return out
 
 # %% ../nbs/18a_stability.ipynb #39f32434
-def __getattr__(name: str):
-    "A name that moved from this module to another (`moved.MOVED`), with a DeprecationWarning."
+def __getattr__(name: str):   # a name that moved from here (`moved.MOVED`): its new home's object, with a DeprecationWarning
     from embvar_study.moved import moved_name; return moved_name(__name__, name)
