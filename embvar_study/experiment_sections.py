@@ -243,7 +243,7 @@ def _subset_verdicts(sb: pd.DataFrame) -> tuple[pd.DataFrame, str]:  # (table, s
     shown = t[t["verdict"].isin(["more than the rest", "less than the rest"])]
     words = ("; ".join(f"{r.by.replace('_', ' ')} {r.group}: {r.verdict} ({format_value(r.diff_vs_rest)} {interval_text(r.diff_low, r.diff_high)})"
                        for r in shown.itertuples()) if len(shown) else "no probe subset is shown to differ from the rest (every difference's interval includes 0)")
-    return t[["by", "group", "n_probes", "seed_variance", "difference_to_the_rest", "verdict", "method"]], words
+    return t[["by", "group", "n_probes", "seed_variance", "difference_to_the_rest", "verdict", "method"]].rename(columns={"method": "ci_method"}), words
 
 def seed_sources_section(study: Study, **o) -> list:
     "The report section 'How much do seeds move the embeddings, and from where': figure, per-arm table with churn, subsets verdict."
@@ -253,13 +253,12 @@ def seed_sources_section(study: Study, **o) -> list:
     o = report_options(**o); arms = SS.source_arms(study)
     layers = memo(study, ("source_layers", o["pooling"]), lambda: SS.source_layers(arms, o["pooling"]))
     shares = memo(study, ("source_shares", o["layer"], o["pooling"]), lambda: SS.source_shares(arms, o["layer"], o["pooling"]))
-    try: churn = memo(study, ("source_churn",), lambda: SS.source_churn(arms)).set_index("source")
-    except NotComputed as e: churn, churn_why = None, str(e)
+    churn = memo(study, ("source_churn",), lambda: SS.source_churn(arms)).set_index("source")
     name = lambda s: "all four seeds" if s == "all" else value_label(s)
     rows = []
     for src in dict.fromkeys(shares["source"]):
         r = shares[shares["source"] == src].set_index("measure")
-        c = churn.loc[src] if churn is not None and src in churn.index else None
+        c = churn.loc[src] if src in churn.index and np.isfinite(churn.loc[src, "value"]) else None
         rows.append({"varied": name(src), "runs": int(r.loc["raw", "n_runs"]),
                      "raw": _iv_cell(r.loc["raw", "value"], r.loc["raw", "ci_low"], r.loc["raw", "ci_high"]),
                      "aligned": _iv_cell(r.loc["aligned", "value"], r.loc["aligned", "ci_low"], r.loc["aligned", "ci_high"]),
@@ -267,7 +266,7 @@ def seed_sources_section(study: Study, **o) -> list:
                      "churn": "—" if c is None else _iv_cell(c["value"], c["ci_low"], c["ci_high"]),
                      "examples": "—" if c is None else int(c["n_examples"])})
     tab = pd.DataFrame(rows)
-    methods = sorted(set(shares["method"]) | (set(churn["method"]) if churn is not None else set()))
+    methods = sorted(set(shares["method"]) | set(churn.loc[churn["value"].notna(), "method"]))
     tab.attrs["ci_method"] = "; ".join(methods) + f"; {shares.attrs['share_ci_method']}"
     a = shares[(shares["source"] == "all")].set_index("measure")
     top = shares[(shares["measure"] == "raw") & (shares["source"] != "all")].sort_values("share").iloc[-1]
@@ -285,7 +284,8 @@ def seed_sources_section(study: Study, **o) -> list:
            Table(tab, f"Per arm ({'last layer' if o['layer'] == -1 else 'layer ' + str(o['layer'])}, {o['pooling']} pooling, step {step}): seed variance raw and "
                       "after alignment, the share of the raw variance of all four seeds (no interval), and churn: the share of shared held-out examples two runs label "
                       "differently, mean over pairs")]
-    if churn is None: out.append(note_md(f"Churn not computed: {churn_why}."))
+    miss = churn[churn["value"].isna()]
+    if len(miss): out.append(note_md("Churn not computed for " + "; ".join(f"{name(s)}: {m[len('not computed: '):]}" for s, m in miss["method"].items()) + "."))
     try:
         sb = pd.concat([A.seed_variance_by(arms["all"], by, o["layer"], o["pooling"]) for by in ("length_bucket", "sentiment")
                         if by in arms["all"].runs[0].probes], ignore_index=True)

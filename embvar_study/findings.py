@@ -286,22 +286,24 @@ def _seed_finding(study: Study, o: dict) -> list[dict]:
     sh = memo(study, ("source_shares", o["layer"], o["pooling"]), lambda: SS.source_shares(arms, o["layer"], o["pooling"]))
     a = sh[sh["source"] == "all"].set_index("measure")
     raw, al = a.loc["raw"], a.loc["aligned"]
-    iv = lambda r: interval_text(r["ci_low"], r["ci_high"]) if np.isfinite(r["ci_low"]) else "(no interval)"
+    iv = lambda r: interval_text(r["ci_low"], r["ci_high"]) if np.isfinite(r["ci_low"]) else f"({r['method']})"
     out = [_finding("seed_rotation", f"Runs that differ in all four seeds (head, batch order, training subset, dropout) end {format_value(raw['value'])} {iv(raw)} apart "
                     f"(seed variance: mean squared distance to their mean, {int(raw['n_runs'])} runs); Procrustes alignment leaves {format_value(al['value'])} {iv(al)}.",
                     raw["value"], (raw["ci_low"], raw["ci_high"]), "measured")]
     srcs = sh[(sh["measure"] == "raw") & (sh["source"] != "all")].sort_values("share", ascending=False)
     if len(srcs):
         top = srcs.iloc[0]; why = SS.SHARE_CI_METHOD[len("no interval for the shares: "):]
-        out.append(_finding("seed_rotation_share", f"Varied alone, the {value_label(top.source)} carries the largest share of that variance, {percent(top.share)} "
+        out.append(_finding("seed_rotation_share", f"Varied alone, the {value_label(top.source)} moves the runs furthest: its seed variance is {percent(top.share)} of all four's "
                             f"(then {', '.join(f'{value_label(r.source)} {percent(r.share)}' for r in srcs.iloc[1:].itertuples())}; point estimates, "
                             f"no interval: {why}).", top.share, None, "point estimate"))
-    try: ch = memo(study, ("source_churn",), lambda: SS.source_churn(arms)).set_index("source")
-    except NotComputed: return out
-    if "all" in ch.index:
-        c = ch.loc["all"]
-        out.append(_finding("seed_rotation_churn", f"Their predictions differ on {format_value(c['value'])} {iv(c)} of the held-out examples every run scored "
-                            f"(churn, mean over pairs of runs, {int(c['n_runs'])} runs, {int(c['n_examples'])} examples).", c["value"], (c["ci_low"], c["ci_high"]), "measured"))
+    ch = memo(study, ("source_churn",), lambda: SS.source_churn(arms))
+    done, miss = ch[ch["value"].notna()], ch[ch["value"].isna()]
+    name = lambda s: "all four seeds" if s == "all" else value_label(s)
+    if len(done):
+        out.append(_finding("seed_rotation_churn", "Held-out labels differ between runs (churn, the share of the examples they share, mean over pairs) by "
+                            + "; ".join(f"{name(r.source)} {format_value(r.value)} {iv(r._asdict())} ({int(r.n_runs)} runs, {int(r.n_examples)} examples)" for r in done.itertuples())
+                            + "".join(f"; not computed for {name(r.source)}: {r.method[len('not computed: '):]}" for r in miss.itertuples()) + ".",
+                            done["value"].max(), None, "measured"))
     return out
 
 # %% ../nbs/20a_findings.ipynb #2c10ff7c

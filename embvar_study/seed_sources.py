@@ -60,13 +60,14 @@ def source_layers(arms: dict,             # factor -> RunSet (source_arms)
     return pd.DataFrame(out)[["source", "layer", "step", "measure", "value", "ci_low", "ci_high", "n_runs", "method"]]
 
 # %% ../nbs/16b_seed_sources.ipynb #9a9d8198
-def source_churn(arms: dict, step: int | None = None, *, confidence: float = 0.95) -> pd.DataFrame:  # source, value, ci_low, ci_high, ...
-    "Prediction churn of every arm whose runs kept predictions (analysis.prediction_churn), with its interval or its reason; the arms without, left out."
+def source_churn(arms: dict, step: int | None = None, *, confidence: float = 0.95) -> pd.DataFrame:  # source, value, ci_low, ci_high, n_runs, n_examples, method
+    "Prediction churn of every arm (analysis.prediction_churn) with its interval; an arm where it cannot be computed keeps a row: NaN, and the reason as its method."
     from embvar_study.analysis import prediction_churn
     out = []
     for src, rs in arms.items():
         try: c = prediction_churn(rs, step, confidence=confidence)
-        except NotComputed: continue
+        except NotComputed as e:
+            out.append({"source": src, "step": np.nan, "value": np.nan, "ci_low": np.nan, "ci_high": np.nan, "n_runs": len(rs),
+                        "n_examples": 0, "method": f"not computed: {e}"}); continue
         out.append({"source": src, **c[c["measure"] == "churn"].iloc[0].drop("measure").to_dict()})
-    if not out: raise NotComputed("no arm of the seed_sources experiment kept predictions in every run (runs written before they were kept)")
     return pd.DataFrame(out)

@@ -122,7 +122,7 @@ def synthetic_seed_sources(study_dir: str | Path,  # folder to write (created; m
                            n_layers: int = 2, n_pool: int = 64, n_eval: int = 32,
                           ) -> Path:               # study_dir
     "A study of the seed_sources experiment alone: synthetic runs with embeddings and held-out class probabilities (see above)."
-    from .sweep import SEED_SOURCES
+    from embvar_study.sweep import SEED_SOURCES
     study_dir = Path(study_dir); rng = np.random.default_rng(0)
     base = rng.normal(size=(n_layers + 1, n_probes, dim)) + 3.0
     long_ = np.arange(n_probes) % 3 == 0

@@ -55,7 +55,7 @@ def test_the_sentence_numbers_recomputed_with_numpy(ss):
     top = max(shares, key=shares.get)
     share = next(f for f in key_findings(ss) if f["key"] == "seed_rotation_share")
     assert share["value"] == pytest.approx(shares[top]) and share["ci"] is None and "no interval:" in share["text"]
-    assert top == "init_seed" and "the head seed carries the largest share" in share["text"]   # the synthetic weights: 1, 0.7, 0.5, 0.3
+    assert top == "init_seed" and "the head seed moves the runs furthest" in share["text"]   # the synthetic weights: 1, 0.7, 0.5, 0.3
 
 
 def test_churn_recomputed_from_the_predictions(ss):
@@ -65,7 +65,8 @@ def test_churn_recomputed_from_the_predictions(ss):
     lab = np.stack([p["probs"][-1][np.searchsorted(p["rows"], rows)].argmax(-1) for p in preds])
     churn = np.mean([(lab[i] != lab[j]).mean() for i in range(len(lab)) for j in range(i + 1, len(lab))])
     f = next(f for f in key_findings(ss) if f["key"] == "seed_rotation_churn")
-    assert f["value"] == pytest.approx(churn) and f"{len(rows)} examples" in f["text"]
+    assert f"all four seeds {format_value(churn)} [" in f["text"] and f"(3 runs, {len(rows)} examples)" in f["text"]
+    assert f["value"] >= churn - 1e-12                                  # the finding's value: the largest churn of any arm
 
 
 def test_a_study_without_the_experiment_leaves_the_section_off(shared_study):
