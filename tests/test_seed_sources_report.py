@@ -34,6 +34,10 @@ def test_the_section_renders_with_its_figure_table_and_subsets(ss):
     assert list(tab["varied"]) == ["head seed", "batch-order seed", "training-subset seed", "dropout seed", "all four seeds"]
     html = "".join(to_html(i) for i in items if not isinstance(i, Figure))
     assert "no interval for the shares" in html                      # the refused interval's reason, under the table
+    import re
+    methods = re.findall(r'</table><p class="method">(.*?)</p>', html)
+    assert len(methods) == 2 and all(m.startswith("Intervals: 95% delete-one jackknife t interval over 3 runs") for m in methods), methods
+    assert "long: more than the rest" in items[3]                     # long probes move twice as far in the synthetic runs
 
 
 def test_the_sentence_numbers_recomputed_with_numpy(ss):
