@@ -12,12 +12,12 @@ import pandas as pd
 from .study import Study
 from .study_folder import NotComputed
 from .words import format_lr, format_value, interval_text
-from .display import Table, Figure
+from .display import Table, Figure, note_md
 from .findings import memo, report_options, summary_of, curves_of, last_rows, lora_answer, alarm_note
 
 # %% auto #0
 __all__ = ['section_runs_overview', 'section_runs_seeds', 'section_runs_noise_floor', 'section_experiment', 'experiment_intro',
-           'lora_layer_table', 'section_lora', 'stability_section', 'json_list']
+           'lora_layer_table', 'section_lora', 'stability_section', 'json_list', 'seed_sources_section']
 
 # %% ../nbs/20c_experiment_sections.ipynb #9374e86f
 def section_runs_overview(study: Study, **o) -> list:
@@ -254,3 +254,65 @@ def json_list(value: list | str) -> list:
     v = json.loads(value) if isinstance(value, str) else value
     if not isinstance(v, list) or not all(isinstance(x, str) for x in v): raise ValueError(f"runs: expected a list of folders, got {value!r}")
     return v
+
+# %% ../nbs/20c_experiment_sections.ipynb #62c19e50
+def _subset_verdicts(sb: pd.DataFrame) -> tuple[pd.DataFrame, str]:  # (table, sentence)
+    "Raw seed variance per probe subset with its difference to the other probes; a verdict only where the difference's interval excludes 0."
+    t = sb[sb["measure"] == "raw"].copy()
+    t["verdict"] = ["more than the rest" if lo > 0 else "less than the rest" if hi < 0 else "not shown to differ" if np.isfinite(lo) else "no interval"
+                    for lo, hi in zip(t["diff_low"].fillna(np.nan), t["diff_high"].fillna(np.nan))]
+    t["seed_variance"] = [_iv_cell(v, lo, hi) for v, lo, hi in zip(t["value"], t["ci_low"], t["ci_high"])]
+    t["difference_to_the_rest"] = [_iv_cell(v, lo, hi) for v, lo, hi in zip(t["diff_vs_rest"], t["diff_low"], t["diff_high"])]
+    shown = t[t["verdict"].isin(["more than the rest", "less than the rest"])]
+    words = ("; ".join(f"{r.by.replace('_', ' ')} {r.group}: {r.verdict} ({format_value(r.diff_vs_rest)} {interval_text(r.diff_low, r.diff_high)})"
+                       for r in shown.itertuples()) if len(shown) else "no probe subset is shown to differ from the rest (every difference's interval includes 0)")
+    return t[["by", "group", "n_probes", "seed_variance", "difference_to_the_rest", "verdict", "method"]].rename(columns={"method": "ci_method"}), words
+
+def seed_sources_section(study: Study, **o) -> list:
+    "The report section 'How much do seeds move the embeddings, and from where': figure, per-arm table with churn, subsets verdict."
+    from embvar_study import seed_sources as SS, analysis as A
+    from embvar_study.plots import plot_seed_sources
+    from embvar_study.words import value_label
+    o = report_options(**o); arms = SS.source_arms(study)
+    layers = memo(study, ("source_layers", o["pooling"]), lambda: SS.source_layers(arms, o["pooling"]))
+    shares = memo(study, ("source_shares", o["layer"], o["pooling"]), lambda: SS.source_shares(arms, o["layer"], o["pooling"]))
+    churn = memo(study, ("source_churn",), lambda: SS.source_churn(arms)).set_index("source")
+    name = lambda s: "all four seeds" if s == "all" else value_label(s)
+    rows = []
+    for src in dict.fromkeys(shares["source"]):
+        r = shares[shares["source"] == src].set_index("measure")
+        c = churn.loc[src] if src in churn.index and np.isfinite(churn.loc[src, "value"]) else None
+        rows.append({"varied": name(src), "runs": int(r.loc["raw", "n_runs"]),
+                     "raw": _iv_cell(r.loc["raw", "value"], r.loc["raw", "ci_low"], r.loc["raw", "ci_high"]),
+                     "aligned": _iv_cell(r.loc["aligned", "value"], r.loc["aligned", "ci_low"], r.loc["aligned", "ci_high"]),
+                     "share_of_all_four": format_value(r.loc["raw", "share"]),
+                     "churn": "—" if c is None else _iv_cell(c["value"], c["ci_low"], c["ci_high"]),
+                     "examples": "—" if c is None else int(c["n_examples"])})
+    tab = pd.DataFrame(rows)
+    methods = sorted(set(shares["method"]) | set(churn.loc[churn["value"].notna(), "method"]))
+    tab.attrs["ci_method"] = "; ".join(methods) + f"; {shares.attrs['share_ci_method']}"
+    a = shares[(shares["source"] == "all")].set_index("measure")
+    top = shares[(shares["measure"] == "raw") & (shares["source"] != "all")].sort_values("share").iloc[-1]
+    step = int(layers["step"].max())
+    alt = (f"What to see: how far the runs of each arm end apart at every layer (step {step}; solid raw, dashed after alignment, bands: "
+           f"95% intervals over runs where computed) and each source's share of the raw variance of all four. At the report's layer all four seeds give "
+           f"{format_value(a.loc['raw', 'value'])} raw and {format_value(a.loc['aligned', 'value'])} aligned; the largest share is the "
+           f"{name(top.source)}'s, {format_value(top.share)} (no interval: the line under the table says why).")
+    lr = arms["all"].table["lr"].iloc[0] if "all" in arms and "lr" in arms["all"].table else None
+    n = len({k for r in arms.values() for k in r.table["run_id"]})
+    out = [f"**Design:** each seed varied alone from a common base, then all four together{'' if lr is None else ' at lr ' + format_lr(lr)}: "
+           f"{len(arms)} arms of {'/'.join(str(len(r)) for r in arms.values())} runs, {n} distinct; "
+           f"seed variance is the mean over probes of the squared distance to the runs' mean (last common step {step}).",
+           Figure(plot_seed_sources(layers, shares), "seed_sources", alt),
+           Table(tab, f"Per arm ({'last layer' if o['layer'] == -1 else 'layer ' + str(o['layer'])}, {o['pooling']} pooling, step {step}): seed variance raw and "
+                      "after alignment, the share of the raw variance of all four seeds (no interval), and churn: the share of shared held-out examples two runs label "
+                      "differently, mean over pairs")]
+    miss = churn[churn["value"].isna()]
+    if len(miss): out.append(note_md("Churn not computed for " + "; ".join(f"{name(s)}: {m[len('not computed: '):]}" for s, m in miss["method"].items()) + "."))
+    try:
+        sb = pd.concat([A.seed_variance_by(arms["all"], by, o["layer"], o["pooling"]) for by in ("length_bucket", "sentiment")
+                        if by in arms["all"].runs[0].probes], ignore_index=True)
+        st, words = _subset_verdicts(sb)
+        out += [f"**Probe subsets** (all four seeds varied): {words}.", Table(st, "Raw seed variance within each probe subset and its difference to the other probes, 95% interval over runs")]
+    except (NotComputed, KeyError, ValueError) as e: out.append(note_md(f"Probe subsets not compared: {e}."))
+    return out

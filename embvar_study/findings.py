@@ -271,14 +271,40 @@ def _collapse_finding(study: Study, o: dict) -> list[dict]:
 
 # %% ../nbs/20a_findings.ipynb #f7815e0f
 def _seed_finding(study: Study, o: dict) -> list[dict]:
-    from embvar_study import analysis as A
-    g = study.runs("seed_sweep", "init_seed", min_runs=2)
-    d = A.dispersion_over_training(g, o["layer"], o["pooling"]).iloc[-1]
-    if not d["raw_dispersion"] > 0: return [_finding("seed_rotation", f"Runs that differ only in the head seed end with identical embeddings ({len(g)} runs).", 0.0, None, "none")]
-    share = 1 - d["aligned_dispersion"] / d["raw_dispersion"]
-    kind = "most of it is a rotation" if share > 0.5 else "most of it is not a rotation"
-    return [_finding("seed_rotation", f"Runs that differ only in the head seed end {format_value(d['raw_dispersion'])} apart (mean squared distance to their mean, "
-                     f"{len(g)} runs); Procrustes alignment removes {100 * share:.0f}% of that: {kind}.", share, None, "rotation" if share > 0.5 else "not rotation")]
+    "The seeds' sentences: from the seed_sources experiment where it was run (seed variance with intervals, the largest source's share, churn), else from the seed sweep's head seeds."
+    from embvar_study import analysis as A, seed_sources as SS
+    from embvar_study.words import value_label
+    if not study.has("seed_sources"):
+        g = study.runs("seed_sweep", "init_seed", min_runs=2)
+        sv = A.seed_variance(g, o["layer"], o["pooling"]); sv = sv[sv["step"] == sv["step"].max()].set_index("measure")
+        raw, al = sv.loc["raw"], sv.loc["aligned"]
+        if not raw["value"] > 0: return [_finding("seed_rotation", f"Runs that differ only in the head seed end with identical embeddings ({len(g)} runs).", 0.0, None, "none")]
+        iv = lambda r: interval_text(r["ci_low"], r["ci_high"]) if np.isfinite(r["ci_low"]) else f"(no interval: {r['method'][len('no interval: '):]})"
+        return [_finding("seed_rotation", f"Runs that differ only in the head seed end {format_value(raw['value'])} {iv(raw)} apart (mean squared distance to their mean, "
+                         f"{len(g)} runs); Procrustes alignment leaves {format_value(al['value'])} {iv(al)}.", raw["value"], (raw["ci_low"], raw["ci_high"]), "measured")]
+    arms = SS.source_arms(study)
+    sh = memo(study, ("source_shares", o["layer"], o["pooling"]), lambda: SS.source_shares(arms, o["layer"], o["pooling"]))
+    a = sh[sh["source"] == "all"].set_index("measure")
+    raw, al = a.loc["raw"], a.loc["aligned"]
+    iv = lambda r: interval_text(r["ci_low"], r["ci_high"]) if np.isfinite(r["ci_low"]) else f"({r['method']})"
+    out = [_finding("seed_rotation", f"Runs that differ in all four seeds (head, batch order, training subset, dropout) end {format_value(raw['value'])} {iv(raw)} apart "
+                    f"(seed variance: mean squared distance to their mean, {int(raw['n_runs'])} runs); Procrustes alignment leaves {format_value(al['value'])} {iv(al)}.",
+                    raw["value"], (raw["ci_low"], raw["ci_high"]), "measured")]
+    srcs = sh[(sh["measure"] == "raw") & (sh["source"] != "all")].sort_values("share", ascending=False)
+    if len(srcs):
+        top = srcs.iloc[0]; why = SS.SHARE_CI_METHOD[len("no interval for the shares: "):]
+        out.append(_finding("seed_rotation_share", f"Varied alone, the {value_label(top.source)} moves the runs furthest: its seed variance is {percent(top.share)} of all four's "
+                            f"(then {', '.join(f'{value_label(r.source)} {percent(r.share)}' for r in srcs.iloc[1:].itertuples())}; point estimates, "
+                            f"no interval: {why}).", top.share, None, "point estimate"))
+    ch = memo(study, ("source_churn",), lambda: SS.source_churn(arms))
+    done, miss = ch[ch["value"].notna()], ch[ch["value"].isna()]
+    name = lambda s: "all four seeds" if s == "all" else value_label(s)
+    if len(done):
+        out.append(_finding("seed_rotation_churn", "Held-out labels differ between runs (churn, the share of the examples they share, mean over pairs) by "
+                            + "; ".join(f"{name(r.source)} {format_value(r.value)} {iv(r._asdict())} ({int(r.n_runs)} runs, {int(r.n_examples)} examples)" for r in done.itertuples())
+                            + "".join(f"; not computed for {name(r.source)}: {r.method[len('not computed: '):]}" for r in miss.itertuples()) + ".",
+                            done["value"].max(), None, "measured"))
+    return out
 
 # %% ../nbs/20a_findings.ipynb #2c10ff7c
 def _lora_finding(study: Study, o: dict) -> list[dict]:

@@ -17,8 +17,8 @@ from .words import format_lr, value_label
 
 # %% auto #0
 __all__ = ['CANONICAL_LRS', 'FIXED_COLOURS', 'SCHEDULE_STYLES', 'group_label', 'palette', 'tracked_ticks', 'spread',
-           'log_if_spread', 'plot_drift_and_loss', 'plot_layer_heatmaps', 'plot_seed_variance', 'colour_range',
-           'plot_matrices', 'plot_spectra', 'plot_perturbation', 'plot_mitigation', 'plot_schedule',
+           'log_if_spread', 'plot_drift_and_loss', 'plot_layer_heatmaps', 'plot_seed_variance', 'plot_seed_sources',
+           'colour_range', 'plot_matrices', 'plot_spectra', 'plot_perturbation', 'plot_mitigation', 'plot_schedule',
            'plot_early_stopping', 'plot_within_auc']
 
 # %% ../nbs/20_plots.ipynb #e1ec5063
@@ -152,6 +152,30 @@ def plot_seed_variance(dispersion: dict[str, pd.DataFrame],   # label -> analysi
     ax.set(xlabel="optimizer step", ylabel="mean squared distance to the runs' mean" + (" (log scale)" if log else ""),
            title="Seed-to-seed dispersion of probe embeddings")
     ax.legend(frameon=False, fontsize=8); _step_ticks(ax, np.concatenate([t["step"].to_numpy() for t in dispersion.values()]))
+    return fig
+
+# %% ../nbs/20_plots.ipynb #3c368c06
+def plot_seed_sources(layers: pd.DataFrame,   # seed_sources.source_layers
+                      shares: pd.DataFrame,   # seed_sources.source_shares
+                     ) -> plt.Figure:
+    "Seed variance per layer of every arm (raw solid, aligned dashed, interval bands) and each source's share of the raw variance of all four, as points."
+    arms = list(dict.fromkeys(layers["source"])); cols = palette(arms)
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True, gridspec_kw={"width_ratios": [2, 1]})
+    for src in arms:
+        for m, ls in (("raw", "-"), ("aligned", "--")):
+            t = layers[(layers["source"] == src) & (layers["measure"] == m)].sort_values("layer")
+            name = "all four seeds" if src == "all" else value_label(src)
+            ax.plot(t["layer"], t["value"], color=cols[src], ls=ls, lw=2 if src == "all" else 1.3, marker="o", ms=3, label=f"{name}: {m}")
+            if t["ci_low"].notna().any(): ax.fill_between(t["layer"], t["ci_low"], t["ci_high"], color=cols[src], alpha=0.12, lw=0)
+    log = log_if_spread(ax, layers.groupby("source")["value"].max())
+    ax.set(xlabel="layer (0 = embeddings)", ylabel="seed variance" + (" (log scale)" if log else ""),
+           title="Seed variance per layer, last step")
+    ax.set_xticks(sorted(layers["layer"].unique())); ax.legend(frameon=False, fontsize=7, ncol=2)
+    sh = shares[(shares["measure"] == "raw") & (shares["source"] != "all")]
+    bx.scatter(range(len(sh)), sh["share"], color=[cols.get(s, "k") for s in sh["source"]], s=40, zorder=3)
+    bx.axhline(1.0, color="grey", lw=0.8, ls=":")
+    bx.set_xticks(range(len(sh)), [value_label(s) for s in sh["source"]], rotation=30, ha="right")
+    bx.set(ylabel="share of the raw variance of all four", title="Each source varied alone", ylim=(0, max(1.1, float(sh["share"].max()) * 1.1)))
     return fig
 
 # %% ../nbs/20_plots.ipynb #1090f7ba

@@ -25,8 +25,8 @@ __all__ = ['NOT_APPLICABLE', 'diverged_note', 'NotComputedNote', 'section_items'
            'section_drift', 'headline', 'section_reference', 'section_schedule', 'collapse_for_reading',
            'section_effects', 'section_layers', 'section_seed_variance', 'section_pairs', 'section_noise_floor',
            'section_geometry', 'section_perturbation', 'reference_lr', 'section_mitigation', 'section_components',
-           'collapse_identical', 'section_early_warning', 'section_stability', 'section_agreement', 'section_pooling',
-           'section_provenance']
+           'collapse_identical', 'section_early_warning', 'section_stability', 'section_seed_sources',
+           'section_agreement', 'section_pooling', 'section_provenance']
 
 # %% ../nbs/20b_sections.ipynb #4ccbe1e8
 def diverged_note(study: Study,            # the study
@@ -405,6 +405,13 @@ def section_stability(study: Study, **o) -> list:
     study.runs("stability", min_runs=2, diverged=True)                     # NotComputed (one line) when its runs are missing
     from embvar_study.experiment_sections import stability_section
     return stability_section(study, layer=o["layer"], pooling=o["pooling"], n_resamples=o["n_resamples"])
+
+# %% ../nbs/20b_sections.ipynb #73f82562
+def section_seed_sources(study: Study, **o) -> list:
+    "How much do seeds move the embeddings, and from where: the seed_sources experiment's section (`experiment_sections.seed_sources_section`)."
+    if "seed_sources" not in study.experiments: return [RawHTML(NOT_APPLICABLE)]   # not this study's question: the section is left out
+    from embvar_study.experiment_sections import seed_sources_section
+    return seed_sources_section(study, **o)
 
 # %% ../nbs/20b_sections.ipynb #c38cd632
 def section_agreement(study: Study, **o) -> list:

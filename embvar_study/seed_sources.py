@@ -12,7 +12,7 @@ from .sweep import SEED_SOURCES
 from .analysis import seed_variance
 
 # %% auto #0
-__all__ = ['SHARE_CI_METHOD', 'source_shares']
+__all__ = ['SHARE_CI_METHOD', 'source_shares', 'source_arms', 'source_layers', 'source_churn']
 
 # %% ../nbs/16b_seed_sources.ipynb #fd0e120b
 SHARE_CI_METHOD = ("no interval for the shares: a delete-one jackknife t interval of the log ratio over the runs of both arms "
@@ -35,3 +35,39 @@ def source_shares(arms: dict,               # factor -> RunSet (or list of runs)
     t["share"] = [unbiased[s] / unbiased["all"] if m == "raw" and unbiased["all"] > 0 else np.nan for s, m in zip(t["source"], t["measure"])]
     t.attrs["share_ci_method"] = SHARE_CI_METHOD
     return t
+
+# %% ../nbs/16b_seed_sources.ipynb #c4794267
+def source_arms(study: object) -> dict:  # factor -> RunSet, in SEED_SOURCES order, then "all"
+    "The seed_sources experiment's arms from a loaded study: the runs of each factor (the base run in every arm); NotComputed when it was not run."
+    fs = set(study.manifests["seed_sources"]["factor"]) if study.has("seed_sources") else set()
+    if not fs: raise NotComputed(f"the seed_sources experiment was not run in this study (run: {', '.join(study.experiments) or 'none'})")
+    return {f: study.runs("seed_sources", f) for f in [*SEED_SOURCES, "all"] if f in fs}
+
+# %% ../nbs/16b_seed_sources.ipynb #af713711
+def source_layers(arms: dict,             # factor -> RunSet (source_arms)
+                  pooling: str = "mean", step: int | None = None, *, k: int = 10, confidence: float = 0.95,
+                 ) -> pd.DataFrame:       # source, layer, step, measure (raw, aligned), value, ci_low, ci_high, n_runs, method
+    "Raw and aligned seed variance of every arm at every hidden layer (0 = embeddings) at one step (default: the last common one)."
+    out = []
+    for src, rs in arms.items():
+        if len(rs) < 2: continue
+        n_layers = min(r.shape[0] for r in rs.runs)
+        for layer in range(n_layers):
+            sv = seed_variance(rs, layer, pooling, step, k=k, confidence=confidence)
+            sv = sv[(sv["step"] == sv["step"].max()) & sv["measure"].isin(["raw", "aligned"])]
+            out += [{"source": src, **r} for r in sv.to_dict("records")]
+    if not out: raise NotComputed("no arm of the seed_sources experiment holds 2 runs")
+    return pd.DataFrame(out)[["source", "layer", "step", "measure", "value", "ci_low", "ci_high", "n_runs", "method"]]
+
+# %% ../nbs/16b_seed_sources.ipynb #9a9d8198
+def source_churn(arms: dict, step: int | None = None, *, confidence: float = 0.95) -> pd.DataFrame:  # source, value, ci_low, ci_high, n_runs, n_examples, method
+    "Prediction churn of every arm (analysis.prediction_churn) with its interval; an arm where it cannot be computed keeps a row: NaN, and the reason as its method."
+    from embvar_study.analysis import prediction_churn
+    out = []
+    for src, rs in arms.items():
+        try: c = prediction_churn(rs, step, confidence=confidence)
+        except NotComputed as e:
+            out.append({"source": src, "step": np.nan, "value": np.nan, "ci_low": np.nan, "ci_high": np.nan, "n_runs": len(rs),
+                        "n_examples": 0, "method": f"not computed: {e}"}); continue
+        out.append({"source": src, **c[c["measure"] == "churn"].iloc[0].drop("measure").to_dict()})
+    return pd.DataFrame(out)

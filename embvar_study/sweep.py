@@ -44,8 +44,8 @@ PROFILES: dict[str, dict] = {
         "experiments": list(_CLASSIC)},
     # seed_sources (issue 38): from the common base (every seed = seeds[0]), each of SEED_SOURCES alone over source_seeds,
     # then all four together: 3 runs per arm at least, so every jackknife interval over runs exists (coverage simulated at
-    # 3-10 runs in tests/test_coverage.py). It is not in the quick and reviews reports' `experiments` until their section
-    # exists: run it with --experiments seed_sources.
+    # 3-10 runs in tests/test_coverage.py). It is in the quick, reviews and smoke profiles' `experiments` (quick: 6 runs more than its
+    # other experiments hold, reviews 8, smoke 8; the report's section 'How much do seeds move the embeddings').
     # quick: sized to run in <= 6 minutes on a 2-core CPU (2 workers, one thread each): 24 optimizer steps of 8 short
     # examples, 48 probes tracked every 4 steps, held-out accuracy every 12; 5 seeds where the headline lives (lr_sweep),
     # 3 for the other arms, 2 for the dose-response points that are not the headline's and a 2 x 2 crossed design
@@ -56,7 +56,7 @@ PROFILES: dict[str, dict] = {
         "perturb": dict(_PERTURB, perturb_k=6), "crossed_seeds": [0, 1],
         "extended_lrs": [1e-5, 5e-5, 2e-4, 5e-4], "extended_seeds": [0, 1],
         "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], **_LORA, "lora_seeds": [0, 1, 2], "source_seeds": [0, 1, 2],
-        "experiments": list(_CLASSIC)},
+        "experiments": [*_CLASSIC, "seed_sources"]},
     "reviews": {
         "base": dict(model="minilm-offline", dataset=None, probes="heldout", n_probes=48, n_train=160, n_eval=48, epochs=2,
                      batch_size=16, max_length=256, probe_max_length=256, track_every=4, eval_every=10, warmup_ratio=0.06),
@@ -64,7 +64,7 @@ PROFILES: dict[str, dict] = {
         "perturb": dict(_PERTURB, perturb_k=4), "crossed_seeds": [0, 1],
         "extended_lrs": [1e-5, 5e-5, 2e-4, 5e-4], "extended_seeds": [0, 1],
         "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], **_LORA, "lora_seeds": [0, 1, 2], "source_seeds": [0, 1, 2],
-        "experiments": ["lr_sweep", "schedule"]},
+        "experiments": ["lr_sweep", "schedule", "seed_sources"]},
     "smoke": {
         "base": dict(model="tiny-distilbert", dataset="bundled", n_train=64, n_eval=32, epochs=1, batch_size=16,
                      max_length=48, probe_max_length=48, track_every=1, n_probes=48),
@@ -72,7 +72,7 @@ PROFILES: dict[str, dict] = {
         "perturb": dict(_PERTURB, perturb_k=4), "crossed_seeds": [0, 1],
         "extended_lrs": [5e-5, 5e-4, 5e-3], "extended_seeds": [0, 1],
         "schedules": ["linear", "constant"], "schedule_seeds": [0, 1], **_LORA, "lora_seeds": [0, 1], "source_seeds": [0, 1, 2],
-        "experiments": list(_CLASSIC)},
+        "experiments": [*_CLASSIC, "seed_sources"]},
     # stability (issue 31): failures that are instability among seeds of one configuration. 5 lrs x 14 seeds = 70 runs of 40
     # optimizer steps (n_train=160, batch 8, 2 epochs, 32 tokens), 16 held-out probes (32 tokens) embedded every 4 steps and
     # held-out accuracy (48 rows) every 4, so every signal exists at 10/20/30/50% (steps 4/8/12/20).

@@ -16,7 +16,7 @@ from .storage import config_hash
 from .study_folder import load_manifest, write_manifest, write_study_spec
 
 # %% auto #0
-__all__ = ['synthetic_study']
+__all__ = ['synthetic_study', 'synthetic_seed_sources']
 
 # %% ../nbs/14b_synthetic.ipynb #96f737ea
 def _synthetic_lrs(lr: float, schedule: str, total: int) -> np.ndarray:  # (total,) the lr of each step
@@ -107,6 +107,59 @@ def synthetic_study(study_dir: str | Path,     # folder to write (created; must 
     write_study_spec(study_dir, {"profile": "synthetic", "overrides": {}, "experiments": list(design),
                                  "resolved": {"base": _synthetic_config(lrs[0], seeds[0], every), "lrs": list(lrs), "seeds": list(seeds),
                                               "ref_lr": lrs[0], "schedules": ["linear", "constant"]}})
+    return study_dir
+
+# %% ../nbs/14b_synthetic.ipynb #9522d09b
+def _source_direction(cfg: dict, shape: tuple, weights=(1.0, 0.7, 0.5, 0.3)) -> np.ndarray:  # shape: a sum of one field per seed
+    g = lambda s: np.random.default_rng(s).normal(size=shape)
+    seeds = (cfg["init_seed"], 1000 + cfg["order_seed"], 2000 + cfg["subset_seed"], 3000 + cfg["dropout_seed"])
+    return sum(w * g(s) for w, s in zip(weights, seeds))
+
+def synthetic_seed_sources(study_dir: str | Path,  # folder to write (created; must not hold a study)
+                           *,
+                           seeds: tuple[int, ...] = (0, 1, 2),  # seeds of every arm; the first is the common base
+                           lr: float = 5e-5, steps: int = 12, every: int = 3, n_probes: int = 24, dim: int = 8,
+                           n_layers: int = 2, n_pool: int = 64, n_eval: int = 32,
+                          ) -> Path:               # study_dir
+    "A study of the seed_sources experiment alone: synthetic runs with embeddings and held-out class probabilities (see above)."
+    from embvar_study.sweep import SEED_SOURCES
+    study_dir = Path(study_dir); rng = np.random.default_rng(0)
+    base = rng.normal(size=(n_layers + 1, n_probes, dim)) + 3.0
+    long_ = np.arange(n_probes) % 3 == 0
+    probes = pd.DataFrame({"text": [f"probe {i}" for i in range(n_probes)], "sentiment": np.arange(n_probes) % 2,
+                           "length_bucket": np.where(long_, "long", "short")})
+    s0 = seeds[0]
+    cfg = lambda **kw: {**_synthetic_config(lr, s0, every), "order_seed": s0, "subset_seed": s0, **kw}
+    points = ([(src, cfg(**{src: s})) for src in SEED_SOURCES for s in seeds]
+              + [("all", cfg(seed=s, init_seed=s, order_seed=s, subset_seed=s, data_seed=s, dropout_seed=s)) for s in seeds])
+    depth, scale = np.linspace(0.2, 1.0, n_layers + 1)[:, None, None], np.where(long_, 2.0, 1.0)[:, None]
+    rows_all = np.arange(n_pool); labels_all = rows_all % 2
+    done, out = {}, []
+    for factor, c in points:
+        key = config_hash(c)
+        if key not in done:
+            cum = np.concatenate([[0.0], np.cumsum(_synthetic_lrs(lr, "linear", steps))])
+            u = _source_direction(c, (1, n_probes, dim)) * scale
+            rows = np.sort(np.random.default_rng(5000 + c["subset_seed"]).choice(n_pool, n_eval, replace=False))
+            noise = _source_direction(c, (n_pool,))[rows]
+            with RunWriter(study_dir / "runs" / key, c, probes) as w:
+                for s in range(steps + 1):
+                    if s % every and s != steps: continue
+                    emb = base + 40.0 * cum[s] * depth * u
+                    w.save_embeddings(s, {"mean": emb, "cls": 2 * emb})
+                    logit = (2 * labels_all[rows] - 1) * 3e3 * cum[s] + noise
+                    p1 = 1 / (1 + np.exp(-logit))
+                    if s == 0: w.save_array("predictions/examples.npy", np.stack([rows, labels_all[rows]], 1).astype(np.int64))
+                    w.save_array(f"predictions/step_{s:06d}.npy", np.stack([1 - p1, p1], 1).astype(np.float32))
+                    w.log(step=s, flush=False, lr=0.0, eval_acc=float(((p1 > 0.5) == labels_all[rows]).mean()))
+                w.finish(derived={"n_probes": n_probes, "torch_threads": 1})
+            done[key] = key
+        out.append({"factor": factor, **{k: c[k] for k in ("lr", "schedule", "seed", "init_seed", "data_seed", "order_seed",
+                                                            "subset_seed", "dropout_seed", "replicate")},
+                    "run_id": key, "path": f"runs/{key}", "status": "completed", "error": "", "seconds": 0.0, "node": ""})
+    write_manifest(study_dir, "seed_sources", out)
+    write_study_spec(study_dir, {"profile": "synthetic", "overrides": {}, "experiments": ["seed_sources"],
+                                 "resolved": {"base": cfg(), "seeds": list(seeds), "ref_lr": lr, "source_seeds": list(seeds)}})
     return study_dir
 
 # %% ../nbs/14b_synthetic.ipynb #3aba7ce3

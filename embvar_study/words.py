@@ -26,7 +26,8 @@ def format_lr(lr: float | None) -> str:
 
 # %% ../nbs/00a_words.ipynb #36fe44a3
 VALUE_WORDS = {"token_dropout": "token dropout", "typo": "typos", "mc_dropout": "MC dropout", "init_seed": "head seed",
-               "data_seed": "data seed", "dropout_seed": "dropout seed",
+               "data_seed": "data seed", "dropout_seed": "dropout seed", "order_seed": "batch-order seed",
+               "subset_seed": "training-subset seed",
                "builtin": "the built-in probe set", "heldout": "held-out rows"}   # a value the analysis names by its config key -> words
 
 # %% ../nbs/00a_words.ipynb #5a196642

@@ -345,7 +345,7 @@ def test_step0_embeddings_reused_within_a_process_are_the_same_bytes(tmp_path):
 def test_plan_dedups_shared_points_across_experiments():
     prof = get_profile("smoke")
     plan = plan_study(prof)
-    default = [e for e in EXPERIMENT_NAMES if e not in ("stability", "seed_sources")]   # seed_sources: no report section yet
+    default = [e for e in EXPERIMENT_NAMES if e != "stability"]   # seed_sources too: the report has its section
     assert list(dict.fromkeys(plan["experiment"])) == PROFILES["smoke"]["experiments"] == default
     configs = {json.dumps(c, sort_keys=True) for c in plan["config"]}
     assert plan["run_id"].nunique() == len(configs)
@@ -393,3 +393,12 @@ def test_seed_sources_varies_one_source_at_a_time_then_all(name):
         assert set(seeds(p).values()) == {p["seed"]}
     ids = run_ids(prof["base"], grid)
     assert len(set(ids)) == 1 + (len(SEED_SOURCES) + 1) * (len(prof["source_seeds"]) - 1)   # the base run shared by every arm
+
+
+@pytest.mark.parametrize("name, new_runs", [("quick", 6), ("smoke", 8)])
+def test_seed_sources_is_a_default_experiment_and_adds_its_runs(name, new_runs):
+    "quick and smoke run seed_sources by default; it adds the runs no other experiment holds (quick: 6, counted by hand: the order, subset and dropout seeds 1 and 2)."
+    prof = get_profile(name)
+    assert "seed_sources" in prof["experiments"]
+    without = plan_study(prof, [e for e in prof["experiments"] if e != "seed_sources"])
+    assert plan_study(prof)["run_id"].nunique() - without["run_id"].nunique() == new_runs
