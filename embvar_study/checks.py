@@ -29,10 +29,10 @@ def is_tensor(x: object) -> bool:  # True for a torch tensor (any device, dtype 
     return (mod == "torch" or mod.startswith("torch.")) and hasattr(x, "detach")
 
 # %% ../nbs/00_checks.ipynb #0ae1ba4d
-def is_int(v) -> bool: return isinstance(v, (int, np.integer)) and not isinstance(v, bool)   # int or numpy integer, not bool
+def is_int(v: object) -> bool: return isinstance(v, (int, np.integer)) and not isinstance(v, bool)   # int or numpy integer, not bool
 
 # %% ../nbs/00_checks.ipynb #d2d5e032
-def is_real(v) -> bool:   # int, float or numpy number, not bool (NaN and inf included)
+def is_real(v: object) -> bool:   # int, float or numpy number, not bool (NaN and inf included)
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
 
 # %% ../nbs/00_checks.ipynb #179c9a9c

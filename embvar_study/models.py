@@ -346,7 +346,7 @@ def load_model_and_tokenizer(name: str | os.PathLike = "distilbert-base-uncased"
 DROPOUT_CONFIG_KEYS = ("dropout", "attention_dropout", "hidden_dropout_prob", "attention_probs_dropout_prob", "seq_classif_dropout",
                        "classifier_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout", "activation_dropout")
 
-def set_dropout(model,       # a torch module, e.g. from `load_model_and_tokenizer`
+def set_dropout(model: "PreTrainedModel",  # a torch module, e.g. from `load_model_and_tokenizer`
                 rate: float,  # the dropout probability, in [0, 1)
                ) -> dict:    # {"modules": dropout modules set, "attributes": attention_dropout floats set, "config_keys": [...]}
     "Every dropout of `model` set to `rate`: dropout modules, float `attention_dropout` attributes and the config's keys."
