@@ -144,3 +144,16 @@ def test_ensembles_against_loops(arms):
 def test_verdict_reads_the_interval():
     assert [verdict(-1, -0.1), verdict(0.1, 1), verdict(-1, 1), verdict(np.nan, 1)] == \
         [Verdict.REDUCES, Verdict.INCREASES, Verdict.NOT_SHOWN, Verdict.NOT_SHOWN]
+
+
+def test_answers_follow_the_computed_verdicts(arms):
+    "The survey's statements answered from the table: an arm that lowers seed variance supports, one that raises it contradicts."
+    from embvar_study.findings import mitigation_answers
+    me = mitigation_effects({"baseline": arms["baseline"], "batch_32": arms["quiet"], "ema": arms["loud"], "warmup_0": arms["loud"]})
+    es = ensemble_spread(arms["baseline"])
+    a = mitigation_answers(me, es)
+    assert a[0].startswith("**Warmup reduces instability: supported**") and "training without warmup increases" in a[0]
+    assert a[1].startswith("**Larger batches lower variance across seeds: supported**")
+    assert a[2].startswith("**Averaging the weights reduces variance: contradicted**")
+    r = es.query("k == 4 and measure == 'embedding'").iloc[0]
+    assert f"k = 4: the mean embeddings spread {r['ratio']:.3g}x 1/k" in a[3]
