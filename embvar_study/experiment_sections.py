@@ -16,8 +16,9 @@ from .display import Table, Figure
 from .findings import memo, report_options, summary_of, curves_of, last_rows, lora_answer, alarm_note
 
 # %% auto #0
-__all__ = ['section_runs_overview', 'section_runs_seeds', 'section_runs_noise_floor', 'section_experiment', 'experiment_intro',
-           'lora_layer_table', 'section_lora', 'section_mitigations', 'stability_section', 'json_list']
+__all__ = ['EXPERIMENT_FINDINGS', 'section_runs_overview', 'section_runs_seeds', 'section_runs_noise_floor', 'section_experiment',
+           'experiment_intro', 'lora_layer_table', 'section_lora', 'section_mitigations', 'section_experiment_findings',
+           'stability_section', 'json_list']
 
 # %% ../nbs/20c_experiment_sections.ipynb #9374e86f
 def section_runs_overview(study: Study, **o) -> list:
@@ -159,6 +160,13 @@ def section_mitigations(study: Study, **o) -> list:
     return ["\n\n".join(mitigation_answers(me, es)), Figure(P.plot_mitigation_effects(me), "mitigation_effects", alt),
             Table(shown, f"Each arm against the baseline ({raw['n_seeds'].min()} seeds paired): ratio for seed variance, difference for the rest"),
             Table(es, f"Disjoint ensembles of the baseline's {len(arms['baseline'])} runs against 1/k")]
+
+# %% ../nbs/20c_experiment_sections.ipynb #a39c0303
+EXPERIMENT_FINDINGS = {"mitigations": section_mitigations}   # experiments of the shared template with a findings section
+
+def section_experiment_findings(study: Study, experiment: str, **o) -> list:
+    "The findings section of an experiment of the shared template (`EXPERIMENT_FINDINGS`); nothing for the others."
+    return EXPERIMENT_FINDINGS[experiment](study, **o) if experiment in EXPERIMENT_FINDINGS else []
 
 # %% ../nbs/20c_experiment_sections.ipynb #2223f55f
 def _pct(df: pd.DataFrame) -> pd.DataFrame: return df.assign(fraction=[f"{f:.0%}" for f in df["fraction"]])
