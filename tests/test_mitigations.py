@@ -157,3 +157,24 @@ def test_answers_follow_the_computed_verdicts(arms):
     assert a[2].startswith("**Averaging the weights reduces variance: contradicted**")
     r = es.query("k == 4 and measure == 'embedding'").iloc[0]
     assert f"k = 4: the mean embeddings spread {r['ratio']:.3g}x 1/k" in a[3]
+
+
+def test_runs_without_shared_held_out_rows_give_the_reason(tmp_path):
+    "Seeds that hold out disjoint rows: churn and the ensembles' prediction spread are refused with the reason, the rest computed."
+    rng, mu = np.random.default_rng(3), np.zeros((N, D))
+    arms = {a: [] for a in ("baseline", "other")}
+    for s in range(4):
+        for a in arms:
+            folder = tmp_path / f"{a}{s}"
+            with RunWriter(folder, {"seed": s, "arm": a}, [{"text": f"p{i}"} for i in range(N)]) as w:
+                for st, e in ((0, mu + 1), (6, mu + 1 + rng.standard_normal((N, D)))):
+                    w.save_embeddings(st, {"mean": np.stack([e] * 3).astype(np.float32)})
+                w.save_array("predictions/examples.npy", np.c_[np.arange(M) + 1000 * s, np.zeros(M, int)])   # rows of this seed only
+                w.save_array("predictions/step_000006.npy", rng.dirichlet(np.ones(2), size=M).astype(np.float32))
+                w.log(step=6, eval_loss=0.5, eval_acc=0.5); w.finish()
+            arms[a].append(load_run(folder))
+    t = mitigation_effects(arms).set_index("measure")
+    assert np.isnan(t.loc["churn", "effect"]) and "share no held-out example" in t.loc["churn", "method"]
+    assert np.isfinite(t.loc["raw", "ci_low"]) and np.isnan(t.loc["seconds", "effect"]) and "missing" in t.loc["seconds", "method"]
+    es = ensemble_spread(arms["baseline"], sizes=(1, 2)).set_index(["k", "measure"])
+    assert np.isfinite(es.loc[(2, "embedding"), "value"]) and "share no held-out example" in es.loc[(2, "churn"), "method"]
