@@ -16,8 +16,9 @@ from .display import Table, Figure, note_md
 from .findings import memo, report_options, summary_of, curves_of, last_rows, lora_answer, alarm_note
 
 # %% auto #0
-__all__ = ['section_runs_overview', 'section_runs_seeds', 'section_runs_noise_floor', 'section_experiment', 'experiment_intro',
-           'lora_layer_table', 'section_lora', 'stability_section', 'json_list', 'seed_sources_section']
+__all__ = ['EXPERIMENT_FINDINGS', 'section_runs_overview', 'section_runs_seeds', 'section_runs_noise_floor', 'section_experiment',
+           'experiment_intro', 'lora_layer_table', 'section_lora', 'section_mitigations', 'section_experiment_findings',
+           'stability_section', 'json_list', 'seed_sources_section']
 
 # %% ../nbs/20c_experiment_sections.ipynb #9374e86f
 def section_runs_overview(study: Study, **o) -> list:
@@ -142,6 +143,32 @@ def section_lora(study: Study, **o) -> list:
             Table(cmp_, "Each LoRA arm against full fine-tuning: differences LoRA − full of final accuracy and drift (95% intervals over seeds), "
                         "ratio of drifts and of the number of directions"),
             Table(layers, f"Drift from step 0 of every layer at the last step ({o['pooling']} pooling, mean over seeds with its 95% interval; layer 0 = embeddings)")]
+
+# %% ../nbs/20c_experiment_sections.ipynb #a39c0302
+def section_mitigations(study: Study, **o) -> list:
+    "What reduces seed variance: answers, the figure, the table of effects per arm and measure, the ensembles."
+    from embvar_study import mitigations as MI, plots as P
+    from embvar_study.sweep import MITIGATION_ARMS
+    from embvar_study.findings import mitigation_answers
+    o = report_options(**o)
+    arms = {f: study.runs("mitigations", f) for f in MITIGATION_ARMS if (study.manifests["mitigations"]["factor"] == f).any()}
+    me = memo(study, ("mitigations", o["layer"], o["pooling"]), MI.mitigation_effects, arms, "baseline", o["layer"], o["pooling"],
+              weights={"ema": "ema"} if "ema" in arms else None)
+    es = memo(study, ("ensembles", o["layer"], o["pooling"]), MI.ensemble_spread, arms["baseline"], o["layer"], o["pooling"])
+    raw = me[me["measure"] == "raw"]
+    alt = ("Each arm's raw seed variance as a ratio to the baseline's with its interval (log scale), and its held-out accuracy "
+           f"difference beside it; {int((raw['verdict'] == 'reduces').sum())} of {len(raw)} arms reduce it.")
+    shown = me.assign(verdict=me["verdict"].astype(str))
+    return ["\n\n".join(mitigation_answers(me, es)), Figure(P.plot_mitigation_effects(me), "mitigation_effects", alt),
+            Table(shown, f"Each arm against the baseline ({raw['n_seeds'].min()} seeds paired): ratio for seed variance, difference for the rest"),
+            Table(es, f"Disjoint ensembles of the baseline's {len(arms['baseline'])} runs against 1/k")]
+
+# %% ../nbs/20c_experiment_sections.ipynb #a39c0303
+EXPERIMENT_FINDINGS = {"mitigations": section_mitigations}   # experiments of the shared template with a findings section
+
+def section_experiment_findings(study: Study, experiment: str, **o) -> list:
+    "The findings section of an experiment of the shared template (`EXPERIMENT_FINDINGS`); nothing for the others."
+    return EXPERIMENT_FINDINGS[experiment](study, **o) if experiment in EXPERIMENT_FINDINGS else []
 
 # %% ../nbs/20c_experiment_sections.ipynb #2223f55f
 def _pct(df: pd.DataFrame) -> pd.DataFrame: return df.assign(fraction=[f"{f:.0%}" for f in df["fraction"]])

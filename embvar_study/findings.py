@@ -17,8 +17,8 @@ from .words import format_lr, format_value, interval_text, percent, points, per_
 __all__ = ['COLLAPSE_GAP', 'LORA_EQUAL_ACCURACY', 'FINDING_ORDER', 'memo', 'report_options', 'summary_of', 'curves_of',
            'last_rows', 'reference_of', 'reference_differences', 'schedule_effects_of', 'collapse_of',
            'gaps_have_intervals', 'collapse_verdict', 'collapse_answer', 'compare_intervals', 'lora_verdicts',
-           'lora_answer', 'lora_finding', 'alarm_note', 'reference_words', 'key_findings', 'findings', 'truncation_row',
-           'truncation_table', 'limitations']
+           'lora_answer', 'mitigation_answers', 'lora_finding', 'alarm_note', 'reference_words', 'key_findings',
+           'findings', 'truncation_row', 'truncation_table', 'limitations']
 
 # %% ../nbs/20a_findings.ipynb #784b5339
 def memo(study: Study, key: tuple, fn: Callable, *args, **kwargs) -> object:
@@ -166,6 +166,40 @@ def lora_answer(lc: pd.DataFrame) -> str:  # Markdown
     q = "**Does LoRA drift less than full fine-tuning at equal held-out accuracy?**"
     parts = [f"{a}: {w}" for a, _, w in lora_verdicts(lc)]
     return f"{q} " + "; ".join(parts) + "." if parts else f"{q} No LoRA arm to compare."
+
+# %% ../nbs/20a_findings.ipynb #a39c0202
+def _ratio_words(me: pd.DataFrame, arm: str) -> tuple[str, str] | None:  # (verdict, "0.5x [0.3, 0.8]") of an arm's raw ratio
+    r = me[(me["arm"] == arm) & (me["measure"] == "raw")]
+    if r.empty: return None
+    r = r.iloc[0]
+    iv = f" {interval_text(r['ci_low'], r['ci_high'])}" if np.isfinite(r["ci_low"]) else " (no interval)"
+    return str(r["verdict"]), f"{format_value(r['effect'])}x the baseline's{iv}, {r['n_seeds']} seeds paired"
+
+def mitigation_answers(me: pd.DataFrame,               # mitigations.mitigation_effects
+                       es: pd.DataFrame | None = None,  # mitigations.ensemble_spread of the baseline's runs
+                      ) -> list[str]:                  # one Markdown sentence per statement
+    "The survey's statements on what reduces seed variance, each answered by the computed verdicts of the raw seed-variance ratio."
+    out, ans = [], {"reduces": "supported", "increases": "contradicted", "not shown": "not shown"}
+    verb = {"reduces": "reduces", "increases": "increases", "not shown": "shows no effect on"}
+    w0, w2 = _ratio_words(me, "warmup_0"), _ratio_words(me, "warmup_0.2")
+    if w0 or w2:
+        v = ("supported" if (w0 and w0[0] == "increases") or (w2 and w2[0] == "reduces") else
+             "contradicted" if (w0 and w0[0] == "reduces") or (w2 and w2[0] == "increases") else "not shown")
+        parts = [f"training without warmup {verb[w[0]]} seed variance ({w[1]})" for w in [w0] if w] + [
+                 f"warmup over 20% of steps {verb[w[0]]} it ({w[1]})" for w in [w2] if w]
+        out.append(f"**Warmup reduces instability: {v}** at the final step: " + "; ".join(parts) + ".")
+    for arm, claim in (("batch_32", "Larger batches lower variance across seeds"), ("ema", "Averaging the weights reduces variance")):
+        w = _ratio_words(me, arm)
+        if w: out.append(f"**{claim}: {ans[w[0]]}**: the {arm} arm {verb[w[0]]} the raw seed variance ({w[1]}).")
+    if es is not None and len(es):
+        e = es[(es["measure"].isin(["embedding", "churn"])) & (es["k"] > 1)]
+        done, refused = e[np.isfinite(e["ratio"])], e[~np.isfinite(e["ratio"])]
+        if len(done):
+            out.append("**Ensembles reduce variance as 1/k**, measured without an interval: " + "; ".join(
+                f"k = {r.k}: the {'mean embeddings' if r.measure == 'embedding' else 'labels (churn)'} spread "
+                f"{format_value(r.ratio)}x 1/k of one run's ({r.n_ensembles} ensembles)" for r in done.itertuples()) + ".")
+        if len(refused): out.append(f"Ensembles of {', '.join(map(str, sorted(set(refused['k']))))} runs: {refused['method'].iloc[0]}.")
+    return out
 
 # %% ../nbs/20a_findings.ipynb #919905b7
 def lora_finding(lc: pd.DataFrame) -> str:  # one sentence

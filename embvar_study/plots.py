@@ -18,8 +18,8 @@ from .words import format_lr, value_label
 # %% auto #0
 __all__ = ['CANONICAL_LRS', 'FIXED_COLOURS', 'SCHEDULE_STYLES', 'group_label', 'palette', 'tracked_ticks', 'spread',
            'log_if_spread', 'plot_drift_and_loss', 'plot_layer_heatmaps', 'plot_seed_variance', 'plot_seed_sources',
-           'colour_range', 'plot_matrices', 'plot_spectra', 'plot_perturbation', 'plot_mitigation', 'plot_schedule',
-           'plot_early_stopping', 'plot_within_auc']
+           'colour_range', 'plot_matrices', 'plot_spectra', 'plot_perturbation', 'plot_mitigation',
+           'plot_mitigation_effects', 'plot_schedule', 'plot_early_stopping', 'plot_within_auc']
 
 # %% ../nbs/20_plots.ipynb #e1ec5063
 def group_label(by: str, value: object) -> str:
@@ -240,6 +240,24 @@ def plot_mitigation(mt: pd.DataFrame) -> plt.Figure:  # analysis.mitigation_tabl
     ax.axhline(1, color="grey", lw=0.8)
     ax.set(xlabel="checkpoints (m) or seeds (s) averaged", ylabel="relative seed dispersion", title="Mitigations", ylim=(0, None))
     ax.set_xticks(sorted(mt["size"].unique())); ax.legend(frameon=False)
+    return fig
+
+# %% ../nbs/20_plots.ipynb #a39c0102
+def plot_mitigation_effects(me: pd.DataFrame) -> plt.Figure:  # mitigations.mitigation_effects
+    "Each arm's seed-variance ratio to the baseline (log scale) with its interval, and its accuracy difference beside it."
+    raw = me[me["measure"] == "raw"].reset_index(drop=True)
+    acc = me[me["measure"] == "accuracy"].set_index("arm").reindex(raw["arm"]).reset_index()
+    y = np.arange(len(raw))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(8.5, 0.4 * len(raw) + 1.6), sharey=True, constrained_layout=True)
+    for ax, t, null in ((a1, raw, 1.0), (a2, acc, 0.0)):
+        v, lo, hi = (t[c].to_numpy(float) for c in ("effect", "ci_low", "ci_high"))
+        ok = np.isfinite(lo) & np.isfinite(hi)
+        ax.errorbar(v[ok], y[ok], xerr=np.vstack([v - lo, hi - v])[:, ok], fmt="o", color="C0", capsize=3)
+        ax.plot(v[~ok], y[~ok], "o", mfc="none", color="C0")
+        ax.axvline(null, color="grey", lw=0.8)
+    a1.set_xscale("log"); a1.set_yticks(y, raw["arm"]); a1.invert_yaxis()
+    a1.set(xlabel="seed variance (raw), ratio to the baseline", title="Seed variance")
+    a2.set(xlabel="held-out accuracy, arm - baseline", title="Accuracy")
     return fig
 
 # %% ../nbs/20_plots.ipynb #9af74eff

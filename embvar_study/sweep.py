@@ -18,18 +18,34 @@ from .study_folder import study_lock, write_study_spec, read_study_spec, write_m
 from .study import format_lr
 
 # %% auto #0
-__all__ = ['EXPERIMENT_NAMES', 'SEED_SOURCES', 'STABILITY_FAILURE', 'PROFILES', 'PROFILE_KEYS', 'EXECUTORS', 'suggest',
-           'check_profile_name', 'get_profile', 'expand_grid', 'experiment_grid', 'plan_study', 'check_plan_data',
-           'execute_plan', 'check_experiments', 'ray_options', 'run_study', 'run_experiment', 'run_sweep']
+__all__ = ['EXPERIMENT_NAMES', 'SEED_SOURCES', 'STABILITY_FAILURE', 'MITIGATION_BASE', 'MITIGATION_ARMS', 'PROFILES',
+           'PROFILE_KEYS', 'EXECUTORS', 'suggest', 'check_profile_name', 'get_profile', 'expand_grid',
+           'experiment_grid', 'plan_study', 'check_plan_data', 'execute_plan', 'check_experiments', 'ray_options',
+           'run_study', 'run_experiment', 'run_sweep']
 
 # %% ../nbs/15_sweep.ipynb #f10dbc4a
 _CLASSIC = ("lr_sweep", "seed_sweep", "perturbation", "crossed", "lr_extended", "schedule", "lora")
-EXPERIMENT_NAMES = _CLASSIC + ("stability", "seed_sources")
+EXPERIMENT_NAMES = _CLASSIC + ("stability", "seed_sources", "mitigations")
 SEED_SOURCES = ("init_seed", "order_seed", "subset_seed", "dropout_seed")   # seed_sources varies each alone, then all four
 # stability: when a run counts as failed, fixed BEFORE the runs and recorded in study.json (resolved.failure)
 STABILITY_FAILURE = {"rule": "accuracy", "chance": "majority-class share of the held-out rows", "delta": 0.05, "diverge_factor": 10,
                      "text": "a run fails if it diverged (training loss non-finite or above 10 x the first step's) or its final "
                              "held-out accuracy is not above the majority-class share + 0.05"}
+# mitigations (issue 39): the survey's mitigations, each an arm against one baseline, every arm over the same
+# mitigation_seeds (>= 5). The baseline is the profile's base at mitigation_lr = 5e-4, the lr sweep's higher rate: the
+# rate at which that sweep's seeds end furthest apart, so the one where there is seed variance for a mitigation to
+# remove (at 5e-5 the runs barely leave their start); batch size 8 and the base's warmup (0.06, the default) and weight
+# decay (0.01, the default). The seed varies the head's initialisation, the batch order and dropout; the training subset
+# and held-out rows are fixed (subset_seed = mitigation_seeds[0]) so churn compares every run on the same examples. Every arm keeps an exponential moving average of its weights (decay 0.9: a window of about
+# 10 optimizer steps, the quick runs take 24), so the "ema" arm is the baseline's own runs read with weights="ema"
+# (the model's embeddings are bit-identical with and without the average). batch_32 trains at batch 32 for the same
+# epochs (4x fewer steps) at the same, unscaled, learning rate.
+MITIGATION_BASE = {"batch_size": 8, "ema_decay": 0.9}
+MITIGATION_ARMS = {"baseline": {}, "warmup_0": {"warmup_ratio": 0.0}, "warmup_0.2": {"warmup_ratio": 0.2},
+                   "weight_decay_0": {"weight_decay": 0.0}, "weight_decay_0.1": {"weight_decay": 0.1},
+                   "batch_32": {"batch_size": 32}, "dropout_0": {"dropout": 0.0}, "label_smoothing_0.1": {"label_smoothing": 0.1},
+                   "ema": {}}                  # the baseline's runs, their averaged weights
+_MIT = {"mitigation_lr": 5e-4, "mitigation_seeds": [0, 1, 2, 3, 4]}
 _LORA = {"lora_ranks": [8, 64], "lora_lr": 5e-4}   # LoRA at the rate it is used at (see the lora experiment)
 _PERTURB = dict(perturb_kinds=["token_dropout", "typo", "mc_dropout"])
 
@@ -40,7 +56,7 @@ PROFILES: dict[str, dict] = {
         "lrs": [5e-5, 5e-4], "seeds": [0, 1, 2, 3, 4], "ref_lr": 5e-5, "head_seeds": [0, 1, 2, 3, 4], "data_seeds": [0, 1, 2, 3, 4],
         "perturb": dict(_PERTURB, perturb_k=16), "crossed_seeds": [0, 1, 2],
         "extended_lrs": [1e-5, 3e-5, 5e-5, 1e-4, 2e-4, 5e-4], "extended_seeds": [0, 1, 2],
-        "schedules": ["linear", "constant", "cosine"], "schedule_seeds": [0, 1, 2], **_LORA, "lora_seeds": [0, 1, 2], "source_seeds": [0, 1, 2, 3, 4],
+        "schedules": ["linear", "constant", "cosine"], "schedule_seeds": [0, 1, 2], **_LORA, "lora_seeds": [0, 1, 2], "source_seeds": [0, 1, 2, 3, 4], **_MIT,
         "experiments": list(_CLASSIC)},
     # seed_sources (issue 38): from the common base (every seed = seeds[0]), each of SEED_SOURCES alone over source_seeds,
     # then all four together: 3 runs per arm at least, so every jackknife interval over runs exists (coverage simulated at
@@ -55,7 +71,7 @@ PROFILES: dict[str, dict] = {
         "lrs": [5e-5, 5e-4], "seeds": [0, 1, 2, 3, 4], "ref_lr": 5e-5, "head_seeds": [0, 1, 2], "data_seeds": [0, 1, 2],
         "perturb": dict(_PERTURB, perturb_k=6), "crossed_seeds": [0, 1],
         "extended_lrs": [1e-5, 5e-5, 2e-4, 5e-4], "extended_seeds": [0, 1],
-        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], **_LORA, "lora_seeds": [0, 1, 2], "source_seeds": [0, 1, 2],
+        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], **_LORA, "lora_seeds": [0, 1, 2], "source_seeds": [0, 1, 2], **_MIT,
         "experiments": [*_CLASSIC, "seed_sources"]},
     "reviews": {
         "base": dict(model="minilm-offline", dataset=None, probes="heldout", n_probes=48, n_train=160, n_eval=48, epochs=2,
@@ -63,7 +79,7 @@ PROFILES: dict[str, dict] = {
         "lrs": [5e-5, 5e-4], "seeds": [0, 1, 2, 3, 4], "ref_lr": 5e-5, "head_seeds": [0, 1, 2], "data_seeds": [0, 1, 2],
         "perturb": dict(_PERTURB, perturb_k=4), "crossed_seeds": [0, 1],
         "extended_lrs": [1e-5, 5e-5, 2e-4, 5e-4], "extended_seeds": [0, 1],
-        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], **_LORA, "lora_seeds": [0, 1, 2], "source_seeds": [0, 1, 2],
+        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1, 2], **_LORA, "lora_seeds": [0, 1, 2], "source_seeds": [0, 1, 2], **_MIT,
         "experiments": ["lr_sweep", "schedule", "seed_sources"]},
     "smoke": {
         "base": dict(model="tiny-distilbert", dataset="bundled", n_train=64, n_eval=32, epochs=1, batch_size=16,
@@ -71,7 +87,7 @@ PROFILES: dict[str, dict] = {
         "lrs": [5e-5, 5e-4], "seeds": [0, 1], "ref_lr": 5e-5, "head_seeds": [0, 1], "data_seeds": [0, 1],
         "perturb": dict(_PERTURB, perturb_k=4), "crossed_seeds": [0, 1],
         "extended_lrs": [5e-5, 5e-4, 5e-3], "extended_seeds": [0, 1],
-        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1], **_LORA, "lora_seeds": [0, 1], "source_seeds": [0, 1, 2],
+        "schedules": ["linear", "constant"], "schedule_seeds": [0, 1], **_LORA, "lora_seeds": [0, 1], "source_seeds": [0, 1, 2], **_MIT,
         "experiments": [*_CLASSIC, "seed_sources"]},
     # stability (issue 31): failures that are instability among seeds of one configuration. 5 lrs x 14 seeds = 70 runs of 40
     # optimizer steps (n_train=160, batch 8, 2 epochs, 32 tokens), 16 held-out probes (32 tokens) embedded every 4 steps and
@@ -91,11 +107,12 @@ PROFILES: dict[str, dict] = {
                      batch_size=8, max_length=32, probe_max_length=32, track_every=4, eval_every=4, warmup_ratio=0.06),
         "lrs": [3e-4, 4e-4, 5e-4, 6e-4, 7e-4], "seeds": list(range(14)), "ref_lr": 3e-4, "head_seeds": [0], "data_seeds": [0],
         "perturb": dict(_PERTURB, perturb_k=4), "crossed_seeds": [0], "extended_lrs": [3e-4], "extended_seeds": [0],
-        "schedules": ["linear"], "schedule_seeds": [0], **_LORA, "lora_seeds": [0], "source_seeds": [0], "experiments": ["stability"], "failure": STABILITY_FAILURE},
+        "schedules": ["linear"], "schedule_seeds": [0], **_LORA, "lora_seeds": [0], "source_seeds": [0], **_MIT, "experiments": ["stability"], "failure": STABILITY_FAILURE},
 
 }
 PROFILE_KEYS = ("lrs", "seeds", "ref_lr", "head_seeds", "data_seeds", "perturb", "crossed_seeds", "extended_lrs",
-                "extended_seeds", "schedules", "schedule_seeds", "lora_ranks", "lora_lr", "lora_seeds", "source_seeds", "experiments")
+                "extended_seeds", "schedules", "schedule_seeds", "lora_ranks", "lora_lr", "lora_seeds", "source_seeds", "mitigation_lr",
+                "mitigation_seeds", "experiments")
 
 # %% ../nbs/15_sweep.ipynb #7bbbbe03
 def suggest(name: str, valid: "Iterable[str]") -> str:
@@ -116,7 +133,7 @@ def _check_grid_keys(prof: dict):
     lr_ok = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
     seed_ok = lambda v: isinstance(v, int) and is_seed(v)
     kinds = ((("lrs", "extended_lrs"), lr_ok, "positive learning rates"),
-             (("seeds", "head_seeds", "data_seeds", "crossed_seeds", "extended_seeds", "schedule_seeds", "lora_seeds", "source_seeds"), seed_ok, f"seeds (integers in [0, {SEED_MAX}])"),
+             (("seeds", "head_seeds", "data_seeds", "crossed_seeds", "extended_seeds", "schedule_seeds", "lora_seeds", "source_seeds", "mitigation_seeds"), seed_ok, f"seeds (integers in [0, {SEED_MAX}])"),
              (("lora_ranks",), lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "LoRA ranks (integers >= 1)"),
              (("schedules",), lambda v: v in ("linear", "constant", "cosine"), "schedules (linear, constant, cosine)"),
              (("experiments",), lambda v: v in EXPERIMENT_NAMES, f"experiment names {list(EXPERIMENT_NAMES)}"))
@@ -125,7 +142,7 @@ def _check_grid_keys(prof: dict):
             v = prof[key]
             if not isinstance(v, list) or not v or not all(ok(x) for x in v):
                 raise ValueError(f"{key}: expected a non-empty list of {what}, got {v!r}")
-    for key in ("ref_lr", "lora_lr"):
+    for key in ("ref_lr", "lora_lr", "mitigation_lr"):
         if not lr_ok(prof[key]): raise ValueError(f"{key}: expected a positive learning rate, got {prof[key]!r}")
     if not isinstance(prof["perturb"], dict): raise ValueError(f"perturb: expected a dict of run fields, got {prof['perturb']!r}")
     TrainConfig.from_dict({**prof["base"], **prof["perturb"]})
@@ -180,6 +197,9 @@ def experiment_grid(profile: dict,  # from get_profile
                              expand_grid(p["base"], {"lr": p["lrs"], "schedule": p["schedules"], "seed": p["schedule_seeds"]})],
         "seed_sources": lambda: ([{"factor": src, **fixed(**{src: s})} for src in SEED_SOURCES for s in p["source_seeds"]]
                                  + [{"factor": "all", **fixed(seed=s, init_seed=s, data_seed=s, dropout_seed=s)} for s in p["source_seeds"]]),
+        "mitigations": lambda: [{"factor": arm, "lr": p["mitigation_lr"], "seed": s, "subset_seed": p["mitigation_seeds"][0],
+                                 **MITIGATION_BASE, **change}
+                                for arm, change in MITIGATION_ARMS.items() for s in p["mitigation_seeds"]],
         "stability": lambda: [{"factor": "lr", **g} for g in expand_grid(p["base"], {"lr": p["lrs"], "seed": p["seeds"]})],
         "lora": lambda: ([{"factor": "full", **g} for g in expand_grid(p["base"], {"lr": [p["ref_lr"]], "seed": p["lora_seeds"]})]
                          + [{"factor": f"lora_r{r}", **g} for r in p["lora_ranks"]

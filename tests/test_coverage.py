@@ -442,3 +442,56 @@ def test_shared_penalty_band_under_no_increment():
         r = incremental_value(sig).iloc[0]; adds += r["low"] > 0; zero += r["low"] <= 0 <= r["high"]
     _report(f"increment band, penalty chosen in the folds (no increment; 'adds information' in {adds / B:.1%})", f"{STAB_SEEDS} seeds x 3 rates", zero / B, B)
     assert adds / B <= 0.05 and zero / B >= 0.92
+
+
+# ------------------------------------------------------------------ mitigations: an arm against the baseline, seeds paired
+def _paired_spreads(K: int, n: int, seed: int, het: float, rho: float, a: float = 1.0, b: float = 0.6, N: int = 20, d: int = 8):
+    """n studies of K seeds x (baseline, arm): runs spread around shared probes with sd a (baseline) and b (arm), the arm's
+    run of a seed correlated rho with the baseline's, and each seed's run-level scale s (E s^2 = 1, var het) shared by both."""
+    rng = np.random.default_rng(seed)
+    mu = rng.standard_normal((N, d))
+    s = np.sqrt(rng.gamma(1 / het, het, (n, K, 1, 1))) if het else np.ones((n, K, 1, 1))
+    Z, W = rng.standard_normal((2, n, K, N, d))
+    return mu + a * s * Z, mu + b * s * (rho * Z + math.sqrt(1 - rho ** 2) * W), (b / a) ** 2
+
+
+@pytest.mark.parametrize("C", [5, 8])
+@pytest.mark.parametrize("het, rho", [(0.0, 0.5), (0.5, 0.5), (1.0, 0.9), (1.0, 0.0)])
+def test_mitigation_seed_variance_ratio_covers(C, het, rho):
+    "The raw seed-variance ratio arm / baseline: log-ratio jackknife over seed pairs (mitigations.paired_pair_effect)."
+    from embvar_study.mitigations import paired_pair_effect
+    from embvar_study.replicates import pair_values
+    X, Y, truth = _paired_spreads(C, N_STUDIES, 7 * C + int(10 * het + rho), het, rho)
+    r = paired_pair_effect(pair_values(X)["raw"], pair_values(Y)["raw"], C, ratio=True)
+    cover = _covered(r["low"], r["high"], truth)
+    _report(f"seed-variance ratio, run-level scale var {het}, pair correlation {rho}", C, cover, N_STUDIES)
+    assert 0.93 <= cover <= 0.97
+
+
+@pytest.mark.parametrize("C", [5, 8])
+def test_mitigation_seed_variance_difference_undercovers(C):
+    "Why the ratio: the difference of the two spreads, jackknifed the same way, covers < 93% when seeds differ in scale."
+    from embvar_study.mitigations import paired_pair_effect
+    from embvar_study.replicates import pair_values
+    X, Y, _ = _paired_spreads(C, N_STUDIES, 11 * C, 1.0, 0.9)
+    r = paired_pair_effect(pair_values(X)["raw"], pair_values(Y)["raw"], C, ratio=False)
+    cover = _covered(r["low"], r["high"], 8 * (0.6 ** 2 - 1.0))      # d (b^2 - a^2), E s^2 = 1
+    _report("seed-variance difference, run-level scale var 1.0", C, cover, N_STUDIES)
+    assert cover < 0.93
+
+
+@pytest.mark.parametrize("C", [5, 8])
+def test_mitigation_churn_difference_covers(C):
+    """Churn difference arm - baseline: each run mislabels example m when its seed's uniform U < q_m (the same U in both arms,
+    so a seed's runs are paired); examples differ in difficulty q_m; true churn 2 q (1 - q) averaged over examples."""
+    from embvar_study.mitigations import paired_pair_effect
+    rng, M = np.random.default_rng(100 + C), 50
+    q = rng.beta(2, 8, M)                                                # the baseline's per-example error rate; the arm's half
+    U = rng.random((N_STUDIES, C, M))
+    fb, fa = U < q, U < q / 2
+    i, j = np.triu_indices(C, k=1)
+    r = paired_pair_effect((fb[:, i] != fb[:, j]).mean(-1), (fa[:, i] != fa[:, j]).mean(-1), C, ratio=False)
+    truth = (2 * (q / 2) * (1 - q / 2)).mean() - (2 * q * (1 - q)).mean()
+    cover = _covered(r["low"], r["high"], truth)
+    _report("churn difference", C, cover, N_STUDIES)
+    assert 0.93 <= cover <= 0.97
