@@ -4,7 +4,7 @@
 
 # %% ../nbs/16c_mitigations.ipynb #b25eef3a
 from __future__ import annotations
-from enum import StrEnum
+from enum import Enum
 import numpy as np
 import pandas as pd
 
@@ -20,11 +20,12 @@ __all__ = ['MITIGATION_MEASURES', 'MITIGATION_COLUMNS', 'PAIRED_JACKKNIFE', 'ENS
            'paired_runs', 'run_values', 'paired_pair_effect', 'arm_effects', 'mitigation_effects', 'ensemble_spread']
 
 # %% ../nbs/16c_mitigations.ipynb #09b2f6a0
-class Verdict(StrEnum):
+class Verdict(str, Enum):   # a str (Python 3.10 has no StrEnum): compares and joins as its value
     "What an arm does to a measure, by its interval: reduces, increases or not shown."
     REDUCES = "reduces"
     INCREASES = "increases"
     NOT_SHOWN = "not shown"
+    def __str__(self) -> str: return self.value   # in f-strings and str(), the word (as StrEnum, 3.11+)
 
 def verdict(low: float, high: float,  # the interval of the effect; NaN: no interval
             null: float = 0.0,        # no effect: 0 for a difference, 1 for a ratio
@@ -48,7 +49,7 @@ def paired_runs(base: RunSet | list, arm: RunSet | list) -> tuple[list, list, li
     return common, [sides[0][s] for s in common], [sides[1][s] for s in common]
 
 # %% ../nbs/16c_mitigations.ipynb #58d324e1
-def run_values(run, layer: int = -1, pooling: str = "mean", weights: str = "model") -> dict:
+def run_values(run: "Run", layer: int = -1, pooling: str = "mean", weights: str = "model") -> dict:
     "One run's final embeddings (N, d), last held-out accuracy, final drift from step 0 and compute seconds (NaN when not kept)."
     steps = run.steps if weights == "model" else np.array(sorted(run.ema["steps"])) if weights == "ema" and run.ema else None
     if steps is None: raise ValueError(f"weights: expected one of {run.weights} (saved in {run.path}), got {weights!r}")
