@@ -8,6 +8,7 @@ from enum import Enum
 import numpy as np
 import pandas as pd
 
+from .runs import Run
 from .study import RunSet
 from .study_folder import NotComputed
 from .replicates import REPLICATE_MIN_RUNS, aligned_spread, jackknife_t, pair_jackknife, pair_values
