@@ -65,7 +65,7 @@ def prediction_churn(runs: RunSet | list,       # replicate runs that evaluate o
     pairs = (y[ia] != y[ib]).mean(-1)                                               # (P,) share of examples each pair disagrees on
     base = {"step": sp["step"], "n_runs": K, "n_examples": y.shape[1]}
     if K >= REPLICATE_MIN_RUNS:
-        ci = jackknife_t(*pair_jackknife(pairs, K), confidence)
+        ci = jackknife_t(*pair_jackknife(pairs, K), confidence, (0.0, 1.0))   # a share: clipped to [0, 1]
         churn = {"measure": "churn", **base, "value": float(pairs.mean()), "ci_low": float(ci["low"]), "ci_high": float(ci["high"]),
                  "method": ci["note"]}
     else:

@@ -13,11 +13,12 @@ from .align import generalized_procrustes
 from .similarity import linear_cka, knn_overlap
 
 # %% auto #0
-__all__ = ['REPLICATE_MEASURES', 'REPLICATE_MIN_RUNS', 'SUBSET_MEASURES', 'pair_values', 'pair_jackknife', 'jackknife_t',
-           'row_space', 'aligned_spread', 'replicate_spread', 'subset_spread']
+__all__ = ['REPLICATE_MEASURES', 'MEASURE_RANGE', 'REPLICATE_MIN_RUNS', 'SUBSET_MEASURES', 'pair_values', 'pair_jackknife',
+           'jackknife_t', 'row_space', 'aligned_spread', 'replicate_spread', 'subset_spread']
 
 # %% ../nbs/04c_replicates.ipynb #88e949b5
 REPLICATE_MEASURES = ("raw", "aligned", "cka_dissimilarity", "knn_overlap")   # the rows of `replicate_spread`, in order
+MEASURE_RANGE = {"raw": (0.0, np.inf), "aligned": (0.0, np.inf), "cka_dissimilarity": (0.0, 1.0), "knn_overlap": (0.0, 1.0)}   # possible values
 
 def pair_values(X: ArrayLike,   # (..., K, N, d) the same N probes embedded by K >= 2 runs
                 k: int = 10,    # neighbours for the k-NN overlap (capped at N-1)
@@ -48,16 +49,19 @@ def pair_jackknife(P: ArrayLike,  # (..., K(K-1)/2) one value per pair of runs i
 def jackknife_t(estimate: ArrayLike,       # (...) the statistic on all K runs
                 leave_one_out: ArrayLike,  # (..., K) the statistic without run k
                 confidence: float = 0.95,  # nominal coverage
+                bounds: tuple = (-np.inf, np.inf),  # the statistic's possible range: the interval is clipped to it
                ) -> dict:                  # low, high, se (arrays of the estimate's shape), note (str)
-    "Delete-one jackknife t interval over runs: estimate +- t_{K-1} se_J."
+    "Delete-one jackknife t interval over runs: estimate +- t_{K-1} se_J, clipped to `bounds`."
     loo, confidence = np.asarray(leave_one_out, dtype=np.float64), check_confidence(confidence)
     K = loo.shape[-1]
     check_at_least(K, REPLICATE_MIN_RUNS, "leave_one_out", "runs along the last axis")
     se = np.sqrt((K - 1) / K * ((loo - loo.mean(-1, keepdims=True)) ** 2).sum(-1))
     h = _sps.t.ppf(0.5 + confidence / 2, K - 1) * se
     est = np.asarray(estimate, dtype=np.float64)
-    return {"low": est - h, "high": est + h, "se": se,
-            "note": f"{100 * confidence:g}% delete-one jackknife t interval over {K} runs ({K - 1} df), the run as the unit"}
+    lo, hi = np.clip(est - h, *bounds), np.clip(est + h, *bounds)   # the truth is in range: clipping keeps the coverage
+    clip = f", clipped to the measure's range [{bounds[0]:g}, {bounds[1]:g}]" if np.isfinite(bounds).any() else ""
+    return {"low": lo, "high": hi, "se": se,
+            "note": f"{100 * confidence:g}% delete-one jackknife t interval over {K} runs ({K - 1} df), the run as the unit{clip}"}
 
 # %% ../nbs/04c_replicates.ipynb #cca60ff9
 def row_space(X: np.ndarray,  # (..., N, d) configurations
@@ -94,13 +98,13 @@ def replicate_spread(X: ArrayLike,               # (K, N, d) the same N probes e
     K, c, jk = x.shape[0], (x.shape[0] - 1) / x.shape[0], x.shape[0] >= REPLICATE_MIN_RUNS
     p = pair_values(x, k)
     est = {m: p[m].mean() for m in p}
-    ci = {m: jackknife_t(*pair_jackknife(p[m], K), confidence) if jk else None for m in p}
+    ci = {m: jackknife_t(*pair_jackknife(p[m], K), confidence, MEASURE_RANGE[m]) if jk else None for m in p}
     if ci["raw"] is not None: ci["raw"] = {**ci["raw"], "low": c * ci["raw"]["low"], "high": c * ci["raw"]["high"]}
     al = aligned_spread(x)
     al_ci = None
     if jk:                                                             # leave-one-out GPA fits, on the unbiased scale
         loo = np.array([aligned_spread(np.delete(x, i, 0)) * (K - 1) / (K - 2) for i in range(K)])
-        r = jackknife_t(al / c, loo, confidence)
+        r = jackknife_t(al / c, loo, confidence, MEASURE_RANGE["aligned"])
         al_ci = {**r, "low": c * r["low"], "high": c * r["high"]}
     return [_row("raw", c * est["raw"], ci["raw"], K), _row("aligned", al, al_ci, K),
             _row("cka_dissimilarity", est["cka_dissimilarity"], ci["cka_dissimilarity"], K),
@@ -132,7 +136,7 @@ def subset_spread(X: ArrayLike,              # (K, N, d) the same N probes embed
         for m in SUBSET_MEASURES:
             v, d = c[m] * pin[m].mean(), c[m] * (pin[m] - pout[m]).mean()
             if K >= REPLICATE_MIN_RUNS:
-                ci, cd = (jackknife_t(*pair_jackknife(q, K), confidence) for q in (pin[m], pin[m] - pout[m]))
+                ci, cd = (jackknife_t(*pair_jackknife(q, K), confidence, b) for q, b in ((pin[m], MEASURE_RANGE[m]), (pin[m] - pout[m], (-np.inf, np.inf))))
                 lo, hi, dlo, dhi, how = c[m] * ci["low"], c[m] * ci["high"], c[m] * cd["low"], c[m] * cd["high"], ci["note"]
             else:
                 lo = hi = dlo = dhi = np.nan

@@ -188,3 +188,22 @@ def test_seed_variance_by_class(seeds):
         assert row["n_probes"] == (lab == grp).sum() and row["n_runs"] == len(seeds)
     with pytest.raises(ValueError, match=r"^by: expected a probe column \(sentiment\), got 'length_bucket'"):
         seed_variance_by(seeds, "length_bucket")
+
+
+def test_intervals_are_clipped_to_the_measures_range_and_keep_every_in_range_value():
+    "Clipping to the possible range never drops a value the t interval held inside that range: the coverage is kept."
+    from embvar_study.replicates import MEASURE_RANGE, jackknife_t, pair_jackknife, pair_values, replicate_spread
+    rng = np.random.default_rng(11)
+    clipped_any = False
+    for _ in range(40):
+        X = rng.standard_normal((8, 4)) + rng.uniform(0.001, 0.5) * rng.standard_normal((3, 8, 4))   # 3 runs: wide t intervals
+        t = pd.DataFrame(replicate_spread(X, k=3)).set_index("measure")
+        p = pair_values(X, k=3)
+        for m in ("cka_dissimilarity", "knn_overlap"):
+            raw = jackknife_t(*pair_jackknife(p[m], 3))                      # unclipped
+            lo, hi = MEASURE_RANGE[m]
+            assert lo <= t.loc[m, "ci_low"] <= t.loc[m, "ci_high"] <= hi
+            assert np.isclose(t.loc[m, "ci_low"], max(lo, raw["low"])) and np.isclose(t.loc[m, "ci_high"], min(hi, raw["high"]))
+            clipped_any |= bool(raw["low"] < lo or raw["high"] > hi)
+        assert t.loc["raw", "ci_low"] >= 0 and t.loc["aligned", "ci_low"] >= 0
+    assert clipped_any   # the case occurs: the test exercises the clip
