@@ -9,6 +9,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from .mitigations import MITIGATION_MARGIN
 from .study import Study
 from .study_folder import NotComputed
 from .words import format_lr, format_value, interval_text, percent, points, per_run, range_words
@@ -172,6 +173,7 @@ def _ratio_words(me: pd.DataFrame, arm: str) -> tuple[str, str] | None:  # (verd
     r = me[(me["arm"] == arm) & (me["measure"] == "raw")]
     if r.empty: return None
     r = r.iloc[0]
+    if not np.isfinite(r["effect"]): return str(r["verdict"]), str(r["method"])
     iv = f" {interval_text(r['ci_low'], r['ci_high'])}" if np.isfinite(r["ci_low"]) else " (no interval)"
     return str(r["verdict"]), f"{format_value(r['effect'])}x the baseline's{iv}, {r['n_seeds']} seeds paired"
 
@@ -179,8 +181,10 @@ def mitigation_answers(me: pd.DataFrame,               # mitigations.mitigation_
                        es: pd.DataFrame | None = None,  # mitigations.ensemble_spread of the baseline's runs
                       ) -> list[str]:                  # one Markdown sentence per statement
     "The survey's statements on what reduces seed variance, each answered by the computed verdicts of the raw seed-variance ratio."
-    out, ans = [], {"reduces": "supported", "increases": "contradicted", "not shown": "not shown"}
-    verb = {"reduces": "reduces", "increases": "increases", "not shown": "shows no effect on"}
+    out, ans = [], {"reduces": "supported", "increases": "contradicted", "not shown": "not shown",
+                    "negligible": f"not supported (an effect within {percent(MITIGATION_MARGIN)})"}
+    verb = {"reduces": "reduces", "increases": "increases", "not shown": "shows no effect on",
+            "negligible": f"changes by less than {percent(MITIGATION_MARGIN)}"}
     w0, w2 = _ratio_words(me, "warmup_0"), _ratio_words(me, "warmup_0.2")
     if w0 or w2:
         v = ("supported" if (w0 and w0[0] == "increases") or (w2 and w2[0] == "reduces") else

@@ -17,22 +17,29 @@ from .metrics import cosine_drift
 from .predictions import shared_predictions
 
 # %% auto #0
-__all__ = ['MITIGATION_MEASURES', 'MITIGATION_COLUMNS', 'PAIRED_JACKKNIFE', 'ENSEMBLE_COLUMNS', 'Verdict', 'verdict',
-           'paired_runs', 'run_values', 'paired_pair_effect', 'arm_effects', 'mitigation_effects', 'ensemble_spread']
+__all__ = ['MITIGATION_MARGIN', 'MITIGATION_MEASURES', 'MITIGATION_COLUMNS', 'PAIRED_JACKKNIFE', 'ENSEMBLE_COLUMNS', 'Verdict',
+           'verdict', 'paired_runs', 'run_values', 'paired_pair_effect', 'arm_effects', 'mitigation_effects',
+           'ensemble_spread']
 
 # %% ../nbs/16c_mitigations.ipynb #09b2f6a0
 class Verdict(str, Enum):   # a str (Python 3.10 has no StrEnum): compares and joins as its value
-    "What an arm does to a measure, by its interval: reduces, increases or not shown."
+    "What an arm does to a measure, by its interval: reduces, increases, negligible (within the margin) or not shown."
     REDUCES = "reduces"
     INCREASES = "increases"
+    NEGLIGIBLE = "negligible"
     NOT_SHOWN = "not shown"
     def __str__(self) -> str: return self.value   # in f-strings and str(), the word (as StrEnum, 3.11+)
 
+MITIGATION_MARGIN = 0.10   # an effect within 10% of the baseline's value (a ratio within [1/1.1, 1.1]) is negligible
+
 def verdict(low: float, high: float,  # the interval of the effect; NaN: no interval
             null: float = 0.0,        # no effect: 0 for a difference, 1 for a ratio
+            scale: float = np.nan,    # a difference's baseline value: the margin is MITIGATION_MARGIN x |scale|
            ) -> Verdict:
-    "REDUCES when the interval is below `null`, INCREASES when above, else (`null` inside, or no interval) NOT_SHOWN."
+    "NEGLIGIBLE when the whole interval lies within the margin of `null`; else REDUCES below it, INCREASES above, NOT_SHOWN."
     if not (np.isfinite(low) and np.isfinite(high)): return Verdict.NOT_SHOWN
+    lo, hi = (1 / (1 + MITIGATION_MARGIN), 1 + MITIGATION_MARGIN) if null == 1 else (-1, 1) * np.array(MITIGATION_MARGIN * abs(scale))
+    if lo <= low and high <= hi: return Verdict.NEGLIGIBLE
     return Verdict.REDUCES if high < null else Verdict.INCREASES if low > null else Verdict.NOT_SHOWN
 
 # %% ../nbs/16c_mitigations.ipynb #fb735694
@@ -93,7 +100,7 @@ def paired_pair_effect(pb: np.ndarray,   # (..., K(K-1)/2) the baseline's value 
 def _row(arm, measure, base, value, kind, eff, lo, hi, method, K) -> dict:
     return {"arm": arm, "measure": measure, "baseline": float(base), "value": float(value), "kind": kind, "effect": float(eff),
             "ci_low": float(lo), "ci_high": float(hi), "n_seeds": K, "method": method,
-            "verdict": verdict(lo, hi, 1.0 if kind == "ratio" else 0.0)}
+            "verdict": verdict(lo, hi, 1.0 if kind == "ratio" else 0.0, base)}
 
 # %% ../nbs/16c_mitigations.ipynb #59dfede2
 def arm_effects(arm: str, base_runs: list, arm_runs: list, layer: int = -1, pooling: str = "mean", weights: str = "model",
@@ -105,6 +112,11 @@ def arm_effects(arm: str, base_runs: list, arm_runs: list, layer: int = -1, pool
     vb = [run_values(r, layer, pooling) for r in base_runs]
     va = [run_values(r, layer, pooling, weights) for r in arm_runs]
     Xb, Xa = np.stack([v["emb"] for v in vb]), np.stack([v["emb"] for v in va])
+    if weights == "model" and np.array_equal(Xa, Xb):   # e.g. a warmup share that rounds to the baseline's warmup steps
+        why = ("not computed: the arm's runs end bit-identical to the baseline's (its setting changes nothing at this size, "
+               "e.g. a warmup share that rounds to the same number of steps)")
+        return [_row(arm, m, np.nan, np.nan, "ratio" if m in ("raw", "aligned") else "difference", np.nan, np.nan, np.nan, why, K)
+                for m in MITIGATION_MEASURES]
     pb, pa, c = pair_values(Xb)["raw"], pair_values(Xa)["raw"], (K - 1) / K
     e = paired_pair_effect(pb, pa, K, True, confidence)
     out = [_row(arm, "raw", c * pb.mean(), c * pa.mean(), "ratio", e["effect"], e["low"], e["high"], e["method"], K)]

@@ -12,7 +12,7 @@ from .study_folder import NotComputed
 from .replicates import REPLICATE_MIN_RUNS, jackknife_t, pair_jackknife
 
 # %% auto #0
-__all__ = ['SPREAD_NOT_COMPUTED', 'shared_predictions', 'prediction_flips', 'prediction_churn']
+__all__ = ['SPREAD_NOT_COMPUTED', 'CHURN_MIN_EXAMPLES', 'shared_predictions', 'prediction_flips', 'prediction_churn']
 
 # %% ../nbs/16a_predictions.ipynb #7718936e
 def shared_predictions(runs: RunSet | list,     # runs of one dataset
@@ -52,6 +52,8 @@ def prediction_flips(runs: RunSet | list, step: int | None = None) -> pd.DataFra
                          "flip_rate": flip})
 
 # %% ../nbs/16a_predictions.ipynb #c0be5f35
+CHURN_MIN_EXAMPLES = 10   # fewer shared held-out examples: churn is a coarse share, given without an interval
+
 def prediction_churn(runs: RunSet | list,       # replicate runs that evaluate on (partly) the same held-out examples
                      step: int | None = None,   # an evaluated step every run has (None: the last one)
                      *,
@@ -64,7 +66,10 @@ def prediction_churn(runs: RunSet | list,       # replicate runs that evaluate o
     ia, ib = np.triu_indices(K, k=1)
     pairs = (y[ia] != y[ib]).mean(-1)                                               # (P,) share of examples each pair disagrees on
     base = {"step": sp["step"], "n_runs": K, "n_examples": y.shape[1]}
-    if K >= REPLICATE_MIN_RUNS:
+    if y.shape[1] < CHURN_MIN_EXAMPLES:
+        churn = {"measure": "churn", **base, "value": float(pairs.mean()), "ci_low": np.nan, "ci_high": np.nan,
+                 "method": f"no interval: the runs share only {y.shape[1]} held-out examples, fewer than {CHURN_MIN_EXAMPLES}"}
+    elif K >= REPLICATE_MIN_RUNS:
         ci = jackknife_t(*pair_jackknife(pairs, K), confidence, (0.0, 1.0))   # a share: clipped to [0, 1]
         churn = {"measure": "churn", **base, "value": float(pairs.mean()), "ci_low": float(ci["low"]), "ci_high": float(ci["high"]),
                  "method": ci["note"]}

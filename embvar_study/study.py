@@ -55,7 +55,8 @@ class RunSet:
 
     @classmethod
     def of(cls, runs: list[Run], experiment: str = "", factor: str = "") -> RunSet:
-        "A run set of loaded runs (design columns from their configs)."
+        "A run set of loaded runs or run folders (design columns from their configs)."
+        runs = [r if isinstance(r, Run) else load_run(r) for r in runs]
         return cls(pd.DataFrame([_design_row(r, experiment, factor) for r in runs], columns=DESIGN_COLUMNS), {r.config_hash: r for r in runs})
 
     @property

@@ -87,7 +87,7 @@ def test_effects_recomputed_from_the_run_folders(arms, arm):
     for m, (b, v, e, lo, hi) in ref.items():
         np.testing.assert_allclose(t.loc[m, ["baseline", "value", "effect", "ci_low", "ci_high"]].to_numpy(float), [b, v, e, lo, hi],
                                    rtol=1e-5, atol=1e-7, err_msg=m)
-        assert t.loc[m, "verdict"] == verdict(lo, hi, 1.0 if m == "raw" else 0.0) and t.loc[m, "n_seeds"] == len(SEEDS)
+        assert t.loc[m, "verdict"] == verdict(lo, hi, 1.0 if m == "raw" else 0.0, b) and t.loc[m, "n_seeds"] == len(SEEDS)
     assert t.loc["raw", "verdict"] == (Verdict.REDUCES if arm == "quiet" else Verdict.INCREASES)
     assert np.isnan(t.loc["aligned", "ci_low"]) and "not simulated" in t.loc["aligned", "method"]
 
@@ -144,6 +144,23 @@ def test_ensembles_against_loops(arms):
 def test_verdict_reads_the_interval():
     assert [verdict(-1, -0.1), verdict(0.1, 1), verdict(-1, 1), verdict(np.nan, 1)] == \
         [Verdict.REDUCES, Verdict.INCREASES, Verdict.NOT_SHOWN, Verdict.NOT_SHOWN]
+
+
+def test_an_effect_within_the_margin_is_negligible_not_a_reduction():
+    "An interval that excludes no-effect but stays within 10% of it (a ratio 0.9998 [0.9997, 0.9999]) is negligible."
+    from embvar_study.mitigations import MITIGATION_MARGIN
+    m = MITIGATION_MARGIN
+    assert verdict(0.9997, 0.9999, 1.0) == Verdict.NEGLIGIBLE == verdict(1 / (1 + m), 1 + m, 1.0)
+    assert verdict(0.5, 0.9, 1.0) == Verdict.REDUCES and verdict(0.5, 1.2, 1.0) == Verdict.NOT_SHOWN
+    assert verdict(-3e-7, -1e-7, 0.0, 0.0135) == Verdict.NEGLIGIBLE          # a drift difference of 3e-7 on 0.0135
+    assert verdict(-0.002, -0.001, 0.0, 0.0135) == Verdict.REDUCES and verdict(-0.1, -0.01, 0.0, np.nan) == Verdict.REDUCES
+
+
+def test_an_arm_identical_to_the_baseline_is_named_not_measured(arms):
+    "An arm whose runs end bit-identical to the baseline's (warmup 6% of 8 steps = 0 steps) gets no effect and no verdict."
+    t = mitigation_effects({"baseline": arms["baseline"], "same": arms["baseline"]}, "baseline").query("arm == 'same'")
+    assert t["effect"].isna().all() and (t["verdict"] == Verdict.NOT_SHOWN).all()
+    assert t["method"].str.contains("bit-identical to the baseline").all()
 
 
 def test_answers_follow_the_computed_verdicts(arms):

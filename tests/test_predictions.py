@@ -75,3 +75,15 @@ def test_step_and_refusals(runs, tmp_path):
     assert old.predictions() is None
     with pytest.raises(NotComputed, match="1 of 3 runs kept no predictions"):
         prediction_churn(runs[:2] + [old])
+
+
+def test_churn_over_few_shared_examples_has_no_interval(tmp_path):
+    "Runs that share fewer than CHURN_MIN_EXAMPLES held-out examples: churn is given, its interval refused with the count."
+    from embvar_study.predictions import CHURN_MIN_EXAMPLES
+    rng = np.random.default_rng(5)
+    for n, refused in ((CHURN_MIN_EXAMPLES - 1, True), (CHURN_MIN_EXAMPLES, False)):
+        rows, labels = np.arange(n), rng.integers(0, 2, n)
+        runs = [_run(tmp_path / f"n{n}_{k}", rows, labels, {4: rng.dirichlet(np.ones(2), size=n)}, seed=k) for k in range(4)]
+        t = prediction_churn(runs).set_index("measure")
+        assert np.isnan(t.loc["churn", "ci_low"]) == refused and np.isfinite(t.loc["churn", "value"])
+        assert ("fewer than" in t.loc["churn", "method"]) == refused

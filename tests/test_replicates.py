@@ -150,6 +150,8 @@ def test_seed_variance_table(seeds):
     assert raw.loc[steps[-1]] == pytest.approx(_raw_loop(X), rel=1e-9)
     listed = seed_variance(list(seeds.runs), step=int(steps[-1]))      # a plain list of runs, one step
     pd.testing.assert_frame_equal(listed.reset_index(drop=True), sv[sv["step"] == steps[-1]].reset_index(drop=True))
+    folders = seed_variance([str(r.path) for r in seeds.runs], step=int(steps[-1]))   # run folders, as paths
+    pd.testing.assert_frame_equal(folders.reset_index(drop=True), listed.reset_index(drop=True))
 
 
 def test_seed_variance_bad_input(seeds):
