@@ -46,7 +46,7 @@ def method_line(df: pd.DataFrame) -> str:  # '' when the table holds no interval
     m = df.attrs.get("ci_method") if hasattr(df, "attrs") else None
     if not m and "ci_method" in df and df["ci_method"].nunique() == 1: m = str(df["ci_method"].iloc[0])
     if m: return f"Intervals: {m}"
-    if "ci_method" in df: return ""                          # it varies by row: the column says it
+    if "ci_method" in df or "method" in df: return ""   # it varies by row, or a method column says it
     return "Intervals: 95%; the method was not recorded with this table" if any(_INTERVAL_COLUMN.search(str(c)) for c in df.columns) else ""
 
 # %% ../nbs/17a_display.ipynb #0a4cb1fc

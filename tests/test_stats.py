@@ -485,3 +485,13 @@ def test_a_refused_interval_is_a_value_that_reads_as_before():
     assert method_line(back) == "Intervals: " + before["seed"]
     given = stats.seed_interval(np.array([[0.3], [0.4]]))["note"]   # an interval that is given is plain words
     assert not isinstance(given, stats.NoInterval) and given == "95% t interval over 2 seeds (1 df)"
+
+
+def test_method_line_leaves_a_per_row_method_column_to_speak():
+    "A table whose rows carry their own interval method (a `method` column) gets no 'method was not recorded' line."
+    import pandas as pd
+    from embvar_study.display import method_line
+    t = pd.DataFrame({"value": [1.0, 2.0], "ci_low": [0.5, np.nan], "ci_high": [1.5, np.nan],
+                      "method": ["95% jackknife t interval", "no interval: 2 runs"]})
+    assert method_line(t) == ""
+    assert method_line(t.drop(columns="method")) == "Intervals: 95%; the method was not recorded with this table"
