@@ -388,8 +388,9 @@ def write_compare_html(t: CompareResult,  # the table of `compare`
     parts = [f"<h1>{html.escape(title)}</h1>"]
     figs = [(t.plot(), "layer x layer, per measure")]
     if (tab["layer_a"] == tab["layer_b"]).any():
-        figs.append((_diagonal_fig(t), "the diagonal, with probe-bootstrap intervals" if boot
-                     else "the diagonal (no intervals: n_resamples = 0)"))
+        by = tab.drop_duplicates("measure").groupby("ci_method", sort=False)["measure"].agg(", ".join)   # as the table says
+        why = "; ".join(f"{ms}: {w}" for w, ms in by.items())
+        figs.append((_diagonal_fig(t), "the diagonal, with probe-bootstrap intervals" if boot else f"the diagonal (no intervals: {why})"))
     for fig, cap in figs:
         png, w, h = figure_png(fig); plt.close(fig)
         parts.append(f'<figure><img width="{w}" height="{h}" alt="{html.escape(cap)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'

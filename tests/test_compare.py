@@ -239,7 +239,7 @@ def test_figures_ticks_caption_legend(tmp_path):
     ax = d.axes[0]
     assert ax.get_legend().get_window_extent().x0 >= ax.get_window_extent().x1           # the legend is beside the axes
     page = open(write_compare_html(t, str(tmp_path / "o"))).read()
-    assert "no intervals: n_resamples = 0" in page and "with probe-bootstrap intervals" not in page
+    assert "no intervals: cca, linear_cka: none (n_resamples=0)" in page and "with probe-bootstrap intervals" not in page
 
 def test_interval_covers_the_estimate_gaussian():
     "Gaussian X, Y = X W + noise (N = 128, d = 16): every default measure's 95% interval holds its full-sample estimate."
@@ -444,3 +444,15 @@ def test_memory_is_checked_before_embedding(monkeypatch):
     need = 3 * 8 * 200 * (E.shape[0] * E.shape[2] + np.prod(C._model_shape(C._loaded("tiny-bert"))))
     with pytest.raises(ValueError, match=rf"^probes: N = 200 probes need about {need / 2**20:,.1f} MiB for the layer arrays \(a "):
         compare("tiny-distilbert", "tiny-bert", texts, measures=["linear_cka"])
+
+
+def test_the_diagonal_caption_gives_the_tables_reason_for_no_intervals(tmp_path):
+    "No interval because none was asked for, or because the bootstrap was refused at this N: the caption says which."
+    import html
+    page = lambda t, o: html.unescape(open(write_compare_html(t, str(tmp_path / o))).read())
+    t = compare(A, B, n_resamples=0, measures=["linear_cka"])
+    assert "the diagonal (no intervals: linear_cka: none (n_resamples=0))" in page(t, "zero")
+    t["ci_method"] = "refused: the CKA bootstrap holds N x N Gram matrices, up to N = 4,096 probes"   # as at 5,000 probes
+    got = page(t, "big")
+    assert "n_resamples" not in got.split("<figcaption>")[-1].split("</figcaption>")[0]
+    assert "the diagonal (no intervals: linear_cka: refused: the CKA bootstrap holds N x N Gram matrices" in got
