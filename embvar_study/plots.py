@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import matplotlib.pyplot as plt
 import seaborn as sns
-from matplotlib.ticker import FormatStrFormatter
+from matplotlib.ticker import FormatStrFormatter, NullFormatter
 
 from typing import Iterable
 
@@ -256,6 +256,7 @@ def plot_mitigation_effects(me: pd.DataFrame) -> plt.Figure:  # mitigations.miti
         ax.plot(v[~ok], y[~ok], "o", mfc="none", color="C0")
         ax.axvline(null, color="grey", lw=0.8)
     a1.set_xscale("log"); a1.set_yticks(y, raw["arm"]); a1.invert_yaxis()
+    a1.xaxis.set_minor_formatter(NullFormatter())   # ratios near 1: a log axis's minor labels overlap
     a1.set(xlabel="seed variance (raw), ratio to the baseline", title="Seed variance")
     a2.set(xlabel="held-out accuracy, arm - baseline", title="Accuracy")
     return fig
