@@ -213,13 +213,14 @@ def test_the_reviews_profile_on_a_review_file(tmp_path):
     main(["report", "--profile", "reviews", "--set", f"dataset={data}", "--set", "model=tiny-distilbert", "--set", "max_length=32",
           "--set", "probe_max_length=32", "--set", "n_probes=16", "--set", "n_train=48", "--set", "n_eval=16", "--out", str(out)])
     study = load_study(out)
-    assert study.profile == "reviews" and study.experiments == ["lr_sweep", "schedule"]
+    assert study.profile == "reviews" and study.experiments == ["lr_sweep", "schedule", "seed_sources"]
     probes = study.runs("lr_sweep").runs[0].probes
     assert len(probes) == 16 and probes["text"].str.startswith("review ").all()     # held-out rows of the file
     for run in study.all_runs().runs:
         assert set(run.probes["text"]) == set(probes["text"])   # every run embeds the same probes
     page = (out / "report.html").read_text()
     assert "Traceback" not in page and "Do the curves of every rate and schedule fall onto one curve" in page
+    assert "How much do seeds move the embeddings, and from where" in page                # the seed-sources section (issue 38)
     text = html_lib.unescape(re.sub(r"<[^>]+>", " ", page))
     assert not [r for r in rows if r.split(",")[0].strip('"')[:25] in text]              # no review text in the report
 
